@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs and starts what sunkd's tests and demo need from Debian when it is missing:
+# the Slurm daemons and client, munge and the JWT plugin (the test harness starts its
+# own private cluster from these binaries; nothing is configured system-wide), and a
+# PostgreSQL reachable at SUNKD_TEST_DATABASE_URL's default 127.0.0.1:5432.
+# Idempotent and quiet when everything is present. Needs root for apt-get.
+set -euo pipefail
+
+need_pkgs=()
+for pair in slurmctld:slurmctld slurmd:slurmd slurmrestd:slurmrestd scontrol:slurm-client \
+            munged:munge; do
+  bin=${pair%%:*}; pkg=${pair#*:}
+  command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_pkgs+=("$pkg")
+done
+# The JWT auth plugin is a shared object, not a binary.
+if ! ls /usr/lib/*/slurm-wlm/auth_jwt.so >/dev/null 2>&1; then
+  need_pkgs+=(slurm-wlm-jwt-plugin)
+fi
+
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "ensure-system-deps: need root to install: $*" >&2
+    return 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1 || {
+    apt-get update -q >/dev/null 2>&1
+    apt-get install -y -q --no-install-recommends "$@" >/dev/null
+  }
+}
+
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "ensure-system-deps: installing ${need_pkgs[*]}"
+  apt_install "${need_pkgs[@]}" curl || echo "ensure-system-deps: could not install Slurm packages" >&2
+fi
+
+# PostgreSQL: only when the default test URL is used and nothing answers there.
+if [ -z "${SUNKD_TEST_DATABASE_URL:-}" ]; then
+  if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
+    if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+      echo "ensure-system-deps: installing postgresql"
+      apt_install postgresql || true
+      # A fresh Debian cluster asks for a password on TCP; the test URL connects as
+      # postgres without one, from loopback only.
+      for hba in /etc/postgresql/*/main/pg_hba.conf; do
+        grep -q '^host all postgres 127.0.0.1/32 trust' "$hba" \
+          || sed -i '1i host all postgres 127.0.0.1/32 trust' "$hba"
+      done
+    fi
+    for version_dir in /etc/postgresql/*; do
+      [ -d "$version_dir/main" ] || continue
+      pg_ctlcluster --skip-systemctl-redirect "$(basename "$version_dir")" main start || true
+    done
+    for _ in $(seq 1 50); do
+      (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null && break
+      sleep 0.2
+    done
+    # The default URL connects as postgres without a password to database "test".
+    su postgres -c "psql -qtAc \"SELECT 1 FROM pg_database WHERE datname='test'\"" 2>/dev/null | grep -q 1 \
+      || su postgres -c "createdb test" 2>/dev/null || true
+  fi
+fi
+exit 0

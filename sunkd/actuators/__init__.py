@@ -1,0 +1,1 @@
+"""Actuators: idempotent side effects on Slurm (drain/resume) and Kubernetes (taint, cordon, evict)."""

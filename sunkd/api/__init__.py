@@ -1,0 +1,1 @@
+"""HTTP surface: metrics, health, read API, scheduler extender, status page."""

@@ -1,0 +1,1 @@
+"""API clients: slurmrestd (version negotiation, auth, normalization) and Kubernetes (list+watch)."""

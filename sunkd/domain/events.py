@@ -1,0 +1,538 @@
+"""Domain events: the only vocabulary the event log speaks.
+
+Everything sunkd observes, decides or does becomes one of these immutable, versioned
+payloads (architecture section 3). Adapters translate raw Slurm and Kubernetes JSON
+into them at the edge, so the fold and the policy never see wire formats.
+
+Forward compatibility is a safety property here: an older sunkd reading a log written
+by a newer one must neither crash nor drop what it does not understand, because the
+log is the system of record. Unknown kinds decode to `UnknownPayload` and unknown
+fields of known kinds are kept in `extra`; both re-encode byte-for-byte equivalently.
+
+Serialization is a small, explicit codec over dataclass fields (str, int, float,
+bool, None, tuples and nested dataclasses) instead of a general library: payloads
+stay plain frozen dataclasses that mypy checks, and the JSON shape is ours to keep
+stable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
+
+# The version key inside every stored payload. Kept short: it is in every row.
+VERSION_KEY = "v"
+
+
+class EventDecodeError(ValueError):
+    """A stored payload cannot be decoded: a known field has the wrong type."""
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """Base of every typed payload. `extra` keeps fields written by a newer sunkd."""
+
+    KIND: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=True, kw_only=True)
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownPayload(Payload):
+    """A payload of a kind this sunkd does not know, passed through untouched."""
+
+    unknown_kind: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.unknown_kind
+
+
+# --------------------------------------------------------------------------- nested
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    effect: str
+    value: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    key: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJobEnd:
+    """When the jobs running on a Slurm node are expected to end (max end time)."""
+
+    node: str
+    expected_end: float | None  # unix seconds; None = unlimited / unknown
+    jobs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    name: str
+    phase: str = "Pending"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    namespace: str
+    name: str
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    gpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipSpec:
+    """Per-pool ownership knobs (Nodeset spec.ownership or a config-file pool)."""
+
+    mode: str = "Auto"  # Auto | Slurm | Kubernetes
+    min_slurm: int = 0
+    min_kubernetes: int = 0
+    max_kubernetes: int | None = None
+    prefer: str = "Slurm"  # Slurm | Kubernetes
+    dwell_seconds: float = 300.0
+    max_in_flight: int = 1
+    drain_timeout_seconds: float = 1800.0
+    reclaim_grace_seconds: float = 300.0
+
+
+# ---------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNodeObserved(Payload):
+    KIND: ClassVar[str] = "slurm.node.observed"
+    node: str = ""
+    state: str = "unknown"  # base state, upper case: IDLE ALLOCATED MIXED DOWN FUTURE UNKNOWN ...
+    flags: tuple[str, ...] = ()  # sorted, upper case: DRAIN NOT_RESPONDING COMPLETING ...
+    reason: str | None = None
+    reason_set_by: str | None = None
+    reason_time: float | None = None
+    cpus: int = 0
+    alloc_cpus: int = 0
+    gpus_total: int = 0
+    gpus_used: int = 0
+    partitions: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    comment: str | None = None
+    boot_time: float | None = None
+    last_busy: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNodeVanished(Payload):
+    KIND: ClassVar[str] = "slurm.node.vanished"
+    node: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmDemandObserved(Payload):
+    """Per partition: what pending jobs wait for, and when running jobs end."""
+
+    KIND: ClassVar[str] = "slurm.demand.observed"
+    partition: str = ""
+    pending_jobs: int = 0
+    pending_nodes: int = 0  # nodes needed by jobs pending for resources
+    running_jobs: int = 0
+    node_job_ends: tuple[NodeJobEnd, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class K8sNodeObserved(Payload):
+    KIND: ClassVar[str] = "k8s.node.observed"
+    node: str = ""  # Kubernetes node name
+    slurm_node: str = ""  # the Slurm node name (label sunkd.io/slurm-node-name, else node)
+    ready: bool | None = None  # Ready condition; None when absent/Unknown
+    unschedulable: bool = False
+    cordoned_by_sunkd: bool = False  # annotation sunkd.io/cordoned-by: sunkd
+    taints: tuple[Taint, ...] = ()
+    labels: tuple[Label, ...] = ()  # pool-relevant labels only
+    pin: str | None = None  # annotation sunkd.io/pin: slurm | kubernetes | auto
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    gpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class K8sNodeVanished(Payload):
+    KIND: ClassVar[str] = "k8s.node.vanished"
+    node: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class K8sWorkloadObserved(Payload):
+    """Per node: the pool's serverless pods running (or bound) there."""
+
+    KIND: ClassVar[str] = "k8s.workload.observed"
+    node: str = ""
+    pool: str = ""
+    pods: tuple[PodRef, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class K8sDemandObserved(Payload):
+    """Per pool: pending, unschedulable pool pods and what they ask for."""
+
+    KIND: ClassVar[str] = "k8s.demand.observed"
+    pool: str = ""
+    pending: tuple[PendingPod, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class K8sNodesetObserved(Payload):
+    KIND: ClassVar[str] = "k8s.nodeset.observed"
+    pool: str = ""  # "<namespace>/<name>"
+    generation: int = 0
+    node_selector: tuple[Label, ...] = ()
+    partitions: tuple[str, ...] = ()
+    node_name_label: str | None = None
+    workload_selector: tuple[Label, ...] = ()
+    ownership: OwnershipSpec = field(default_factory=OwnershipSpec)
+    deleted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SourceHealth(Payload):
+    KIND: ClassVar[str] = "source.health"
+    source: str = ""  # "slurm" | "kubernetes"
+    status: str = "fresh"  # fresh | stale | lost
+    cause: str | None = None  # auth | timeout | controller_down | bad_payload | ...
+    detail: str | None = None
+
+
+# -------------------------------------------------------------------------- operator
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorPinned(Payload):
+    KIND: ClassVar[str] = "operator.pinned"
+    node: str = ""
+    to: str = "auto"  # slurm | kubernetes | auto
+    who: str = ""
+    why: str = ""
+
+
+# ------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionStarted(Payload):
+    KIND: ClassVar[str] = "transition.started"
+    transition_id: str = ""
+    node: str = ""
+    pool: str = ""
+    from_owner: str = ""  # slurm | kubernetes
+    to_owner: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionCompleted(Payload):
+    KIND: ClassVar[str] = "transition.completed"
+    transition_id: str = ""
+    node: str = ""
+    pool: str = ""
+    from_owner: str = ""
+    to_owner: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionAborted(Payload):
+    KIND: ClassVar[str] = "transition.aborted"
+    transition_id: str = ""
+    node: str = ""
+    pool: str = ""
+    from_owner: str = ""
+    to_owner: str = ""
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRequested(Payload):
+    KIND: ClassVar[str] = "action.requested"
+    action_id: str = ""
+    transition_id: str | None = None
+    side: str = ""  # slurm | kubernetes
+    verb: str = ""  # drain resume lock unlock cordon uncordon evict annotate ...
+    node: str = ""
+    attempt: int = 1
+    reason: str = ""
+    args: tuple[Label, ...] = ()  # verb-specific string arguments
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSucceeded(Payload):
+    KIND: ClassVar[str] = "action.succeeded"
+    action_id: str = ""
+    transition_id: str | None = None
+    side: str = ""
+    verb: str = ""
+    node: str = ""
+    attempt: int = 1
+    changed: bool = True  # False when the action found the world already as wanted
+
+
+@dataclass(frozen=True, slots=True)
+class ActionFailed(Payload):
+    KIND: ClassVar[str] = "action.failed"
+    action_id: str = ""
+    transition_id: str | None = None
+    side: str = ""
+    verb: str = ""
+    node: str = ""
+    attempt: int = 1
+    error: str = ""
+    retryable: bool = False
+
+
+# ------------------------------------------------------------------------ leadership
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElected(Payload):
+    KIND: ClassVar[str] = "leader.elected"
+    epoch: int = 0
+    identity: str = ""
+
+
+PAYLOAD_TYPES: dict[str, type[Payload]] = {
+    cls.KIND: cls
+    for cls in (
+        SlurmNodeObserved,
+        SlurmNodeVanished,
+        SlurmDemandObserved,
+        K8sNodeObserved,
+        K8sNodeVanished,
+        K8sWorkloadObserved,
+        K8sDemandObserved,
+        K8sNodesetObserved,
+        SourceHealth,
+        OperatorPinned,
+        TransitionStarted,
+        TransitionCompleted,
+        TransitionAborted,
+        ActionRequested,
+        ActionSucceeded,
+        ActionFailed,
+        LeaderElected,
+    )
+}
+
+KNOWN_KINDS: frozenset[str] = frozenset(PAYLOAD_TYPES)
+EventKind = Literal[
+    "slurm.node.observed",
+    "slurm.node.vanished",
+    "slurm.demand.observed",
+    "k8s.node.observed",
+    "k8s.node.vanished",
+    "k8s.workload.observed",
+    "k8s.demand.observed",
+    "k8s.nodeset.observed",
+    "source.health",
+    "operator.pinned",
+    "transition.started",
+    "transition.completed",
+    "transition.aborted",
+    "action.requested",
+    "action.succeeded",
+    "action.failed",
+    "leader.elected",
+]
+
+
+# ---------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An event to append: the payload plus its subject (node or pool name)."""
+
+    subject: str
+    payload: Payload
+    causation_seq: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.payload.kind
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    """An event as stored in the log, with the position the log gave it."""
+
+    seq: int
+    recorded_at: datetime
+    epoch: int
+    subject: str
+    payload: Payload
+    causation_seq: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.payload.kind
+
+
+# ----------------------------------------------------------------------------- codec
+
+_HINTS_CACHE: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS_CACHE.get(cls)
+    if hints is None:
+        hints = typing.get_type_hints(cls)
+        _HINTS_CACHE[cls] = hints
+    return hints
+
+
+def _encode_value(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _encode_value(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.name != "extra"
+        } | dict(getattr(value, "extra", {}) or {})
+    if isinstance(value, tuple):
+        return [_encode_value(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(k): _encode_value(v) for k, v in value.items()}
+    return value
+
+
+def _decode_value(hint: Any, raw: Any, where: str) -> Any:
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = get_args(hint)
+        if raw is None and type(None) in options:
+            return None
+        last_error: Exception | None = None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _decode_value(option, raw, where)
+            except EventDecodeError as error:
+                last_error = error
+        raise EventDecodeError(f"{where}: {raw!r} matches none of {hint}") from last_error
+    if origin is tuple:
+        if not isinstance(raw, list | tuple):
+            raise EventDecodeError(f"{where}: expected a list, got {type(raw).__name__}")
+        item_hint = get_args(hint)[0]
+        return tuple(_decode_value(item_hint, item, f"{where}[]") for item in raw)
+    if origin is not None and origin in (Mapping, dict):
+        if not isinstance(raw, dict):
+            raise EventDecodeError(f"{where}: expected an object")
+        return dict(raw)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(raw, dict):
+            raise EventDecodeError(f"{where}: expected an object, got {type(raw).__name__}")
+        return _decode_dataclass(hint, raw, where)
+    if hint is Any:
+        return raw
+    if hint is float:
+        # JSON writes 3.0 as 3.0 but other producers may write 3; accept ints, not bools.
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise EventDecodeError(f"{where}: expected a number, got {raw!r}")
+        return float(raw)
+    if hint is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise EventDecodeError(f"{where}: expected an integer, got {raw!r}")
+        return raw
+    if hint is bool:
+        if not isinstance(raw, bool):
+            raise EventDecodeError(f"{where}: expected true/false, got {raw!r}")
+        return raw
+    if hint is str:
+        if not isinstance(raw, str):
+            raise EventDecodeError(f"{where}: expected a string, got {raw!r}")
+        return raw
+    raise EventDecodeError(f"{where}: unsupported type {hint!r}")
+
+
+def _decode_dataclass(cls: type, raw: Mapping[str, Any], where: str) -> Any:
+    hints = _hints(cls)
+    known: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "extra"}
+    for key, value in raw.items():
+        if key in names:
+            known[key] = _decode_value(hints[key], value, f"{where}.{key}")
+        elif key != VERSION_KEY:
+            extra[key] = value
+    has_extra = any(f.name == "extra" for f in dataclasses.fields(cls))
+    if extra and not has_extra:
+        # Nested objects have no `extra`; a newer writer's field there cannot be kept
+        # typed, so refuse loudly rather than silently drop it.
+        raise EventDecodeError(f"{where}: unknown fields {sorted(extra)}")
+    if has_extra:
+        known["extra"] = extra
+    return cls(**known)
+
+
+def encode_payload(payload: Payload) -> dict[str, Any]:
+    """The JSON object stored for a payload (includes the schema version)."""
+    if isinstance(payload, UnknownPayload):
+        return dict(payload.data)
+    body = _encode_value(payload)
+    assert isinstance(body, dict)
+    return {VERSION_KEY: payload.VERSION, **body}
+
+
+def decode_payload(kind: str, body: Mapping[str, Any]) -> Payload:
+    """Decode a stored payload; unknown kinds and fields are kept, not dropped.
+
+    A payload of a known kind written with a *newer* schema version that cannot be
+    decoded with this version's types is kept as `UnknownPayload` too: a newer sunkd
+    may have changed a field's meaning, and passing it through is safer than guessing.
+    A payload that claims this or an older version and still does not decode is a
+    corrupt row and raises `EventDecodeError`.
+    """
+    cls = PAYLOAD_TYPES.get(kind)
+    if cls is None:
+        return UnknownPayload(unknown_kind=kind, data=dict(body))
+    version = body.get(VERSION_KEY, 1)
+    try:
+        payload: Payload = _decode_dataclass(cls, body, kind)
+    except EventDecodeError:
+        if isinstance(version, int) and version > cls.VERSION:
+            return UnknownPayload(unknown_kind=kind, data=dict(body))
+        raise
+    if isinstance(version, int) and version > cls.VERSION:
+        # Keep the writer's version so re-encoding does not downgrade the row.
+        payload = dataclasses.replace(payload, extra={**payload.extra, VERSION_KEY: version})
+    return payload
+
+
+def payload_to_json(payload: Payload) -> str:
+    return json.dumps(encode_payload(payload), separators=(",", ":"), sort_keys=True)
+
+
+def payload_from_json(kind: str, text: str | bytes) -> Payload:
+    body = json.loads(text)
+    if not isinstance(body, dict):
+        raise EventDecodeError(f"{kind}: payload is not a JSON object")
+    return decode_payload(kind, body)

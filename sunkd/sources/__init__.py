@@ -1,0 +1,1 @@
+"""Sources: turn Slurm and Kubernetes API state into normalized observation events."""

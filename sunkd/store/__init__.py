@@ -1,0 +1,1 @@
+"""Event log and read models over SQLAlchemy (PostgreSQL in production, SQLite embedded)."""

@@ -1,0 +1,83 @@
+"""Shared test plumbing: strict mode, PostgreSQL and SQLite database URLs.
+
+In CI `SUNKD_TEST_STRICT=1`: a test that would skip because a real peer (PostgreSQL,
+Slurm, kubectl, chromium) is missing fails instead, so a broken install never looks green.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+STRICT = os.environ.get("SUNKD_TEST_STRICT") == "1"
+DEFAULT_PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+
+
+def require(condition: bool, why: str) -> None:
+    """Skip (or, in strict mode, fail) when a real peer the test needs is missing."""
+    if condition:
+        return
+    if STRICT:
+        pytest.fail(f"SUNKD_TEST_STRICT=1 and a required peer is missing: {why}")
+    pytest.skip(why)
+
+
+def postgres_base_url() -> str:
+    return os.environ.get("SUNKD_TEST_DATABASE_URL", DEFAULT_PG_URL)
+
+
+async def _pg_admin(sql: str) -> None:
+    import asyncpg
+
+    dsn = postgres_base_url().replace("postgresql+asyncpg://", "postgresql://")
+    connection = await asyncpg.connect(dsn, timeout=5)
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"sunkd_t_{uuid.uuid4().hex[:12]}"
+    try:
+        await _pg_admin(f'CREATE DATABASE "{name}"')
+    except (OSError, asyncio.TimeoutError, Exception) as error:  # noqa: BLE001
+        require(False, f"PostgreSQL at {postgres_base_url()} is not usable: {error}")
+    base = postgres_base_url().rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'events.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """Runs a test once on SQLite and once on a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'events.db'}"
+        return
+    name = f"sunkd_t_{uuid.uuid4().hex[:12]}"
+    try:
+        await _pg_admin(f'CREATE DATABASE "{name}"')
+    except Exception as error:  # noqa: BLE001
+        require(False, f"PostgreSQL at {postgres_base_url()} is not usable: {error}")
+    base = postgres_base_url().rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+RequireFn = Callable[[bool, str], None]
