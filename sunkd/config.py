@@ -1,0 +1,268 @@
+"""Settings: a TOML file (`--config`) overlaid by `SUNKD_*` environment variables.
+
+Validation is strict and names the offending key, because a daemon that silently
+falls back to a default for a mistyped `drain_timeout` could move nodes nobody meant
+to move. Every key has an environment variable: `SUNKD_<SECTION>_<KEY>` for keys of a
+section (`SUNKD_SLURM_URL`) and `SUNKD_<KEY>` at the top level (`SUNKD_DATABASE_URL`).
+Pools are only configurable in the file (or as Nodeset objects in Kubernetes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///sunkd.db"
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration: names the key and the problem."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"config key {key!r}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    url: str | None = None  # http://host:port or unix:/path/to/slurmrestd.sock
+    user: str = "root"
+    token: str | None = None
+    token_file: Path | None = None
+    jwt_key_file: Path | None = None
+    poll_interval: float = 5.0
+    request_timeout: float = 15.0
+    partitions: tuple[str, ...] = ()  # empty: every partition
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    enabled: bool = True
+    kubeconfig: Path | None = None  # None: in-cluster, else ~/.kube/config
+    context: str | None = None
+    namespace: str = "sunkd"
+    lease: bool = False  # also hold a coordination.k8s.io Lease (in-cluster HA)
+    request_timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """A pool defined in the config file (sites without the Nodeset CRD)."""
+
+    name: str
+    partitions: tuple[str, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    workload_selector: Mapping[str, str] = field(default_factory=dict)
+    mode: str = "Auto"
+    min_slurm: int = 0
+    min_kubernetes: int = 0
+    max_kubernetes: int | None = None
+    prefer: str = "Slurm"
+    dwell_seconds: float = 300.0
+    max_in_flight: int = 1
+    drain_timeout_seconds: float = 1800.0
+    reclaim_grace_seconds: float = 300.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = DEFAULT_DATABASE_URL
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    listen: str = DEFAULT_LISTEN
+    log_level: str = "info"
+    log_format: str = "auto"  # auto (JSON unless stdout is a TTY) | json | console
+    lease_seconds: float = 15.0
+    snapshot_every: int = 1000
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    pools: tuple[PoolSettings, ...] = ()
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "log_level": ("debug", "info", "warning", "error"),
+    "log_format": ("auto", "json", "console"),
+    "pools.mode": ("Auto", "Slurm", "Kubernetes"),
+    "pools.prefer": ("Slurm", "Kubernetes"),
+}
+
+
+def _validate(settings: Settings) -> None:
+    for key, choices in _CHOICES.items():
+        if key.startswith("pools."):
+            attr = key.split(".", 1)[1]
+            for index, pool in enumerate(settings.pools):
+                if getattr(pool, attr) not in choices:
+                    raise ConfigError(f"pools[{index}].{attr}", f"must be one of {choices}")
+        elif getattr(settings, key) not in choices:
+            raise ConfigError(key, f"must be one of {choices}, got {getattr(settings, key)!r}")
+    if not settings.database_url.startswith(("sqlite", "postgresql")):
+        raise ConfigError("database_url",
+                          "must be a sqlite+aiosqlite:// or postgresql+asyncpg:// URL")
+    _check_listen("listen", settings.listen)
+    if settings.lease_seconds < 3:
+        raise ConfigError("lease_seconds", "must be at least 3 seconds")
+    if settings.snapshot_every < 1:
+        raise ConfigError("snapshot_every", "must be positive")
+    if settings.slurm.poll_interval <= 0:
+        raise ConfigError("slurm.poll_interval", "must be positive")
+    if settings.slurm.request_timeout <= 10:
+        # A slurmrestd whose slurmctld is down blocks ~9 s before answering
+        # (slurm-lab.md section 5); a shorter timeout would report a timeout instead of
+        # the controller's real error.
+        raise ConfigError("slurm.request_timeout", "must be above 10 seconds")
+    url = settings.slurm.url
+    if url is not None and not url.startswith(("http://", "https://", "unix:")):
+        raise ConfigError("slurm.url", "must start with http://, https:// or unix:")
+    names = [pool.name for pool in settings.pools]
+    if len(set(names)) != len(names):
+        raise ConfigError("pools", "pool names must be unique")
+    for index, pool in enumerate(settings.pools):
+        for attr in ("min_slurm", "min_kubernetes", "max_in_flight"):
+            if getattr(pool, attr) < 0:
+                raise ConfigError(f"pools[{index}].{attr}", "must not be negative")
+        if pool.max_in_flight < 1:
+            raise ConfigError(f"pools[{index}].max_in_flight", "must be at least 1")
+
+
+def _check_listen(key: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(key, f"must be HOST:PORT, got {value!r}")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    _check_listen("listen", value)
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+# ------------------------------------------------------------------------- coercion
+
+
+def _coerce(key: str, hint: Any, raw: Any, *, from_env: bool) -> Any:
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = [option for option in get_args(hint) if option is not type(None)]
+        if raw is None or (from_env and raw == ""):
+            return None
+        return _coerce(key, options[0], raw, from_env=from_env)
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        if from_env and isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if from_env and isinstance(raw, str) and raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(key, f"expected true or false, got {raw!r}")
+    if hint is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        if from_env and isinstance(raw, str):
+            try:
+                return int(raw)
+            except ValueError:
+                pass
+        raise ConfigError(key, f"expected an integer, got {raw!r}")
+    if hint is float:
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            return float(raw)
+        if from_env and isinstance(raw, str):
+            try:
+                return float(raw)
+            except ValueError:
+                pass
+        raise ConfigError(key, f"expected a number, got {raw!r}")
+    if hint is str:
+        if isinstance(raw, str):
+            return raw
+        raise ConfigError(key, f"expected a string, got {raw!r}")
+    if hint is Path:
+        if isinstance(raw, str) and raw:
+            return Path(raw).expanduser()
+        raise ConfigError(key, f"expected a path, got {raw!r}")
+    if origin is tuple:
+        item_hint = get_args(hint)[0]
+        if from_env and isinstance(raw, str):
+            raw = [item.strip() for item in raw.split(",") if item.strip()]
+        if not isinstance(raw, list):
+            raise ConfigError(key, f"expected a list, got {raw!r}")
+        return tuple(_coerce(f"{key}[{i}]", item_hint, item, from_env=from_env)
+                     for i, item in enumerate(raw))
+    if origin in (Mapping, dict) or hint is Mapping:
+        if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+            raise ConfigError(key, "expected a table of strings")
+        return dict(raw)
+    raise ConfigError(key, f"unsupported setting type {hint!r}")
+
+
+def _build(cls: type, key_prefix: str, table: Mapping[str, Any], env: Mapping[str, str],
+           env_prefix: str | None) -> Any:
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    known = {f.name for f in dataclasses.fields(cls)}
+    for unknown in sorted(set(table) - known):
+        raise ConfigError(f"{key_prefix}{unknown}", "unknown key")
+    for item in dataclasses.fields(cls):
+        hint = hints[item.name]
+        key = f"{key_prefix}{item.name}"
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            sub_table = table.get(item.name, {})
+            if not isinstance(sub_table, dict):
+                raise ConfigError(key, "expected a table")
+            values[item.name] = _build(hint, f"{key}.", sub_table, env,
+                                       f"SUNKD_{item.name.upper()}_")
+            continue
+        if item.name == "pools":
+            pools_raw = table.get("pools", [])
+            if not isinstance(pools_raw, list):
+                raise ConfigError("pools", "expected an array of tables ([[pools]])")
+            pools = []
+            for index, pool_table in enumerate(pools_raw):
+                if not isinstance(pool_table, dict) or "name" not in pool_table:
+                    raise ConfigError(f"pools[{index}]", "each pool needs a name")
+                pools.append(_build(PoolSettings, f"pools[{index}].", pool_table, {}, None))
+            values["pools"] = tuple(pools)
+            continue
+        env_name = f"{env_prefix}{item.name.upper()}" if env_prefix is not None else None
+        if env_name is not None and env_name in env:
+            values[item.name] = _coerce(f"{key} (env {env_name})", hint, env[env_name],
+                                        from_env=True)
+        elif item.name in table:
+            values[item.name] = _coerce(key, hint, table[item.name], from_env=False)
+    try:
+        return cls(**values)
+    except TypeError as error:
+        raise ConfigError(key_prefix.rstrip(".") or "config", str(error)) from error
+
+
+def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None,
+                  **overrides: Any) -> Settings:
+    """Read the TOML file (if any), overlay `SUNKD_*` variables, then explicit overrides
+    (command-line flags). Raises ConfigError on any invalid key."""
+    environ = os.environ if env is None else env
+    table: dict[str, Any] = {}
+    if path is not None:
+        try:
+            table = tomllib.loads(path.read_text())
+        except FileNotFoundError as error:
+            raise ConfigError("--config", f"file not found: {path}") from error
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError("--config", f"{path} is not valid TOML: {error}") from error
+    settings: Settings = _build(Settings, "", table, environ, "SUNKD_")
+    clean = {key: value for key, value in overrides.items() if value is not None}
+    if clean:
+        settings = dataclasses.replace(settings, **clean)
+    return settings
