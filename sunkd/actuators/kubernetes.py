@@ -1,0 +1,473 @@
+"""Kubernetes actuator: the side effects sunkd has on the cluster, each idempotent.
+
+Every method returns whether it changed anything and raises `ActionError` / `RefusedError`
+(sunkd.actuators). The outbox may re-run any of them after a crash, so "already done" is a
+normal outcome (`False`), never an error.
+
+Concurrency rules, with the Kubernetes behaviour they guard against:
+- `spec.taints` is an *atomic* list (k/api core/v1 types.go `+listType=atomic`): any patch that
+  sets it replaces the whole list. Adding our taint by patching `{"spec":{"taints":[ours]}}`
+  would delete taints other controllers own (node.kubernetes.io/unschedulable, not-ready, ...).
+  So taint edits are read-modify-write with `metadata.resourceVersion` in the merge patch as a
+  precondition; a concurrent writer makes the server answer 409 and we re-read and retry.
+- Cordon state is shared with humans and other tools (`kubectl cordon`, autoscalers). sunkd
+  marks its own cordons with the annotation `sunkd.io/cordoned-by: sunkd` and refuses to lift a
+  cordon it did not make; the cordon write also carries a resourceVersion precondition so a
+  foreign cordon racing ours is never adopted as ours.
+- Eviction goes through policy/v1 Eviction, never DELETE, so PodDisruptionBudgets hold; a 429
+  from a PDB is a retryable failure, not something to force.
+
+Every mutating action also records a core/v1 Event on the Node so `kubectl describe node`
+tells the story. Event writes are best effort: a failed Event never fails the action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import structlog
+
+from sunkd.actuators import ActionError, RefusedError
+from sunkd.clients.kube import (
+    EVENTS,
+    JSON,
+    NODES,
+    NODESETS,
+    PODS,
+    KubeApiError,
+    KubeClient,
+    ResourceType,
+    format_time,
+    utcnow,
+)
+
+log = structlog.get_logger("sunkd.actuators.kubernetes")
+
+OWNER_KEY = "sunkd.io/owner"
+OWNER_TAINT = {"key": OWNER_KEY, "value": "slurm", "effect": "NoSchedule"}
+ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"
+ANNOTATION_CORDON_REASON = "sunkd.io/cordon-reason"
+SUNKD = "sunkd"
+ANNOTATION_PREFIX = "sunkd.io/"
+EVENT_SOURCE_COMPONENT = "sunkd"
+REPORTING_COMPONENT = "sunkd.io/sunkd"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCall:
+    """One verb on one resource that sunkd issues; the ClusterRole must grant each."""
+
+    verb: str
+    group: str  # "" = core
+    resource: str  # plural, with "/subresource" where applicable
+    why: str
+
+
+API_CALLS: tuple[ApiCall, ...] = (
+    ApiCall("list", "", "nodes", "source: list-then-watch Nodes"),
+    ApiCall("watch", "", "nodes", "source: list-then-watch Nodes"),
+    ApiCall("get", "", "nodes", "actuator: read-modify-write of taints, labels, cordon"),
+    ApiCall("patch", "", "nodes", "actuator: taint/label/cordon/annotate (merge patch)"),
+    ApiCall("list", "", "pods", "source: list-then-watch Pods (workload, demand)"),
+    ApiCall("watch", "", "pods", "source: list-then-watch Pods"),
+    ApiCall("get", "", "pods", "actuator: evict (is the pod already gone/terminating?)"),
+    ApiCall("create", "", "pods/eviction", "actuator: evict through the Eviction API"),
+    ApiCall("create", "", "events", "actuator: record_event on Nodes"),
+    ApiCall("patch", "", "events", "actuator: count repeats of the same Event"),
+    ApiCall("list", NODESETS.group, "nodesets", "source: list-then-watch Nodesets"),
+    ApiCall("watch", NODESETS.group, "nodesets", "source: list-then-watch Nodesets"),
+    ApiCall("get", NODESETS.group, "nodesets", "actuator: status idempotency check"),
+    ApiCall("patch", NODESETS.group, "nodesets/status", "actuator: update_nodeset_status"),
+    ApiCall("get", "coordination.k8s.io", "leases", "leader election"),
+    ApiCall("create", "coordination.k8s.io", "leases", "leader election"),
+    ApiCall("update", "coordination.k8s.io", "leases", "leader election (renew, release)"),
+)
+
+
+def _translate(error: Exception, what: str) -> ActionError:
+    """Map a transport or API failure to the actuator contract."""
+    if isinstance(error, KubeApiError):
+        if error.status == 404:
+            return ActionError(f"{what}: not found ({error.message})", retryable=False)
+        if error.status in (401, 403):
+            return ActionError(f"{what}: permission denied ({error.message})", retryable=False)
+        if error.status in (400, 415, 422):
+            return ActionError(f"{what}: rejected by the API server ({error})", retryable=False)
+        return ActionError(f"{what}: {error}", retryable=error.retryable)
+    return ActionError(f"{what}: {type(error).__name__}: {error}", retryable=True)
+
+
+_TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, OSError)
+
+
+class KubernetesActuator:
+    """Idempotent Kubernetes side effects.
+
+    `may_act` is checked before every write (e.g. `LeaseElector.holds_lease`): a deposed
+    leader must stop acting at once (kubernetes.md s5.1 "Safety").
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        event_namespace: str = "default",
+        nodeset_resource: ResourceType = NODESETS,
+        instance: str = "",
+        max_conflict_retries: int = 5,
+        may_act: Callable[[], bool] | None = None,
+    ) -> None:
+        self.client = client
+        self.event_namespace = event_namespace
+        self.nodeset_resource = nodeset_resource
+        self.instance = instance or f"sunkd-{secrets.token_hex(4)}"
+        self.max_conflict_retries = max_conflict_retries
+        self.may_act = may_act
+        # (node, reason, message) -> (event name, count): repeats bump count, like the kubelet's
+        # event correlator, instead of piling up identical Events.
+        self._recent_events: dict[tuple[str, str, str], tuple[str, int]] = {}
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _check_leader(self, what: str) -> None:
+        if self.may_act is not None and not self.may_act():
+            raise ActionError(f"{what}: not the leader (lease not held)", retryable=True)
+
+    async def _get_node(self, node: str) -> JSON:
+        try:
+            return await self.client.get(NODES, node)
+        except _TRANSIENT as error:
+            raise _translate(error, f"get node {node}") from error
+
+    async def _modify_node(
+        self,
+        node: str,
+        what: str,
+        mutate: Callable[[JSON], dict[str, Any] | None],
+    ) -> tuple[bool, JSON]:
+        """Read, compute a merge patch, write it under the read resourceVersion; on 409 re-read
+        and recompute. `mutate` returns None when the node already is as wanted."""
+        for attempt in range(self.max_conflict_retries + 1):
+            current = await self._get_node(node)
+            patch = mutate(current)
+            if patch is None:
+                return False, current
+            rv = (current.get("metadata") or {}).get("resourceVersion")
+            patch.setdefault("metadata", {})["resourceVersion"] = rv
+            self._check_leader(what)
+            try:
+                updated = await self.client.merge_patch(NODES, node, patch)
+                return True, updated
+            except KubeApiError as error:
+                if error.status == 409:
+                    log.info("conflict, re-reading node", node=node, action=what, attempt=attempt)
+                    await asyncio.sleep(0.01 * (attempt + 1))
+                    continue
+                raise _translate(error, f"{what} {node}") from error
+            except _TRANSIENT as error:
+                raise _translate(error, f"{what} {node}") from error
+        raise ActionError(
+            f"{what} {node}: still conflicting after {self.max_conflict_retries} retries "
+            "(another controller keeps writing the node)",
+            retryable=True,
+        )
+
+    # -- ownership taint and label -------------------------------------------------------
+
+    async def lock(self, node: str) -> bool:
+        """Give the node to Slurm on the Kubernetes side: taint `sunkd.io/owner=slurm:NoSchedule`
+        and label `sunkd.io/owner=slurm`. Other taints are preserved."""
+
+        def mutate(obj: JSON) -> dict[str, Any] | None:
+            taints = list((obj.get("spec") or {}).get("taints") or [])
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            ours = [t for t in taints if t.get("key") == OWNER_KEY]
+            has_taint = len(ours) == 1 and _same_taint(ours[0], OWNER_TAINT)
+            if has_taint and labels.get(OWNER_KEY) == "slurm":
+                return None
+            kept = [t for t in taints if t.get("key") != OWNER_KEY]
+            return {
+                "metadata": {"labels": {OWNER_KEY: "slurm"}},
+                "spec": {"taints": [*kept, dict(OWNER_TAINT)]},
+            }
+
+        changed, _ = await self._modify_node(node, "lock", mutate)
+        if changed:
+            await self.record_event(
+                node, "SunkdLocked", "sunkd gave the node to Slurm: tainted sunkd.io/owner=slurm"
+            )
+        return changed
+
+    async def unlock(self, node: str) -> bool:
+        """Give the node to Kubernetes: remove our taint, label `sunkd.io/owner=kubernetes`."""
+
+        def mutate(obj: JSON) -> dict[str, Any] | None:
+            taints = list((obj.get("spec") or {}).get("taints") or [])
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            kept = [t for t in taints if t.get("key") != OWNER_KEY]
+            if len(kept) == len(taints) and labels.get(OWNER_KEY) == "kubernetes":
+                return None
+            patch: dict[str, Any] = {"metadata": {"labels": {OWNER_KEY: "kubernetes"}}}
+            if len(kept) != len(taints):
+                # Merge patch replaces lists wholesale; an empty list would be stored as [],
+                # so write null to drop the field when nothing remains.
+                patch["spec"] = {"taints": kept or None}
+            return patch
+
+        changed, _ = await self._modify_node(node, "unlock", mutate)
+        if changed:
+            await self.record_event(
+                node, "SunkdUnlocked", "sunkd gave the node to Kubernetes: removed owner taint"
+            )
+        return changed
+
+    # -- cordon ---------------------------------------------------------------------------
+
+    async def cordon(self, node: str, reason: str) -> bool:
+        """Mark the node unschedulable as sunkd's cordon. A node someone else already cordoned
+        stays theirs: nothing to do (False), and we do not claim it."""
+
+        def mutate(obj: JSON) -> dict[str, Any] | None:
+            spec = obj.get("spec") or {}
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            ours = annotations.get(ANNOTATION_CORDONED_BY) == SUNKD
+            if spec.get("unschedulable"):
+                if ours and annotations.get(ANNOTATION_CORDON_REASON) != reason:
+                    return {"metadata": {"annotations": {ANNOTATION_CORDON_REASON: reason}}}
+                return None  # ours already, or a foreign cordon we must not adopt
+            return {
+                "metadata": {
+                    "annotations": {ANNOTATION_CORDONED_BY: SUNKD, ANNOTATION_CORDON_REASON: reason}
+                },
+                "spec": {"unschedulable": True},
+            }
+
+        changed, _ = await self._modify_node(node, "cordon", mutate)
+        if changed:
+            await self.record_event(node, "SunkdCordoned", f"sunkd cordoned the node: {reason}")
+        return changed
+
+    async def uncordon(self, node: str) -> bool:
+        """Lift sunkd's cordon. A cordon sunkd did not make raises `RefusedError`."""
+
+        def mutate(obj: JSON) -> dict[str, Any] | None:
+            spec = obj.get("spec") or {}
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            ours = annotations.get(ANNOTATION_CORDONED_BY) == SUNKD
+            if spec.get("unschedulable") and not ours:
+                raise RefusedError(
+                    f"uncordon {node}: the node was cordoned by someone else "
+                    f"(no {ANNOTATION_CORDONED_BY}: {SUNKD} annotation); leaving it cordoned"
+                )
+            if (
+                not spec.get("unschedulable")
+                and not ours
+                and (ANNOTATION_CORDON_REASON not in annotations)
+            ):
+                return None
+            return {
+                "metadata": {
+                    "annotations": {ANNOTATION_CORDONED_BY: None, ANNOTATION_CORDON_REASON: None}
+                },
+                "spec": {"unschedulable": None},
+            }
+
+        changed, _ = await self._modify_node(node, "uncordon", mutate)
+        if changed:
+            await self.record_event(node, "SunkdUncordoned", "sunkd lifted its cordon")
+        return changed
+
+    # -- annotations ----------------------------------------------------------------------
+
+    async def annotate(self, node: str, values: Mapping[str, str | None]) -> bool:
+        """Set (or with None remove) sunkd.io/ annotations, e.g. sunkd.io/slurm-state."""
+        foreign = [key for key in values if not key.startswith(ANNOTATION_PREFIX)]
+        if foreign:
+            raise ActionError(
+                f"annotate {node}: refusing to write annotations outside {ANNOTATION_PREFIX}: "
+                f"{sorted(foreign)}",
+                retryable=False,
+            )
+
+        def mutate(obj: JSON) -> dict[str, Any] | None:
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            delta = {k: v for k, v in values.items() if annotations.get(k) != v}
+            if not delta:
+                return None
+            return {"metadata": {"annotations": delta}}
+
+        # Annotations are a map: merge patch merges keys, no lost-update risk for other keys,
+        # but the precondition costs nothing and keeps one code path.
+        changed, _ = await self._modify_node(node, "annotate", mutate)
+        if changed:
+            summary = ", ".join(
+                f"{k}={v if v is not None else '<removed>'}" for k, v in values.items()
+            )
+            await self.record_event(node, "SunkdAnnotated", f"sunkd set {summary}")
+        return changed
+
+    # -- eviction -------------------------------------------------------------------------
+
+    async def evict(self, namespace: str, pod: str) -> bool:
+        """Evict through policy/v1 Eviction so PodDisruptionBudgets are honoured.
+
+        False when the pod is already gone or terminating. A PDB answering 429 is a retryable
+        ActionError whose message names the PDB (kubernetes.md s2.8)."""
+        what = f"evict {namespace}/{pod}"
+        try:
+            current = await self.client.get(PODS, pod, namespace)
+        except KubeApiError as error:
+            if error.status == 404:
+                return False
+            raise _translate(error, what) from error
+        except _TRANSIENT as error:
+            raise _translate(error, what) from error
+        meta = current.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return False
+        node = (current.get("spec") or {}).get("nodeName")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
+        self._check_leader(what)
+        try:
+            await self.client.create(PODS, body, namespace, name=pod, subresource="eviction")
+        except KubeApiError as error:
+            if error.status == 404:
+                return False
+            if error.status == 429:
+                causes = "; ".join(str(c.get("message") or "") for c in error.causes)
+                raise ActionError(
+                    f"{what}: blocked by a PodDisruptionBudget (PDB): {error.message}"
+                    + (f" ({causes})" if causes else ""),
+                    retryable=True,
+                ) from error
+            raise _translate(error, what) from error
+        except _TRANSIENT as error:
+            raise _translate(error, what) from error
+        if node:
+            await self.record_event(
+                str(node),
+                "SunkdEvicted",
+                f"sunkd evicted pod {namespace}/{pod} to reclaim the node",
+            )
+        return True
+
+    # -- Nodeset status -------------------------------------------------------------------
+
+    async def update_nodeset_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> bool:
+        """Merge `status` into the Nodeset's status through the status subresource.
+
+        No Event: status is itself the record, and it changes with every reconcile."""
+        what = f"update status of nodeset {namespace}/{name}"
+        rt = self.nodeset_resource
+        try:
+            current = await self.client.get(rt, name, namespace)
+        except _TRANSIENT as error:
+            raise _translate(error, what) from error
+        existing = current.get("status") or {}
+        if _merge_preview(existing, status) == existing:
+            return False
+        self._check_leader(what)
+        try:
+            await self.client.merge_patch(
+                rt, name, {"status": dict(status)}, namespace, subresource="status"
+            )
+        except _TRANSIENT as error:
+            raise _translate(error, what) from error
+        return True
+
+    # -- Events ---------------------------------------------------------------------------
+
+    async def record_event(
+        self, node: str, reason: str, message: str, type: str = "Normal"
+    ) -> bool:
+        """A core/v1 Event on the Node (best effort; returns False when it could not be written).
+
+        Node events live in the `default` namespace with an empty involvedObject.namespace;
+        `kubectl describe node` finds them by involvedObject kind/name/uid (kubectl-wire.md
+        s4.7), so the uid is the node's real uid when we can read it, else its name (what the
+        kubelet uses)."""
+        now = format_time(utcnow())
+        correlation = (node, reason, message)
+        previous = self._recent_events.get(correlation)
+        try:
+            if previous is not None:
+                name, count = previous
+                try:
+                    await self.client.merge_patch(
+                        EVENTS,
+                        name,
+                        {"count": count + 1, "lastTimestamp": now},
+                        self.event_namespace,
+                    )
+                    self._recent_events[correlation] = (name, count + 1)
+                    return True
+                except KubeApiError as error:
+                    if error.status != 404:
+                        raise
+            uid = node
+            try:
+                uid = str(((await self.client.get(NODES, node)).get("metadata") or {})["uid"])
+            except (KubeApiError, KeyError):
+                pass
+            name = f"{node}.{secrets.token_hex(8)}"
+            body = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": name, "namespace": self.event_namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node,
+                    "uid": uid,
+                    "namespace": "",
+                },
+                "reason": reason,
+                "message": message[:1024],
+                "type": type,
+                "source": {"component": EVENT_SOURCE_COMPONENT},
+                "reportingComponent": REPORTING_COMPONENT,
+                "reportingInstance": self.instance,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            }
+            await self.client.create(EVENTS, body, self.event_namespace)
+            if len(self._recent_events) > 4096:
+                self._recent_events.clear()
+            self._recent_events[correlation] = (name, 1)
+            return True
+        except _TRANSIENT as error:
+            log.warning("could not record event", node=node, reason=reason, error=str(error))
+            return False
+
+
+def _same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return (a.get("key"), a.get("value") or "", a.get("effect")) == (
+        b.get("key"),
+        b.get("value") or "",
+        b.get("effect"),
+    )
+
+
+def _merge_preview(target: Any, patch: Any) -> Any:
+    """RFC 7386 applied locally, to tell whether a status patch would change anything."""
+    if not isinstance(patch, Mapping):
+        return patch
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge_preview(result.get(key), value)
+    return result

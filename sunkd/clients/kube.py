@@ -1,0 +1,845 @@
+"""Kubernetes API access for sunkd: configuration, bounded requests, and a list-then-watch loop.
+
+Why not kubernetes-asyncio's typed APIs and `Watch` as they are (reference kubernetes.md s3):
+- `Watch` never re-lists on 410 Gone (it retries once with the same stale resourceVersion and
+  raises), lets `ClientPayloadError` from a dropped stream escape, and without a client-side
+  timeout hangs forever on a half-open connection. A watch loop that silently stops is the
+  worst failure a controller can have: it keeps acting on a frozen view of the cluster.
+- Typed model deserialisation of 50k pods costs seconds per relist; we only need a few fields.
+- Custom-object PATCH with a dict body goes out as `application/json-patch+json` unless the
+  content type is forced.
+
+So this module keeps kubernetes-asyncio for what it does well (kubeconfig / in-cluster config,
+auth headers incl. token refresh, TLS, the aiohttp session) and issues requests itself through
+the `ApiClient` with `_preload_content=False`, parsing JSON into plain dicts.
+
+`ListWatch` is a small informer: list (paged, one consistent snapshot), then watch from the list's
+resourceVersion with bookmarks, resume from the last seen resourceVersion after a disconnect,
+re-list on 410 Expired and diff the new list against its cache so objects deleted while we were
+not watching come out as DELETED; every request is bounded both server-side (`timeoutSeconds`)
+and client-side (aiohttp timeouts), and retries back off exponentially with full jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+from urllib.parse import quote
+
+import aiohttp
+import structlog
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+log = structlog.get_logger("sunkd.kube")
+
+JSON = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+# --------------------------------------------------------------------------- resources
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceType:
+    """Where a kind lives in the REST layout (`/api/v1/...` or `/apis/<g>/<v>/...`)."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def prefix(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def collection_path(self, namespace: str | None = None) -> str:
+        if self.namespaced and namespace:
+            return f"{self.prefix}/namespaces/{quote(namespace, safe='')}/{self.plural}"
+        return f"{self.prefix}/{self.plural}"
+
+    def object_path(
+        self, name: str, namespace: str | None = None, subresource: str | None = None
+    ) -> str:
+        if self.namespaced and not namespace:
+            raise ValueError(f"{self.plural} are namespaced: a namespace is required")
+        path = f"{self.collection_path(namespace)}/{quote(name, safe='')}"
+        return f"{path}/{subresource}" if subresource else path
+
+
+NODES = ResourceType("", "v1", "nodes", "Node", namespaced=False)
+PODS = ResourceType("", "v1", "pods", "Pod", namespaced=True)
+EVENTS = ResourceType("", "v1", "events", "Event", namespaced=True)
+LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
+PDBS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+
+NODESET_GROUP = "sunk.example.io"
+NODESET_VERSION = "v1"
+
+
+def nodesets(group: str = NODESET_GROUP, version: str = NODESET_VERSION) -> ResourceType:
+    return ResourceType(group, version, "nodesets", "Nodeset", namespaced=True)
+
+
+NODESETS = nodesets()
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class KubeApiError(Exception):
+    """A non-2xx answer from the API server, with the Status body decoded.
+
+    `reason` is the machine-readable Status reason (NotFound, Conflict, Expired,
+    TooManyRequests, ...), not the HTTP reason phrase: kubernetes.md s2.5.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        body: Mapping[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body: Mapping[str, Any] = body or {}
+        self.retry_after = retry_after
+
+    @property
+    def causes(self) -> list[Mapping[str, Any]]:
+        details = self.body.get("details") or {}
+        causes = details.get("causes") or []
+        return [c for c in causes if isinstance(c, Mapping)]
+
+    @property
+    def retryable(self) -> bool:
+        """Transient: server trouble, throttling, conflicts, timeouts."""
+        return self.status in (409, 429, 500, 502, 503, 504) or self.status == 0
+
+    @classmethod
+    def from_body(cls, status: int, text: str, headers: Mapping[str, str]) -> KubeApiError:
+        body: Mapping[str, Any] = {}
+        with contextlib.suppress(ValueError):
+            decoded = json.loads(text) if text else {}
+            if isinstance(decoded, dict):
+                body = decoded
+        retry_after: float | None = None
+        with contextlib.suppress(TypeError, ValueError):
+            header = headers.get("Retry-After")
+            if header is not None:
+                retry_after = float(header)
+        return cls(
+            status,
+            str(body.get("reason") or ""),
+            str(body.get("message") or text[:200]),
+            body,
+            retry_after,
+        )
+
+
+# ------------------------------------------------------------------------- formatting
+
+
+def format_time(moment: datetime) -> str:
+    """metav1.Time: RFC3339 with seconds precision and `Z` (creationTimestamp, Event times)."""
+    return _utc(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_micro_time(moment: datetime) -> str:
+    """metav1.MicroTime: exactly six fractional digits (Lease times, eventTime).
+
+    `datetime.isoformat()` drops the fraction when microsecond == 0 and the API server then
+    rejects the value with 400 (kubernetes.md s2.9, kubernetes/kubernetes#89156).
+    """
+    return _utc(moment).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    """Parse metav1.Time / MicroTime (RFC3339, `Z` or offset) into an aware UTC datetime."""
+    value = text.strip()
+    if value.endswith("Z"):
+        value = value[:-1] + "+00:00"
+    return datetime.fromisoformat(value).astimezone(UTC)
+
+
+def _utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        raise ValueError("naive datetime: Kubernetes times must be timezone-aware")
+    return moment.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+_QUANTITY = re.compile(
+    r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
+)
+_SUFFIX = {
+    None: Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(value: object) -> Decimal:
+    """resource.Quantity ("500m", "2", "1Gi", "1e9") to a Decimal; malformed -> ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    if not isinstance(value, str):
+        raise ValueError(f"not a quantity: {value!r}")
+    match = _QUANTITY.match(value.strip())
+    if not match:
+        raise ValueError(f"not a quantity: {value!r}")
+    try:
+        number = Decimal(match.group(1))
+    except InvalidOperation as error:
+        raise ValueError(f"not a quantity: {value!r}") from error
+    return number * _SUFFIX[match.group(2)]
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """`namespace/name` for namespaced objects, `name` otherwise (client-go's cache key)."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    name = str(meta.get("name") or "")
+    return f"{namespace}/{name}" if namespace else name
+
+
+def resource_version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+# ----------------------------------------------------------------------------- client
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Client-side bounds. Without them a request on a half-open TCP connection never returns
+    (kubernetes-client/python#1148, #1402)."""
+
+    connect: float = 10.0
+    request: float = 30.0  # total, for ordinary requests
+    list_page: float = 60.0  # total, per list page
+
+
+class KubeClient:
+    """Thin JSON-over-ApiClient layer: auth, TLS and the session come from kubernetes-asyncio."""
+
+    def __init__(self, api_client: Any, *, timeouts: Timeouts | None = None) -> None:
+        self.api_client = api_client
+        self.timeouts = timeouts or Timeouts()
+
+    # -- construction --------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        kubeconfig: str | None = None,
+        *,
+        context: str | None = None,
+        in_cluster: bool | None = None,
+        timeouts: Timeouts | None = None,
+    ) -> KubeClient:
+        """Build a client from a kubeconfig file or the pod's service account.
+
+        `in_cluster=None` picks in-cluster when no kubeconfig is given, `$KUBECONFIG` is unset
+        and `KUBERNETES_SERVICE_HOST` is set (what client-go's default loading rules do).
+        Never touches kubernetes-asyncio's global default configuration.
+        """
+        if in_cluster is None:
+            in_cluster = (
+                kubeconfig is None
+                and not os.environ.get("KUBECONFIG")
+                and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+            )
+        if in_cluster:
+            configuration = k8s_client.Configuration()
+            # Re-reads the projected service-account token periodically (bound tokens expire).
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+            api_client = k8s_client.ApiClient(configuration=configuration)
+        else:
+            api_client = await k8s_config.new_client_from_config(
+                config_file=kubeconfig, context=context, persist_config=False
+            )
+        return cls(api_client, timeouts=timeouts)
+
+    @classmethod
+    def for_url(
+        cls, url: str, *, token: str | None = None, timeouts: Timeouts | None = None
+    ) -> KubeClient:
+        """A client for a plain URL (tests, the emulator, `kubectl proxy`)."""
+        configuration = k8s_client.Configuration(host=url.rstrip("/"))
+        if token:
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        return cls(k8s_client.ApiClient(configuration=configuration), timeouts=timeouts)
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def host(self) -> str:
+        return str(self.api_client.configuration.host)
+
+    # -- raw requests --------------------------------------------------------------
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        bound: aiohttp.ClientTimeout,
+    ) -> aiohttp.ClientResponse:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        response: aiohttp.ClientResponse = await self.api_client.call_api(
+            path,
+            method,
+            query_params=list(query),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=bound,
+        )
+        return response
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        total_timeout: float | None = None,
+    ) -> Any:
+        """One bounded request; returns the decoded JSON body, raises `KubeApiError`."""
+        bound = aiohttp.ClientTimeout(
+            total=total_timeout or self.timeouts.request,
+            connect=self.timeouts.connect,
+            sock_connect=self.timeouts.connect,
+        )
+        response = await self._send(
+            method, path, query=query, body=body, content_type=content_type, bound=bound
+        )
+        async with response:
+            raw = await response.read()
+            if not 200 <= response.status <= 299:
+                raise KubeApiError.from_body(
+                    response.status, raw.decode("utf-8", "replace"), response.headers
+                )
+        return json.loads(raw) if raw else None
+
+    # -- typed helpers ------------------------------------------------------------
+
+    async def get(
+        self,
+        rt: ResourceType,
+        name: str,
+        namespace: str | None = None,
+        subresource: str | None = None,
+    ) -> JSON:
+        result = await self.request("GET", rt.object_path(name, namespace, subresource))
+        assert isinstance(result, dict)
+        return result
+
+    async def create(
+        self,
+        rt: ResourceType,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        name: str | None = None,
+        subresource: str | None = None,
+    ) -> JSON:
+        """POST to the collection, or to `<name>/<subresource>` (e.g. pods/eviction)."""
+        path = (
+            rt.object_path(name, namespace, subresource)
+            if name is not None and subresource
+            else rt.collection_path(namespace)
+        )
+        result = await self.request("POST", path, body=dict(body))
+        return result if isinstance(result, dict) else {}
+
+    async def replace(
+        self,
+        rt: ResourceType,
+        name: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        subresource: str | None = None,
+    ) -> JSON:
+        """PUT; the body's metadata.resourceVersion is the optimistic-concurrency precondition."""
+        result = await self.request(
+            "PUT", rt.object_path(name, namespace, subresource), body=dict(body)
+        )
+        assert isinstance(result, dict)
+        return result
+
+    async def merge_patch(
+        self,
+        rt: ResourceType,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        subresource: str | None = None,
+    ) -> JSON:
+        """RFC 7386 merge patch, content type forced (kubernetes-asyncio would otherwise send a
+        dict as json-patch for custom objects, which a real server rejects with 400).
+        A `metadata.resourceVersion` inside the patch makes it conditional (409 when stale)."""
+        result = await self.request(
+            "PATCH",
+            rt.object_path(name, namespace, subresource),
+            body=dict(patch),
+            content_type=MERGE_PATCH,
+        )
+        assert isinstance(result, dict)
+        return result
+
+    async def delete(self, rt: ResourceType, name: str, namespace: str | None = None) -> Any:
+        return await self.request("DELETE", rt.object_path(name, namespace))
+
+    async def list(
+        self,
+        rt: ResourceType,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> tuple[list[JSON], str]:
+        """All items of a collection and the list's resourceVersion, paging with `continue`.
+
+        Every page of one list carries the same resourceVersion (a consistent snapshot); an
+        expired continue token is 410 and the caller must start over (kubernetes.md s2.3).
+        """
+        items: list[JSON] = []
+        token: str | None = None
+        list_rv = ""
+        bound = aiohttp.ClientTimeout(
+            total=self.timeouts.list_page,
+            connect=self.timeouts.connect,
+            sock_connect=self.timeouts.connect,
+        )
+        while True:
+            query: list[tuple[str, str]] = [("limit", str(page_size))]
+            if token:
+                query.append(("continue", token))
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if field_selector:
+                query.append(("fieldSelector", field_selector))
+            response = await self._send(
+                "GET", rt.collection_path(namespace), query=query, bound=bound
+            )
+            async with response:
+                raw = await response.read()
+                if response.status != 200:
+                    raise KubeApiError.from_body(
+                        response.status, raw.decode("utf-8", "replace"), response.headers
+                    )
+            page = json.loads(raw)
+            page_items = page.get("items") or []
+            items.extend(page_items)
+            meta = page.get("metadata") or {}
+            if not list_rv:
+                list_rv = str(meta.get("resourceVersion") or "")
+            token = meta.get("continue") or None
+            if not token:
+                return items, list_rv
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self,
+        rt: ResourceType,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> AsyncIterator[AsyncIterator[JSON]]:
+        """Open a watch from `resource_version`; yields an iterator of decoded watch events.
+
+        Bounded twice: the server closes after `timeoutSeconds`, and the client gives up when
+        no byte arrives for `idle_timeout` (must exceed the ~60 s bookmark period of a real
+        server) or the whole stream outlives `timeoutSeconds` by a margin.
+        """
+        query = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        bound = aiohttp.ClientTimeout(
+            total=timeout_seconds + max(idle_timeout, 10.0),
+            connect=self.timeouts.connect,
+            sock_connect=self.timeouts.connect,
+            sock_read=idle_timeout,
+        )
+        response = await self._send("GET", rt.collection_path(namespace), query=query, bound=bound)
+        async with response:
+            if response.status != 200:
+                # An HTTP-level error (e.g. 410 for an unparsable RV, 403, 500) instead of an
+                # in-stream ERROR event: kubernetes.md s2.4.
+                raw = await response.read()
+                raise KubeApiError.from_body(
+                    response.status, raw.decode("utf-8", "replace"), response.headers
+                )
+            yield _watch_lines(response)
+
+
+async def _watch_lines(response: aiohttp.ClientResponse) -> AsyncIterator[JSON]:
+    while True:
+        line = await response.content.readline()
+        if not line:
+            return  # the server ended the chunked body: normal at timeoutSeconds
+        line = line.strip()
+        if not line:
+            continue
+        event = json.loads(line)
+        if not isinstance(event, dict):
+            raise ValueError(f"watch event is not an object: {line[:100]!r}")
+        yield event
+
+
+# ------------------------------------------------------------------------------ backoff
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential backoff with full jitter (AWS architecture blog; client-go's wait.Jitter
+    serves the same purpose): many sunkd replicas or watch loops must not retry in lockstep."""
+
+    initial: float = 0.2
+    maximum: float = 30.0
+    factor: float = 2.0
+    attempt: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def next_delay(self) -> float:
+        ceiling = min(self.maximum, self.initial * self.factor**self.attempt)
+        self.attempt += 1
+        return self.rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+# ---------------------------------------------------------------------------- ListWatch
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change to one object, as the cache saw it (duplicates already dropped)."""
+
+    type: EventType
+    key: str
+    object: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Relisted:
+    """A (re)list finished. `events` reconcile the previous cache with the new list: objects
+    that vanished while we were not watching appear as DELETED (client-go's DeletedFinalStateUnknown
+    case), changed ones as MODIFIED, new ones as ADDED. On the first list all are ADDED."""
+
+    events: tuple[WatchEvent, ...]
+    resource_version: str
+    initial: bool
+    objects: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchTrouble:
+    """The loop failed to list or watch; it is backing off and will retry."""
+
+    cause: str  # timeout | connection | gone | server_error | throttled | auth | bad_payload | api
+    detail: str
+    consecutive: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchRecovered:
+    """The first successful list or watch connection after trouble."""
+
+    after_failures: int
+
+
+WatchItem = WatchEvent | Relisted | WatchTrouble | WatchRecovered
+Transform = Callable[[JSON], JSON]
+
+
+@dataclass(slots=True)
+class ListWatchStats:
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    bookmarks: int = 0
+    gone: int = 0
+    failures: int = 0
+    duplicates: int = 0
+
+
+class ListWatch:
+    """Informer-style list-then-watch over one resource type; iterate `items()`.
+
+    The cache holds each object after `transform` (drop what you do not need: a relist diff
+    only compares resourceVersions, so the transform may strip anything but metadata).
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: ResourceType,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        watch_timeout: int = 300,
+        idle_timeout: float = 90.0,
+        page_size: int = 500,
+        relist_after_failures: int = 5,
+        backoff: Backoff | None = None,
+        transform: Transform | None = None,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.watch_timeout = watch_timeout
+        self.idle_timeout = idle_timeout
+        self.page_size = page_size
+        self.relist_after_failures = relist_after_failures
+        self.backoff = backoff or Backoff()
+        self.transform = transform
+        self.cache: dict[str, JSON] = {}
+        self.resource_version = ""
+        self.stats = ListWatchStats()
+        self._log = log.bind(resource=resource.plural)
+
+    def _reconcile(self, items: list[JSON], list_rv: str, initial: bool) -> Relisted:
+        fresh: dict[str, JSON] = {}
+        for item in items:
+            obj = self.transform(item) if self.transform else item
+            fresh[object_key(obj)] = obj
+        events: list[WatchEvent] = []
+        for key, old in self.cache.items():
+            if key not in fresh:
+                events.append(WatchEvent("DELETED", key, old))
+        for key, obj in fresh.items():
+            old_obj = self.cache.get(key)
+            if old_obj is None:
+                events.append(WatchEvent("ADDED", key, obj))
+            elif resource_version(old_obj) != resource_version(obj):
+                events.append(WatchEvent("MODIFIED", key, obj))
+        self.cache = fresh
+        self.resource_version = list_rv
+        return Relisted(tuple(events), list_rv, initial, len(fresh))
+
+    def _apply(self, kind: str, obj: JSON) -> WatchEvent | None:
+        key = object_key(obj)
+        if kind == "DELETED":
+            old = self.cache.pop(key, None)
+            if old is None:
+                self.stats.duplicates += 1
+                return None
+            gone = self.transform(obj) if self.transform else obj
+            return WatchEvent("DELETED", key, gone)
+        if kind not in ("ADDED", "MODIFIED"):
+            raise ValueError(f"unknown watch event type {kind!r}")
+        current = self.cache.get(key)
+        if current is not None and resource_version(current) == resource_version(obj):
+            # Replayed event (same object state): nothing changed for us.
+            self.stats.duplicates += 1
+            return None
+        stored = self.transform(obj) if self.transform else obj
+        self.cache[key] = stored
+        return WatchEvent("ADDED" if current is None else "MODIFIED", key, stored)
+
+    async def items(self) -> AsyncIterator[WatchItem]:
+        """Run forever (until the consumer stops iterating or the task is cancelled)."""
+        need_list = True
+        initial = True
+        failures = 0
+        gone_streak = 0
+        troubled = False
+        while True:
+            try:
+                if need_list:
+                    items, list_rv = await self.client.list(
+                        self.resource,
+                        namespace=self.namespace,
+                        label_selector=self.label_selector,
+                        field_selector=self.field_selector,
+                        page_size=self.page_size,
+                    )
+                    self.stats.lists += 1
+                    relisted = self._reconcile(items, list_rv, initial)
+                    need_list = False
+                    initial = False
+                    if troubled:
+                        yield WatchRecovered(failures)
+                        troubled = False
+                    failures = 0
+                    self.backoff.reset()
+                    yield relisted
+                # client-go jitters the watch timeout in [min, 2*min) so watchers spread out.
+                timeout = int(self.watch_timeout * (1 + self.backoff.rng.random()))
+                async with self.client.watch(
+                    self.resource,
+                    resource_version=self.resource_version,
+                    timeout_seconds=max(1, timeout),
+                    idle_timeout=self.idle_timeout,
+                    namespace=self.namespace,
+                    label_selector=self.label_selector,
+                    field_selector=self.field_selector,
+                ) as stream:
+                    self.stats.watches += 1
+                    if troubled:
+                        yield WatchRecovered(failures)
+                        troubled = False
+                    async for raw in stream:
+                        kind = str(raw.get("type") or "")
+                        obj = raw.get("object")
+                        if not isinstance(obj, dict):
+                            raise ValueError(f"watch event without object: {kind}")
+                        if kind == "ERROR":
+                            raise _status_error(obj)
+                        rv = resource_version(obj)
+                        if kind == "BOOKMARK":
+                            # Only metadata.resourceVersion is meaningful (kubernetes.md s2.4).
+                            self.stats.bookmarks += 1
+                            if rv:
+                                self.resource_version = rv
+                            continue
+                        event = self._apply(kind, obj)
+                        if rv:
+                            self.resource_version = rv
+                        gone_streak = 0
+                        if event is not None:
+                            self.stats.events += 1
+                            yield event
+                    # Clean end of the chunked body: the server's timeoutSeconds elapsed (or the
+                    # server ended early, which real servers and proxies do: kubernetes_asyncio
+                    # #308). Resume from the last resourceVersion, no backoff needed.
+                    failures = 0
+                    gone_streak = 0
+                    self.backoff.reset()
+            except KubeApiError as error:
+                if error.status == 410:
+                    # Expired/Gone: our resourceVersion is older than the server's history.
+                    # Resuming cannot work; list again and diff (kubernetes_asyncio#327 retries
+                    # with the same stale RV instead).
+                    self.stats.gone += 1
+                    self._log.info("watch expired, relisting", detail=error.message)
+                    need_list = True
+                    gone_streak += 1
+                    # A single expiry relists at once; back off only when 410s come in a storm
+                    # (every relist immediately expiring again), so we never hot-loop on LIST.
+                    if gone_streak > 1:
+                        await asyncio.sleep(self.backoff.next_delay())
+                    continue
+                failures += 1
+                troubled = True
+                self.stats.failures += 1
+                cause = _cause_of(error)
+                yield WatchTrouble(cause, str(error), failures)
+                delay = self.backoff.next_delay()
+                if error.retry_after:
+                    delay = max(delay, min(error.retry_after, self.backoff.maximum))
+                await asyncio.sleep(delay)
+                if failures >= self.relist_after_failures:
+                    need_list = True
+            except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as error:
+                # ClientPayloadError on a dropped stream, ServerTimeoutError on a stalled one
+                # (half-open connection), connection refused, garbage on the wire.
+                failures += 1
+                troubled = True
+                self.stats.failures += 1
+                if isinstance(error, TimeoutError | aiohttp.ServerTimeoutError):
+                    cause = "timeout"
+                elif isinstance(error, ValueError):
+                    cause = "bad_payload"
+                else:
+                    cause = "connection"
+                self._log.warning(
+                    "list/watch failed", cause=cause, error=repr(error), consecutive=failures
+                )
+                yield WatchTrouble(cause, f"{type(error).__name__}: {error}", failures)
+                await asyncio.sleep(self.backoff.next_delay())
+                if failures >= self.relist_after_failures:
+                    need_list = True
+
+
+def _status_error(status: Mapping[str, Any]) -> KubeApiError:
+    code = status.get("code")
+    return KubeApiError(
+        int(code) if isinstance(code, int) else 500,
+        str(status.get("reason") or ""),
+        str(status.get("message") or ""),
+        status,
+    )
+
+
+def _cause_of(error: KubeApiError) -> str:
+    if error.status in (401, 403):
+        return "auth"
+    if error.status == 429:
+        return "throttled"
+    if error.status >= 500:
+        return "server_error"
+    return "api"
