@@ -68,6 +68,12 @@ def upgrade() -> None:
                    "FOR EACH ROW EXECUTE FUNCTION sunkd_events_append_only()")
         op.execute("CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events "
                    "FOR EACH STATEMENT EXECUTE FUNCTION sunkd_events_append_only()")
+    else:
+        # SQLite has no TRUNCATE; UPDATE and DELETE get the same refusal.
+        for operation in ("UPDATE", "DELETE"):
+            op.execute(f"CREATE TRIGGER events_no_{operation.lower()} BEFORE {operation} ON events "
+                       f"BEGIN SELECT RAISE(ABORT, 'sunkd: the events table is append-only "
+                       f"({operation} rejected)'); END")
 
 
 def downgrade() -> None:
@@ -75,6 +81,9 @@ def downgrade() -> None:
         op.execute("DROP TRIGGER IF EXISTS events_no_truncate ON events")
         op.execute("DROP TRIGGER IF EXISTS events_no_update_delete ON events")
         op.execute("DROP FUNCTION IF EXISTS sunkd_events_append_only()")
+    else:
+        op.execute("DROP TRIGGER IF EXISTS events_no_update")
+        op.execute("DROP TRIGGER IF EXISTS events_no_delete")
     op.drop_table("snapshots")
     op.drop_table("leadership")
     op.drop_index("ix_events_kind_seq", table_name="events")

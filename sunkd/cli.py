@@ -1,0 +1,259 @@
+"""The `sunkd` command line: one entry point for the daemon, operator controls and tools.
+
+Subcommands import their modules lazily so that `sunkd --version` and `sunkd events`
+start fast and keep working even on a host without, say, a Kubernetes config.
+Exit status: 0 success, 1 operational failure, 2 invalid usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from sunkd import __version__
+from sunkd.config import ConfigError, Settings, load_settings
+from sunkd.logs import configure_logging, redact_text
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {"database_url": getattr(args, "database_url", None)}
+    if getattr(args, "listen", None):
+        overrides["listen"] = args.listen
+    if args.log_level:
+        overrides["log_level"] = args.log_level
+    return load_settings(args.config, **overrides)
+
+
+# ---------------------------------------------------------------------- migrate
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from sunkd.store import migrations_api
+    from sunkd.store.eventlog import create_engine
+
+    async def run() -> str | None:
+        engine = create_engine(settings.database_url)
+        try:
+            if args.downgrade:
+                await migrations_api.downgrade(engine, args.downgrade)
+            else:
+                await migrations_api.upgrade(engine, args.revision)
+            return await migrations_api.current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    revision = asyncio.run(run())
+    print(f"database {redact_text(settings.database_url)} at revision {revision or 'base'}")
+    return 0
+
+
+# ----------------------------------------------------------------------- events
+
+
+def _event_line(recorded: Any, as_json: bool) -> str:
+    from sunkd.domain.events import encode_payload
+
+    body = encode_payload(recorded.payload)
+    if as_json:
+        return json.dumps({
+            "seq": recorded.seq, "recorded_at": recorded.recorded_at.isoformat(),
+            "kind": recorded.kind, "subject": recorded.subject, "epoch": recorded.epoch,
+            "causation_seq": recorded.causation_seq, "payload": body,
+        }, separators=(",", ":"), sort_keys=True)
+    shown = {k: v for k, v in body.items() if k != "v" and v not in (None, [], "", {})}
+    details = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in shown.items())
+    stamp = recorded.recorded_at.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{recorded.seq:>8} {stamp} {recorded.kind:<22} {recorded.subject:<16} {details}"
+
+
+def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    from sunkd.store.eventlog import EventLog
+
+    kinds = args.kind or None
+    out: TextIO = sys.stdout
+
+    async def run() -> None:
+        event_log = await EventLog.open(settings.database_url)
+        try:
+            if args.follow:
+                async for recorded in event_log.subscribe(args.after, kinds=kinds):
+                    if args.subject is None or recorded.subject == args.subject:
+                        print(_event_line(recorded, args.json), file=out, flush=True)
+                return
+            position, remaining = args.after, args.limit
+            while remaining > 0:
+                batch = await event_log.read(position, min(remaining, 1000), kinds=kinds,
+                                             subject=args.subject)
+                if not batch:
+                    break
+                for recorded in batch:
+                    print(_event_line(recorded, args.json), file=out)
+                position, remaining = batch[-1].seq, remaining - len(batch)
+        finally:
+            await event_log.close()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+# ------------------------------------------------------------------ delegations
+
+
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from sunkd.doctor import doctor
+
+    exit_code: int = asyncio.run(doctor(settings, as_json=args.json, out=sys.stdout))
+    return exit_code
+
+
+def cmd_sim_kubeapi(args: argparse.Namespace, settings: Settings) -> int:
+    from sunkd.sim.kubeapi import run_cli
+
+    exit_code: int = run_cli(port=args.port, kubeconfig_out=args.kubeconfig_out,
+                             load=args.load or [], listen_host=args.host)
+    return exit_code
+
+
+def _optional(module: str, attribute: str) -> Handler:
+    """A handler living in a module that other commands must not need to import."""
+
+    def handler(args: argparse.Namespace, settings: Settings) -> int:
+        imported = __import__(module, fromlist=[attribute])
+        result: int = getattr(imported, attribute)(args, settings)
+        return result
+
+    return handler
+
+
+# ----------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sunkd", description="One compute pool for Slurm and Kubernetes.")
+    parser.add_argument("--version", action="version", version=f"sunkd {__version__}")
+    parser.add_argument("--config", type=Path, help="TOML settings file")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    def database(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--database-url", help="overrides SUNKD_DATABASE_URL")
+
+    migrate = add("migrate", cmd_migrate, "upgrade the database schema (or downgrade it)")
+    database(migrate)
+    migrate.add_argument("--revision", default="head")
+    migrate.add_argument("--downgrade", metavar="REVISION", help="e.g. base or -1")
+
+    events = add("events", cmd_events, "print the event log")
+    database(events)
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    events.add_argument("--after", type=int, default=0, metavar="SEQ")
+    events.add_argument("--subject", help="only events about this node or pool")
+    events.add_argument("--kind", action="append", help="only this kind (repeatable)")
+    events.add_argument("--limit", type=int, default=10_000_000)
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    doctor = add("doctor", cmd_doctor, "check the connections to Slurm (and Kubernetes)")
+    doctor.add_argument("--json", action="store_true")
+
+    run = add("run", _optional("sunkd.daemon", "cmd_run"), "run the daemon")
+    database(run)
+    run.add_argument("--listen", metavar="HOST:PORT", help="HTTP address (default 127.0.0.1:8080)")
+
+    status = add("status", _optional("sunkd.operator", "cmd_status"),
+                 "where every node is, and why")
+    database(status)
+    status.add_argument("--json", action="store_true")
+
+    pin = add("pin", _optional("sunkd.operator", "cmd_pin"),
+              "pin a node to one side (or back to auto)")
+    database(pin)
+    pin.add_argument("node")
+    pin.add_argument("--to", required=True, choices=["slurm", "kubernetes", "auto"])
+    pin.add_argument("--reason", required=True)
+    pin.add_argument("--who", help="defaults to the login name")
+
+    replay = add("replay", _optional("sunkd.operator", "cmd_replay"),
+                 "rebuild state from the whole log and compare")
+    database(replay)
+    replay.add_argument("--check", action="store_true",
+                        help="exit non-zero on any difference with the snapshot/read models")
+    replay.add_argument("--rebuild", action="store_true", help="rebuild the SQL read models")
+
+    history = add("history", _optional("sunkd.operator", "cmd_history"),
+                  "ownership intervals of a node")
+    database(history)
+    history.add_argument("node")
+    history.add_argument("--since", help="ISO time or a duration like 24h")
+    history.add_argument("--json", action="store_true")
+
+    demo = add("demo", _optional("sunkd.demo", "cmd_demo"),
+               "run the whole system locally: real Slurm, the Kubernetes emulator, SQLite")
+    database(demo)
+    demo.add_argument("--duration", type=float, help="seconds; run until Ctrl-C without it")
+    demo.add_argument("--nodes", type=int, default=4)
+    demo.add_argument("--summary-json", type=Path)
+    demo.add_argument("--listen", metavar="HOST:PORT")
+
+    sim = commands.add_parser("sim", help="simulators for tests and demos")
+    sim_commands = sim.add_subparsers(dest="sim_command", metavar="SIMULATOR", required=True)
+    kubeapi = sim_commands.add_parser(
+        "kubeapi", help="a Kubernetes API emulator (not a real API server)")
+    kubeapi.set_defaults(handler=cmd_sim_kubeapi)
+    kubeapi.add_argument("--port", type=int, default=0)
+    kubeapi.add_argument("--host", default="127.0.0.1")
+    kubeapi.add_argument("--kubeconfig-out", type=Path)
+    kubeapi.add_argument("--load", type=Path, action="append", help="YAML objects to create")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        settings = _settings(args)
+    except ConfigError as error:
+        print(f"sunkd: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        handler: Handler = args.handler
+        return handler(args, settings)
+    except ConfigError as error:
+        print(f"sunkd: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        from sunkd.store.migrations_api import SchemaError
+
+        if isinstance(error, SchemaError):
+            print(f"sunkd: {error}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
