@@ -1,0 +1,212 @@
+"""Shared plumbing for the Kubernetes integration tests: the emulator over real HTTP, object
+builders that go through the API (never the emulator's internals), and a fold of observation
+events back into a cluster view."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sunkd.clients.kube import NODES, PODS, KubeApiError, KubeClient, ResourceType
+from sunkd.domain.events import (
+    Event,
+    K8sDemandObserved,
+    K8sNodeObserved,
+    K8sNodesetObserved,
+    K8sNodeVanished,
+    K8sWorkloadObserved,
+    Payload,
+    SourceHealth,
+)
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crds" / "nodeset.yaml"
+
+
+def node_body(
+    name: str,
+    labels: dict[str, str] | None = None,
+    *,
+    ready: bool = True,
+    cpu: str = "8",
+    memory: str = "32Gi",
+    gpus: str | None = None,
+) -> dict[str, Any]:
+    allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
+    if gpus is not None:
+        allocatable["nvidia.com/gpu"] = gpus
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {},
+        "status": {
+            "allocatable": allocatable,
+            "capacity": allocatable,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod_body(
+    namespace: str,
+    name: str,
+    labels: dict[str, str] | None = None,
+    *,
+    node: str | None = None,
+    cpu: str = "1",
+    memory: str = "1Gi",
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.example/app:1",
+                "resources": {"requests": {"cpu": cpu, "memory": memory}},
+            }
+        ]
+    }
+    if node:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": spec,
+    }
+
+
+async def create_node(client: KubeClient, name: str, labels: dict[str, str] | None = None,
+                      **kwargs: Any) -> dict[str, Any]:
+    body = node_body(name, labels, **kwargs)
+    created = await client.create(NODES, body)
+    # Node status is a subresource: a create may drop it, so write it the way the kubelet does.
+    await client.merge_patch(NODES, name, {"status": body["status"]}, subresource="status")
+    return created
+
+
+async def create_pod(client: KubeClient, namespace: str, name: str,
+                     labels: dict[str, str] | None = None, *, node: str | None = None,
+                     phase: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    created = await client.create(PODS, pod_body(namespace, name, labels, node=node, **kwargs),
+                                  namespace)
+    if phase is not None:
+        await set_pod_phase(client, namespace, name, phase)
+    return created
+
+
+async def set_pod_phase(client: KubeClient, namespace: str, name: str, phase: str,
+                        conditions: list[dict[str, Any]] | None = None) -> None:
+    status: dict[str, Any] = {"phase": phase}
+    if conditions is not None:
+        status["conditions"] = conditions
+    await client.merge_patch(PODS, name, {"status": status}, namespace, subresource="status")
+
+
+async def mark_unschedulable(client: KubeClient, namespace: str, name: str) -> None:
+    await set_pod_phase(client, namespace, name, "Pending", [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available"}])
+
+
+def nodeset_body(namespace: str, name: str, *, node_selector: dict[str, str],
+                 workload_selector: dict[str, str], partitions: Sequence[str] = ("batch",),
+                 node_name_label: str | None = None, group: str, version: str,
+                 ownership: dict[str, Any] | None = None) -> dict[str, Any]:
+    slurm: dict[str, Any] = {"partitions": list(partitions)}
+    if node_name_label:
+        slurm["nodeNameLabel"] = node_name_label
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": "Nodeset",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": node_selector,
+            "workloadSelector": workload_selector,
+            "slurm": slurm,
+            "ownership": ownership or {"mode": "Auto"},
+        },
+    }
+
+
+async def ensure_namespace(client: KubeClient, namespace: str) -> None:
+    ns = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False)
+    try:
+        await client.create(ns, {"apiVersion": "v1", "kind": "Namespace",
+                                 "metadata": {"name": namespace}})
+    except KubeApiError as error:
+        if error.status != 409:
+            raise
+
+
+class ListSink:
+    """An EventSink that keeps every batch (used where a real log adds nothing)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.batches = 0
+        self._changed = asyncio.Condition()
+
+    async def __call__(self, batch: Sequence[Event]) -> None:
+        self.events.extend(batch)
+        self.batches += 1
+        async with self._changed:
+            self._changed.notify_all()
+
+    def payloads(self, kind: type[Payload] | None = None) -> list[Payload]:
+        return [e.payload for e in self.events if kind is None or isinstance(e.payload, kind)]
+
+    async def wait_for(self, predicate: Any, within: float = 10.0) -> None:
+        async with asyncio.timeout(within):
+            async with self._changed:
+                await self._changed.wait_for(lambda: predicate(self))
+
+
+def family(payload: Payload) -> tuple[str, str] | None:
+    if isinstance(payload, K8sNodeObserved | K8sNodeVanished):
+        return ("node", payload.node)
+    if isinstance(payload, K8sWorkloadObserved):
+        return ("workload", payload.node)
+    if isinstance(payload, K8sDemandObserved):
+        return ("demand", payload.pool)
+    if isinstance(payload, K8sNodesetObserved):
+        return ("nodeset", payload.pool)
+    if isinstance(payload, SourceHealth):
+        return ("health", payload.source)
+    return None
+
+
+def fold(payloads: Iterable[Payload]) -> dict[tuple[str, str], Payload]:
+    """The cluster view the observation events describe: last payload per subject, with
+    vanished nodes, deleted Nodesets and empty workloads/demands removed."""
+    state: dict[tuple[str, str], Payload] = {}
+    for payload in payloads:
+        key = family(payload)
+        if key is None or key[0] == "health":
+            continue
+        gone = (
+            isinstance(payload, K8sNodeVanished)
+            or (isinstance(payload, K8sNodesetObserved) and payload.deleted)
+            or (isinstance(payload, K8sWorkloadObserved) and not payload.pods)
+            or (isinstance(payload, K8sDemandObserved) and not payload.pending)
+        )
+        if gone:
+            state.pop(key, None)
+        else:
+            state[key] = payload
+    return state
+
+
+def duplicates(payloads: Iterable[Payload]) -> list[Payload]:
+    """Observations equal to the previous one for the same subject (must never happen)."""
+    last: dict[tuple[str, str], Payload] = {}
+    dups = []
+    for payload in payloads:
+        key = family(payload)
+        if key is None:
+            continue
+        if last.get(key) == payload:
+            dups.append(payload)
+        last[key] = payload
+    return dups
