@@ -409,13 +409,60 @@ def _hints(cls: type) -> dict[str, Any]:
     return hints
 
 
+_PRIMITIVES = (str, int, float, bool, type(None))
+_OPTIONAL_STR: Any = str | None
+_STR_TUPLE: Any = tuple[str, ...]
+# Per dataclass: (field name, how to encode it) with "how" one of
+#   None (a JSON primitive, copied as is), "tuple" (a tuple of primitives -> list) or
+#   a callable for nested dataclasses / tuples of them. Built once per class: encoding
+#   is on the append hot path (bench/eventlog.py).
+_ENCODERS: dict[type, list[tuple[str, Any]]] = {}
+
+
+def _field_encoder(hint: Any) -> Any:
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = [option for option in get_args(hint) if option is not type(None)]
+        if all(option in _PRIMITIVES for option in options):
+            return None
+        return _encode_value
+    if origin is tuple:
+        item = get_args(hint)[0]
+        return "tuple" if item in _PRIMITIVES else _encode_value
+    if hint in _PRIMITIVES:
+        return None
+    return _encode_value
+
+
+def _encoder_for(cls: type) -> list[tuple[str, Any]]:
+    plan = _ENCODERS.get(cls)
+    if plan is None:
+        hints = _hints(cls)
+        plan = [(f.name, _field_encoder(hints[f.name]))
+                for f in dataclasses.fields(cls) if f.name != "extra"]
+        _ENCODERS[cls] = plan
+    return plan
+
+
+def _encode_dataclass(value: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for name, how in _encoder_for(type(value)):
+        item = getattr(value, name)
+        if how is None:
+            body[name] = item
+        elif how == "tuple":
+            body[name] = list(item)
+        else:
+            body[name] = how(item)
+    extra = getattr(value, "extra", None)
+    if extra:
+        body.update(extra)
+    return body
+
+
 def _encode_value(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _encode_value(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.name != "extra"
-        } | dict(getattr(value, "extra", {}) or {})
+        return _encode_dataclass(value)
     if isinstance(value, tuple):
         return [_encode_value(item) for item in value]
     if isinstance(value, Mapping):
@@ -473,17 +520,46 @@ def _decode_value(hint: Any, raw: Any, where: str) -> Any:
     raise EventDecodeError(f"{where}: unsupported type {hint!r}")
 
 
+_DECODERS: dict[type, tuple[dict[str, Any], bool]] = {}
+
+
+def _decoder_for(cls: type) -> tuple[dict[str, Any], bool]:
+    """Per dataclass: field name -> type hint, and whether it keeps `extra`."""
+    plan = _DECODERS.get(cls)
+    if plan is None:
+        hints = _hints(cls)
+        fields = {f.name: hints[f.name] for f in dataclasses.fields(cls)
+                  if f.init and f.name != "extra"}
+        plan = (fields, any(f.name == "extra" for f in dataclasses.fields(cls)))
+        _DECODERS[cls] = plan
+    return plan
+
+
+def _decode_fast(hint: Any, raw: Any, where: str) -> Any:
+    # Hot path for the common, exactly-typed cases; everything else is checked fully.
+    if hint is str and type(raw) is str:
+        return raw
+    if hint is int and type(raw) is int:
+        return raw
+    if hint is bool and type(raw) is bool:
+        return raw
+    if hint == _OPTIONAL_STR and (raw is None or type(raw) is str):
+        return raw
+    if hint == _STR_TUPLE and type(raw) is list and all(type(item) is str for item in raw):
+        return tuple(raw)
+    return _decode_value(hint, raw, where)
+
+
 def _decode_dataclass(cls: type, raw: Mapping[str, Any], where: str) -> Any:
-    hints = _hints(cls)
+    fields, has_extra = _decoder_for(cls)
     known: dict[str, Any] = {}
     extra: dict[str, Any] = {}
-    names = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "extra"}
     for key, value in raw.items():
-        if key in names:
-            known[key] = _decode_value(hints[key], value, f"{where}.{key}")
+        hint = fields.get(key)
+        if hint is not None:
+            known[key] = _decode_fast(hint, value, where + "." + key)
         elif key != VERSION_KEY:
             extra[key] = value
-    has_extra = any(f.name == "extra" for f in dataclasses.fields(cls))
     if extra and not has_extra:
         # Nested objects have no `extra`; a newer writer's field there cannot be kept
         # typed, so refuse loudly rather than silently drop it.
@@ -497,9 +573,7 @@ def encode_payload(payload: Payload) -> dict[str, Any]:
     """The JSON object stored for a payload (includes the schema version)."""
     if isinstance(payload, UnknownPayload):
         return dict(payload.data)
-    body = _encode_value(payload)
-    assert isinstance(body, dict)
-    return {VERSION_KEY: payload.VERSION, **body}
+    return {VERSION_KEY: payload.VERSION, **_encode_dataclass(payload)}
 
 
 def decode_payload(kind: str, body: Mapping[str, Any]) -> Payload:

@@ -200,14 +200,12 @@ class EventLog:
         encoded = [json.dumps(encode_payload(item.payload), separators=(",", ":"))
                    for item in batch]
         async with self._write_transaction() as connection:
-            current_epoch = await self._lock_leadership(connection)
+            current_epoch, last_seq, now = await self._lock_for_append(connection)
             if fenced and epoch != current_epoch:
                 raise StaleLeaderError(
                     f"append with epoch {epoch} refused: the current leadership epoch is "
                     f"{current_epoch}")
-            last = (await connection.execute(select(func.coalesce(func.max(events.c.seq), 0))))
-            first_seq = int(last.scalar_one()) + 1
-            now = await self._db_now(connection)
+            first_seq = last_seq + 1
             seqs = list(range(first_seq, first_seq + len(batch)))
             if self.dialect == "postgresql":
                 raw = await connection.get_raw_connection()
@@ -249,12 +247,24 @@ class EventLog:
             async with connection.begin():
                 yield connection
 
-    async def _lock_leadership(self, connection: AsyncConnection) -> int:
-        query = select(leadership.c.epoch).where(leadership.c.id == LEADERSHIP_ROW)
+    async def _lock_for_append(self, connection: AsyncConnection) -> tuple[int, int, datetime]:
+        """Lock the leadership row; return (current epoch, last seq, now)."""
         if self.dialect == "postgresql":
-            query = query.with_for_update()
-        result = await connection.execute(query)
-        return int(result.scalar_one())
+            # Two statements on purpose: under READ COMMITTED a statement's snapshot is
+            # taken before it waits for the row lock, so a max(seq) subquery in the
+            # locking statement could miss the rows of the append we waited for and
+            # hand out a duplicate seq. The second statement sees them.
+            epoch = (await connection.execute(text(
+                "SELECT epoch FROM leadership WHERE id = :id FOR UPDATE"),
+                {"id": LEADERSHIP_ROW})).scalar_one()
+            row = (await connection.execute(text(
+                "SELECT coalesce(max(seq), 0), clock_timestamp() FROM events"))).one()
+            return int(epoch), int(row[0]), _as_utc(row[1])
+        # SQLite: BEGIN IMMEDIATE already holds the database's write lock.
+        row = (await connection.execute(text(
+            "SELECT epoch, (SELECT coalesce(max(seq), 0) FROM events) FROM leadership "
+            "WHERE id = :id"), {"id": LEADERSHIP_ROW})).one()
+        return int(row[0]), int(row[1]), datetime.now(UTC)
 
     async def _db_now(self, connection: AsyncConnection) -> datetime:
         if self.dialect == "postgresql":
