@@ -199,12 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="exit non-zero on any difference with the snapshot/read models")
     replay.add_argument("--rebuild", action="store_true", help="rebuild the SQL read models")
 
-    history = add("history", _optional("sunkd.operator", "cmd_history"),
-                  "ownership intervals of a node")
+    history = add("history", _optional("sunkd.audit", "cmd_history"),
+                  "ownership intervals of a node, with who and why")
     database(history)
     history.add_argument("node")
     history.add_argument("--since", help="ISO time or a duration like 24h")
     history.add_argument("--json", action="store_true")
+
+    audit = add("audit", _optional("sunkd.audit", "cmd_audit"),
+                "utilization per owner, transitions, aborts, slowest drains")
+    database(audit)
+    audit.add_argument("--since", help="ISO time or a duration like 30d")
+    audit.add_argument("--json", action="store_true")
 
     demo = add("demo", _optional("sunkd.demo", "cmd_demo"),
                "run the whole system locally: real Slurm, the Kubernetes emulator, SQLite")
