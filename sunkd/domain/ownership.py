@@ -1,0 +1,214 @@
+"""The per-node ownership state machine: what a node's evidence means right now.
+
+The fold (`state.py`) records the evidence and the phase that transition events
+moved the node to (SLURM, TO_K8S, KUBERNETES, TO_SLURM; UNKNOWN before adoption).
+This module overlays what the observations say at time `now` (architecture section 4):
+
+- UNKNOWN: a source is not fresh (stale, lost or never reported), or the node has not
+  been observed on both sides yet. Nobody may act on such a node.
+- HELD: something outside sunkd's control makes the node unusable or claims it:
+  Slurm DOWN/FAIL/NOT_RESPONDING/... for longer than `UNHEALTHY_GRACE_SECONDS`, a
+  foreign drain (reason not starting with `sunkd:`), Kubernetes NotReady, a foreign
+  cordon, or the node vanished from one side. Open transitions are aborted, the hold
+  is mirrored to the other side, and no move starts until it clears.
+
+Operator pins are *not* holds (they are intent, not trouble): a pin to the current
+owner keeps the node where it is (no move starts, a move away is aborted), a pin to
+the other side makes the policy move it. `Assessment.pin` reports the pin.
+
+The predicates here (`slurm_drained`, `is_ours`, ...) are the safety vocabulary the
+policy and the tests share, so there is exactly one definition of "drained".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sunkd.domain.events import K8sNodeObserved, SlurmNodeObserved
+from sunkd.domain.state import (
+    OWNER_KUBERNETES,
+    OWNER_NONE,
+    OWNER_SLURM,
+    SIDE_KUBERNETES,
+    SIDE_SLURM,
+    ClusterState,
+    NodeState,
+    Phase,
+    slurm_unhealthy,
+)
+
+__all__ = [
+    "LEND_REASON_PREFIX",
+    "MIRROR_REASON_PREFIX",
+    "OUR_REASON_PREFIX",
+    "OWNER_KUBERNETES",
+    "OWNER_NONE",
+    "OWNER_SLURM",
+    "OWNER_TAINT_KEY",
+    "UNHEALTHY_GRACE_SECONDS",
+    "Assessment",
+    "Phase",
+    "assess",
+    "has_owner_taint",
+    "is_lend_drain",
+    "is_mirror_drain",
+    "is_ours",
+    "slurm_busy",
+    "slurm_drain_flag",
+    "slurm_drained",
+    "slurm_usable",
+]
+
+OUR_REASON_PREFIX = "sunkd:"
+LEND_REASON_PREFIX = "sunkd: lent to kubernetes"
+MIRROR_REASON_PREFIX = "sunkd: k8s "
+OWNER_TAINT_KEY = "sunkd.io/owner"
+UNHEALTHY_GRACE_SECONDS = 30.0
+
+_BUSY_STATES = frozenset({"ALLOCATED", "MIXED"})
+_USABLE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "COMPLETING", "PLANNED", "RESERVED"})
+
+
+def is_ours(reason: str | None) -> bool:
+    """A Slurm drain reason sunkd wrote (and so may remove)."""
+    return reason is not None and reason.startswith(OUR_REASON_PREFIX)
+
+
+def is_lend_drain(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(LEND_REASON_PREFIX)
+
+
+def is_mirror_drain(reason: str | None) -> bool:
+    """Our drain mirroring a Kubernetes-side hold (`sunkd: k8s <why>`)."""
+    return reason is not None and reason.startswith(MIRROR_REASON_PREFIX)
+
+
+def slurm_drain_flag(observation: SlurmNodeObserved) -> bool:
+    return "DRAIN" in observation.flags
+
+
+def slurm_busy(observation: SlurmNodeObserved) -> bool:
+    """Jobs still run or clean up on the node."""
+    return observation.state.upper() in _BUSY_STATES or "COMPLETING" in observation.flags
+
+
+def slurm_drained(observation: SlurmNodeObserved | None) -> bool:
+    """The one definition of "safe to hand to Kubernetes": DRAIN and nothing running.
+
+    DRAIN flag, base state not ALLOCATED/MIXED, no COMPLETING flag. No observation
+    (never seen, vanished) is never drained: uncertainty fails closed.
+    """
+    return (
+        observation is not None
+        and "DRAIN" in observation.flags
+        and not slurm_busy(observation)
+    )
+
+
+def slurm_usable(observation: SlurmNodeObserved | None) -> bool:
+    """Slurm can schedule jobs on the node: not drained, not broken."""
+    return (
+        observation is not None
+        and "DRAIN" not in observation.flags
+        and observation.state.upper() in _USABLE_STATES
+        and not slurm_unhealthy(observation)
+    )
+
+
+def has_owner_taint(observation: K8sNodeObserved | None) -> bool:
+    """The Kubernetes node carries the `sunkd.io/owner` taint (pool pods stay off)."""
+    return observation is not None and any(
+        taint.key == OWNER_TAINT_KEY for taint in observation.taints
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """What a node's evidence means at `now`."""
+
+    node: str
+    phase: Phase
+    owner: str
+    unknown_reasons: tuple[str, ...] = ()  # why nobody may act (phase UNKNOWN)
+    slurm_holds: tuple[str, ...] = ()  # Slurm-side trouble (mirrored to Kubernetes)
+    k8s_holds: tuple[str, ...] = ()  # Kubernetes-side trouble (mirrored to Slurm)
+    slurm_unhealthy: bool = False  # Slurm reports it broken, held or still in grace
+    pin: str | None = None  # slurm | kubernetes when an operator pinned it
+
+    @property
+    def hold_reasons(self) -> tuple[str, ...]:
+        return tuple(sorted((*self.slurm_holds, *self.k8s_holds)))
+
+    @property
+    def actionable(self) -> bool:
+        """Fresh sources and observed on both sides: sunkd may act on it."""
+        return not self.unknown_reasons
+
+    @property
+    def held(self) -> bool:
+        return bool(self.slurm_holds or self.k8s_holds)
+
+
+def _slurm_condition(observation: SlurmNodeObserved) -> str:
+    words = [observation.state.upper(), *observation.flags]
+    text = "+".join(words)
+    if observation.reason:
+        text += f" ({observation.reason})"
+    return text
+
+
+def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
+    """The node's effective phase and the reasons behind it at `now`."""
+    unknown: list[str] = []
+    for source in (SIDE_SLURM, SIDE_KUBERNETES):
+        health = state.sources.get(source)
+        if health is None:
+            unknown.append(f"{source} source has not reported yet")
+        elif health.status != "fresh":
+            cause = f": {health.cause}" if health.cause else ""
+            unknown.append(f"{source} source is {health.status}{cause}")
+    if node.slurm is None and not node.slurm_missing:
+        unknown.append("not observed in Slurm yet")
+    if node.k8s is None and not node.k8s_missing:
+        unknown.append("not observed in Kubernetes yet")
+    pin = node.pin.to if node.pin is not None else None
+    if unknown:
+        return Assessment(node.name, Phase.UNKNOWN, node.owner, tuple(unknown), pin=pin)
+
+    slurm_holds: list[str] = []
+    slurm = node.slurm
+    unhealthy = False
+    if slurm is None:
+        slurm_holds.append("missing in Slurm")
+    else:
+        unhealthy = slurm_unhealthy(slurm)
+        since = node.slurm_unhealthy_since
+        if unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS:
+            slurm_holds.append(f"slurm {_slurm_condition(slurm)}")
+        if "DRAIN" in slurm.flags and not is_ours(slurm.reason):
+            by = f" by {slurm.reason_set_by}" if slurm.reason_set_by else ""
+            slurm_holds.append(f"slurm drained{by}: {slurm.reason or '(no reason)'}")
+
+    k8s_holds: list[str] = []
+    k8s = node.k8s
+    if k8s is None:
+        k8s_holds.append("missing in Kubernetes")
+    else:
+        if k8s.ready is not True:
+            k8s_holds.append("NotReady" if k8s.ready is False else "Ready unknown")
+        if k8s.unschedulable and not k8s.cordoned_by_sunkd:
+            k8s_holds.append("cordoned")
+
+    if slurm_holds or k8s_holds:
+        phase = Phase.HELD
+    else:
+        phase = node.phase
+    return Assessment(
+        node=node.name,
+        phase=phase,
+        owner=node.owner,
+        slurm_holds=tuple(slurm_holds),
+        k8s_holds=tuple(k8s_holds),
+        slurm_unhealthy=unhealthy,
+        pin=pin,
+    )

@@ -1,0 +1,804 @@
+"""The fold: `ClusterState` is a pure function of the event log.
+
+sunkd never keeps state that is not derivable from the log (architecture section 1):
+the in-memory `ClusterState` is a cache of `fold(events)`, snapshots are
+`state_to_json(fold(prefix))`, and a restart is `fold(tail, state_from_json(snapshot))`.
+So the fold must be deterministic (no clock, no randomness: times come from each
+event's `recorded_at`), total (unknown payloads and stale references are ignored,
+never fatal) and fast enough to replay a million events in seconds.
+
+What the fold stores is the *evidence*: the last observation of each node on both
+sides, the ownership-machine phase recorded by transition events, pins, open actions
+and their outcomes, demand, source health. What the evidence *means* at a given
+moment (HELD, UNKNOWN, hold reasons) depends on `now` (grace periods) and lives in
+`sunkd.domain.ownership.assess`.
+
+States are immutable values: `fold` builds a new state and never mutates the input
+(copy-on-write of the containers it touches, per-node drafts frozen at the end), so
+any earlier state stays valid as a snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from sunkd.domain.events import (
+    ActionFailed,
+    ActionRequested,
+    ActionSucceeded,
+    K8sDemandObserved,
+    K8sNodeObserved,
+    K8sNodesetObserved,
+    K8sNodeVanished,
+    K8sWorkloadObserved,
+    Label,
+    LeaderElected,
+    OperatorPinned,
+    Payload,
+    PodRef,
+    RecordedEvent,
+    SlurmDemandObserved,
+    SlurmNodeObserved,
+    SlurmNodeVanished,
+    SourceHealth,
+    TransitionAborted,
+    TransitionCompleted,
+    TransitionStarted,
+    decode_payload,
+    encode_payload,
+)
+
+OWNER_SLURM = "slurm"
+OWNER_KUBERNETES = "kubernetes"
+OWNER_NONE = "none"
+
+SIDE_SLURM = "slurm"
+SIDE_KUBERNETES = "kubernetes"
+
+SOURCE_FRESH = "fresh"
+
+# Slurm conditions that make a node unusable regardless of drains. They put the node
+# in HELD once they last longer than the grace in `ownership` (NOT_RESPONDING shows up
+# for a few seconds right after a resume or a slurmd restart).
+UNHEALTHY_SLURM_STATES = frozenset({"DOWN", "UNKNOWN", "FUTURE", "ERROR"})
+UNHEALTHY_SLURM_FLAGS = frozenset(
+    {"FAIL", "NOT_RESPONDING", "INVALID", "INVALID_REG", "POWERED_DOWN", "POWERING_DOWN",
+     "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
+)
+
+
+class Phase(StrEnum):
+    """Ownership phases (architecture section 4)."""
+
+    SLURM = "SLURM"
+    TO_K8S = "TO_K8S"
+    KUBERNETES = "KUBERNETES"
+    TO_SLURM = "TO_SLURM"
+    HELD = "HELD"
+    UNKNOWN = "UNKNOWN"
+
+
+def slurm_unhealthy(observation: SlurmNodeObserved) -> bool:
+    """Slurm reports the node itself broken (DOWN, FAIL, NOT_RESPONDING, ...)."""
+    if observation.state.upper() in UNHEALTHY_SLURM_STATES:
+        return True
+    return not UNHEALTHY_SLURM_FLAGS.isdisjoint(observation.flags)
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTransition:
+    """A transition started and not yet completed or aborted."""
+
+    transition_id: str
+    pool: str
+    from_owner: str
+    to_owner: str
+    started_at: float
+    reason: str
+    done_verbs: tuple[str, ...] = ()  # "side/verb" that succeeded within it, sorted
+
+    @property
+    def direction(self) -> str:
+        """`lend` (slurm -> kubernetes), `reclaim` (kubernetes -> slurm) or `adopt`."""
+        if self.from_owner == OWNER_SLURM and self.to_owner == OWNER_KUBERNETES:
+            return "lend"
+        if self.from_owner == OWNER_KUBERNETES and self.to_owner == OWNER_SLURM:
+            return "reclaim"
+        return "adopt"
+
+    @property
+    def is_move(self) -> bool:
+        return self.from_owner in (OWNER_SLURM, OWNER_KUBERNETES)
+
+    def did(self, side: str, verb: str) -> bool:
+        return f"{side}/{verb}" in self.done_verbs
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """An operator's wish for a node: `slurm` or `kubernetes` (auto = no pin)."""
+
+    to: str
+    who: str
+    why: str
+    at: float
+    source: str  # "operator" (operator.pinned) | "annotation" (sunkd.io/pin)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAction:
+    """An action requested and without an outcome yet (the outbox)."""
+
+    action_id: str
+    transition_id: str | None
+    side: str
+    verb: str
+    node: str
+    attempt: int
+    reason: str
+    args: tuple[Label, ...]
+    requested_at: float
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActionOutcome:
+    """The last outcome of a (side, verb) on a node: drives retries and backoff."""
+
+    action_id: str
+    transition_id: str | None
+    succeeded: bool
+    attempt: int
+    at: float
+    seq: int
+    error: str = ""
+    retryable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SourceState:
+    status: str  # fresh | stale | lost
+    cause: str | None
+    detail: str | None
+    since: float  # when the status last changed
+    last_fresh_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """Everything the log says about one node, keyed by its Slurm node name."""
+
+    name: str
+    k8s_name: str | None = None
+    slurm: SlurmNodeObserved | None = None
+    k8s: K8sNodeObserved | None = None
+    slurm_seq: int = 0  # seq of the last Slurm observation (or vanish)
+    k8s_seq: int = 0
+    slurm_missing: bool = False  # seen in Slurm, then vanished
+    k8s_missing: bool = False
+    slurm_unhealthy_since: float | None = None
+    owner: str = OWNER_NONE
+    phase: Phase = Phase.UNKNOWN  # the ownership machine; see ownership.assess for HELD
+    since: float | None = None  # recorded_at of the last ownership phase change
+    last_move_at: float | None = None  # end of the last lend/reclaim (dwell)
+    transition: OpenTransition | None = None
+    pin: Pin | None = None
+    workload: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)  # pool -> pods
+    open_actions: Mapping[str, OpenAction] = field(default_factory=dict)  # by action_id
+    outcomes: Mapping[str, ActionOutcome] = field(default_factory=dict)  # by "side/verb"
+
+    def open_action_on(self, side: str) -> OpenAction | None:
+        for action in self.open_actions.values():
+            if action.side == side:
+                return action
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    nodes: Mapping[str, NodeState] = field(default_factory=dict)
+    k8s_names: Mapping[str, str] = field(default_factory=dict)  # k8s node -> slurm node
+    nodesets: Mapping[str, K8sNodesetObserved] = field(default_factory=dict)  # by pool
+    slurm_demand: Mapping[str, SlurmDemandObserved] = field(default_factory=dict)  # partition
+    k8s_demand: Mapping[str, K8sDemandObserved] = field(default_factory=dict)  # by pool
+    sources: Mapping[str, SourceState] = field(default_factory=dict)
+    leader_epoch: int = 0
+    leader_identity: str = ""
+    last_seq: int = 0
+    last_recorded_at: float | None = None
+
+    def source_fresh(self, source: str) -> bool:
+        health = self.sources.get(source)
+        return health is not None and health.status == SOURCE_FRESH
+
+    def pending_actions(self) -> list[OpenAction]:
+        """Requested actions without an outcome, oldest first (what the outbox runs)."""
+        pending = [a for node in self.nodes.values() for a in node.open_actions.values()]
+        pending.sort(key=lambda action: action.seq)
+        return pending
+
+
+EMPTY = ClusterState()
+
+
+# ------------------------------------------------------------------------------ fold
+
+_NODE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NodeState))
+
+
+class _NodeDraft:
+    """A mutable copy of a NodeState, private to one fold call."""
+
+    __slots__ = _NODE_FIELDS
+
+    name: str
+    k8s_name: str | None
+    slurm: SlurmNodeObserved | None
+    k8s: K8sNodeObserved | None
+    slurm_seq: int
+    k8s_seq: int
+    slurm_missing: bool
+    k8s_missing: bool
+    slurm_unhealthy_since: float | None
+    owner: str
+    phase: Phase
+    since: float | None
+    last_move_at: float | None
+    transition: OpenTransition | None
+    pin: Pin | None
+    workload: Mapping[str, tuple[PodRef, ...]]
+    open_actions: Mapping[str, OpenAction]
+    outcomes: Mapping[str, ActionOutcome]
+
+    def __init__(self, node: NodeState) -> None:
+        for name in _NODE_FIELDS:
+            setattr(self, name, getattr(node, name))
+
+    def freeze(self) -> NodeState:
+        return NodeState(*[getattr(self, name) for name in _NODE_FIELDS])
+
+
+class _Builder:
+    """Applies events to copies of the containers of a base state (copy-on-write)."""
+
+    def __init__(self, base: ClusterState) -> None:
+        self.base = base
+        self.nodes: dict[str, NodeState] | None = None
+        self.drafts: dict[str, _NodeDraft] = {}
+        self.k8s_names: dict[str, str] | None = None
+        self.nodesets: dict[str, K8sNodesetObserved] | None = None
+        self.slurm_demand: dict[str, SlurmDemandObserved] | None = None
+        self.k8s_demand: dict[str, K8sDemandObserved] | None = None
+        self.sources: dict[str, SourceState] | None = None
+        self.leader_epoch = base.leader_epoch
+        self.leader_identity = base.leader_identity
+        self.last_seq = base.last_seq
+        self.last_recorded_at = base.last_recorded_at
+
+    def draft(self, name: str) -> _NodeDraft:
+        draft = self.drafts.get(name)
+        if draft is None:
+            node = self.base.nodes.get(name)
+            draft = _NodeDraft(node if node is not None else NodeState(name=name))
+            self.drafts[name] = draft
+        return draft
+
+    def slurm_name_of(self, k8s_name: str) -> str:
+        names = self.k8s_names if self.k8s_names is not None else self.base.k8s_names
+        return names.get(k8s_name, k8s_name)
+
+    def build(self) -> ClusterState:
+        base = self.base
+        nodes: Mapping[str, NodeState] = base.nodes
+        if self.drafts:
+            copied = dict(base.nodes)
+            for name, draft in self.drafts.items():
+                copied[name] = draft.freeze()
+            nodes = copied
+        return ClusterState(
+            nodes=nodes,
+            k8s_names=self.k8s_names if self.k8s_names is not None else base.k8s_names,
+            nodesets=self.nodesets if self.nodesets is not None else base.nodesets,
+            slurm_demand=(
+                self.slurm_demand if self.slurm_demand is not None else base.slurm_demand
+            ),
+            k8s_demand=self.k8s_demand if self.k8s_demand is not None else base.k8s_demand,
+            sources=self.sources if self.sources is not None else base.sources,
+            leader_epoch=self.leader_epoch,
+            leader_identity=self.leader_identity,
+            last_seq=self.last_seq,
+            last_recorded_at=self.last_recorded_at,
+        )
+
+
+def _on_slurm_node(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    observation: SlurmNodeObserved = p
+    d = b.draft(observation.node or subject)
+    if slurm_unhealthy(observation):
+        if d.slurm_unhealthy_since is None:
+            d.slurm_unhealthy_since = at
+    else:
+        d.slurm_unhealthy_since = None
+    d.slurm = observation
+    d.slurm_seq = seq
+    d.slurm_missing = False
+
+
+def _on_slurm_vanished(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    d = b.draft(p.node or subject)
+    d.slurm = None
+    d.slurm_seq = seq
+    d.slurm_missing = True
+    d.slurm_unhealthy_since = None
+
+
+def _on_k8s_node(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    observation: K8sNodeObserved = p
+    k8s_name = observation.node or subject
+    name = observation.slurm_node or k8s_name
+    names = b.k8s_names if b.k8s_names is not None else b.base.k8s_names
+    if names.get(k8s_name) != name:
+        if b.k8s_names is None:
+            b.k8s_names = dict(b.base.k8s_names)
+        b.k8s_names[k8s_name] = name
+    d = b.draft(name)
+    previous_pin = d.k8s.pin if d.k8s is not None else None
+    if observation.pin != previous_pin:
+        d.pin = _pin(observation.pin, "annotation", f"annotation sunkd.io/pin on {k8s_name}",
+                     "", at)
+    d.k8s = observation
+    d.k8s_name = k8s_name
+    d.k8s_seq = seq
+    d.k8s_missing = False
+
+
+def _on_k8s_vanished(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    d = b.draft(b.slurm_name_of(p.node or subject))
+    d.k8s = None
+    d.k8s_seq = seq
+    d.k8s_missing = True
+
+
+def _on_workload(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    observation: K8sWorkloadObserved = p
+    d = b.draft(b.slurm_name_of(observation.node or subject))
+    workload = dict(d.workload)
+    if observation.pods:
+        workload[observation.pool] = observation.pods
+    else:
+        workload.pop(observation.pool, None)
+    d.workload = workload
+
+
+def _on_slurm_demand(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    if b.slurm_demand is None:
+        b.slurm_demand = dict(b.base.slurm_demand)
+    b.slurm_demand[p.partition or subject] = p
+
+
+def _on_k8s_demand(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    if b.k8s_demand is None:
+        b.k8s_demand = dict(b.base.k8s_demand)
+    b.k8s_demand[p.pool or subject] = p
+
+
+def _on_nodeset(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    nodeset: K8sNodesetObserved = p
+    if b.nodesets is None:
+        b.nodesets = dict(b.base.nodesets)
+    pool = nodeset.pool or subject
+    if nodeset.deleted:
+        b.nodesets.pop(pool, None)
+    else:
+        b.nodesets[pool] = nodeset
+
+
+def _on_health(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    health: SourceHealth = p
+    if b.sources is None:
+        b.sources = dict(b.base.sources)
+    source = health.source or subject
+    previous = b.sources.get(source)
+    since = at if previous is None or previous.status != health.status else previous.since
+    last_fresh = previous.last_fresh_at if previous is not None else None
+    if health.status == SOURCE_FRESH:
+        last_fresh = at
+    b.sources[source] = SourceState(health.status, health.cause, health.detail, since, last_fresh)
+
+
+def _pin(to: str | None, source: str, who: str, why: str, at: float) -> Pin | None:
+    if to is None or to == "auto" or to == "":
+        return None
+    return Pin(to=to, who=who, why=why, at=at, source=source)
+
+
+def _on_pinned(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    pinned: OperatorPinned = p
+    d = b.draft(pinned.node or subject)
+    d.pin = _pin(pinned.to, "operator", pinned.who, pinned.why, at)
+
+
+def _owner_phase(owner: str) -> Phase:
+    if owner == OWNER_SLURM:
+        return Phase.SLURM
+    if owner == OWNER_KUBERNETES:
+        return Phase.KUBERNETES
+    return Phase.UNKNOWN
+
+
+def _on_started(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    started: TransitionStarted = p
+    d = b.draft(started.node or subject)
+    d.transition = OpenTransition(
+        transition_id=started.transition_id,
+        pool=started.pool,
+        from_owner=started.from_owner or OWNER_NONE,
+        to_owner=started.to_owner,
+        started_at=at,
+        reason=started.reason,
+    )
+    d.phase = Phase.TO_K8S if started.to_owner == OWNER_KUBERNETES else Phase.TO_SLURM
+    d.since = at
+
+
+def _on_ended(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    ended: TransitionCompleted | TransitionAborted = p
+    d = b.draft(ended.node or subject)
+    transition = d.transition
+    if transition is None or transition.transition_id != ended.transition_id:
+        return  # stale or foreign reference: the log keeps it, the state ignores it
+    if isinstance(ended, TransitionCompleted):
+        d.owner = transition.to_owner
+    else:
+        d.owner = transition.from_owner
+    d.phase = _owner_phase(d.owner)
+    d.transition = None
+    d.since = at
+    if transition.is_move:
+        d.last_move_at = at
+
+
+def _on_requested(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    requested: ActionRequested = p
+    d = b.draft(requested.node or subject)
+    d.open_actions = {
+        **d.open_actions,
+        requested.action_id: OpenAction(
+            action_id=requested.action_id,
+            transition_id=requested.transition_id,
+            side=requested.side,
+            verb=requested.verb,
+            node=requested.node or subject,
+            attempt=requested.attempt,
+            reason=requested.reason,
+            args=requested.args,
+            requested_at=at,
+            seq=seq,
+        ),
+    }
+
+
+def _on_outcome(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    outcome: ActionSucceeded | ActionFailed = p
+    d = b.draft(outcome.node or subject)
+    if outcome.action_id in d.open_actions:
+        open_actions = dict(d.open_actions)
+        del open_actions[outcome.action_id]
+        d.open_actions = open_actions
+    key = f"{outcome.side}/{outcome.verb}"
+    succeeded = isinstance(outcome, ActionSucceeded)
+    d.outcomes = {
+        **d.outcomes,
+        key: ActionOutcome(
+            action_id=outcome.action_id,
+            transition_id=outcome.transition_id,
+            succeeded=succeeded,
+            attempt=outcome.attempt,
+            at=at,
+            seq=seq,
+            error="" if succeeded else outcome.error,  # type: ignore[union-attr]
+            retryable=False if succeeded else outcome.retryable,  # type: ignore[union-attr]
+        ),
+    }
+    transition = d.transition
+    if (
+        succeeded
+        and transition is not None
+        and outcome.transition_id == transition.transition_id
+        and key not in transition.done_verbs
+    ):
+        d.transition = dataclasses.replace(
+            transition, done_verbs=tuple(sorted((*transition.done_verbs, key)))
+        )
+
+
+def _on_leader(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+    elected: LeaderElected = p
+    if elected.epoch >= b.leader_epoch:
+        b.leader_epoch = elected.epoch
+        b.leader_identity = elected.identity
+
+
+_HANDLERS: dict[type[Payload], Any] = {
+    SlurmNodeObserved: _on_slurm_node,
+    SlurmNodeVanished: _on_slurm_vanished,
+    SlurmDemandObserved: _on_slurm_demand,
+    K8sNodeObserved: _on_k8s_node,
+    K8sNodeVanished: _on_k8s_vanished,
+    K8sWorkloadObserved: _on_workload,
+    K8sDemandObserved: _on_k8s_demand,
+    K8sNodesetObserved: _on_nodeset,
+    SourceHealth: _on_health,
+    OperatorPinned: _on_pinned,
+    TransitionStarted: _on_started,
+    TransitionCompleted: _on_ended,
+    TransitionAborted: _on_ended,
+    ActionRequested: _on_requested,
+    ActionSucceeded: _on_outcome,
+    ActionFailed: _on_outcome,
+    LeaderElected: _on_leader,
+}
+
+
+def fold(events: Iterable[RecordedEvent], state: ClusterState = EMPTY) -> ClusterState:
+    """The state after applying `events` (in log order) to `state`.
+
+    Events at or below `state.last_seq` are skipped, so folding an overlapping tail
+    onto a snapshot is safe. Unknown payload types only advance `last_seq`.
+    """
+    builder = _Builder(state)
+    handlers = _HANDLERS
+    last_seq = builder.last_seq
+    recorded_at = builder.last_recorded_at
+    for event in events:
+        seq = event.seq
+        if seq <= last_seq:
+            continue
+        last_seq = seq
+        handler = handlers.get(type(event.payload))
+        recorded_at = event.recorded_at.timestamp()
+        if handler is not None:
+            handler(builder, event.payload, seq, recorded_at, event.subject)
+    builder.last_seq = last_seq
+    builder.last_recorded_at = recorded_at
+    return builder.build()
+
+
+def apply(state: ClusterState, event: RecordedEvent) -> ClusterState:
+    """The state after one event. Prefer `fold` for batches: it copies containers once."""
+    return fold((event,), state)
+
+
+# ------------------------------------------------------------------------------ JSON
+
+SNAPSHOT_FORMAT = 1
+
+
+def _labels_to_json(labels: tuple[Label, ...]) -> list[list[str]]:
+    return [[label.key, label.value] for label in labels]
+
+
+def _labels_from_json(raw: list[list[str]]) -> tuple[Label, ...]:
+    return tuple(Label(key, value) for key, value in raw)
+
+
+def _payload_to_json(payload: Payload | None) -> dict[str, Any] | None:
+    return None if payload is None else encode_payload(payload)
+
+
+def _node_to_json(node: NodeState) -> dict[str, Any]:
+    transition = node.transition
+    pin = node.pin
+    return {
+        "name": node.name,
+        "k8s_name": node.k8s_name,
+        "slurm": _payload_to_json(node.slurm),
+        "k8s": _payload_to_json(node.k8s),
+        "slurm_seq": node.slurm_seq,
+        "k8s_seq": node.k8s_seq,
+        "slurm_missing": node.slurm_missing,
+        "k8s_missing": node.k8s_missing,
+        "slurm_unhealthy_since": node.slurm_unhealthy_since,
+        "owner": node.owner,
+        "phase": node.phase.value,
+        "since": node.since,
+        "last_move_at": node.last_move_at,
+        "transition": None
+        if transition is None
+        else {
+            "transition_id": transition.transition_id,
+            "pool": transition.pool,
+            "from_owner": transition.from_owner,
+            "to_owner": transition.to_owner,
+            "started_at": transition.started_at,
+            "reason": transition.reason,
+            "done_verbs": list(transition.done_verbs),
+        },
+        "pin": None
+        if pin is None
+        else {"to": pin.to, "who": pin.who, "why": pin.why, "at": pin.at, "source": pin.source},
+        "workload": {
+            pool: [[pod.namespace, pod.name, pod.phase] for pod in pods]
+            for pool, pods in node.workload.items()
+        },
+        "open_actions": [
+            {
+                "action_id": a.action_id,
+                "transition_id": a.transition_id,
+                "side": a.side,
+                "verb": a.verb,
+                "node": a.node,
+                "attempt": a.attempt,
+                "reason": a.reason,
+                "args": _labels_to_json(a.args),
+                "requested_at": a.requested_at,
+                "seq": a.seq,
+            }
+            for a in node.open_actions.values()
+        ],
+        "outcomes": {
+            key: {
+                "action_id": o.action_id,
+                "transition_id": o.transition_id,
+                "succeeded": o.succeeded,
+                "attempt": o.attempt,
+                "at": o.at,
+                "seq": o.seq,
+                "error": o.error,
+                "retryable": o.retryable,
+            }
+            for key, o in node.outcomes.items()
+        },
+    }
+
+
+def _float_or_none(raw: Any) -> float | None:
+    return None if raw is None else float(raw)
+
+
+def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
+    slurm = raw["slurm"]
+    k8s = raw["k8s"]
+    transition = raw["transition"]
+    pin = raw["pin"]
+    slurm_payload = None if slurm is None else decode_payload(SlurmNodeObserved.KIND, slurm)
+    k8s_payload = None if k8s is None else decode_payload(K8sNodeObserved.KIND, k8s)
+    assert slurm_payload is None or isinstance(slurm_payload, SlurmNodeObserved)
+    assert k8s_payload is None or isinstance(k8s_payload, K8sNodeObserved)
+    return NodeState(
+        name=raw["name"],
+        k8s_name=raw["k8s_name"],
+        slurm=slurm_payload,
+        k8s=k8s_payload,
+        slurm_seq=raw["slurm_seq"],
+        k8s_seq=raw["k8s_seq"],
+        slurm_missing=raw["slurm_missing"],
+        k8s_missing=raw["k8s_missing"],
+        slurm_unhealthy_since=_float_or_none(raw["slurm_unhealthy_since"]),
+        owner=raw["owner"],
+        phase=Phase(raw["phase"]),
+        since=_float_or_none(raw["since"]),
+        last_move_at=_float_or_none(raw["last_move_at"]),
+        transition=None
+        if transition is None
+        else OpenTransition(
+            transition_id=transition["transition_id"],
+            pool=transition["pool"],
+            from_owner=transition["from_owner"],
+            to_owner=transition["to_owner"],
+            started_at=float(transition["started_at"]),
+            reason=transition["reason"],
+            done_verbs=tuple(transition["done_verbs"]),
+        ),
+        pin=None
+        if pin is None
+        else Pin(pin["to"], pin["who"], pin["why"], float(pin["at"]), pin["source"]),
+        workload={
+            pool: tuple(PodRef(namespace, name, phase) for namespace, name, phase in pods)
+            for pool, pods in raw["workload"].items()
+        },
+        open_actions={
+            a["action_id"]: OpenAction(
+                action_id=a["action_id"],
+                transition_id=a["transition_id"],
+                side=a["side"],
+                verb=a["verb"],
+                node=a["node"],
+                attempt=a["attempt"],
+                reason=a["reason"],
+                args=_labels_from_json(a["args"]),
+                requested_at=float(a["requested_at"]),
+                seq=a["seq"],
+            )
+            for a in raw["open_actions"]
+        },
+        outcomes={
+            key: ActionOutcome(
+                action_id=o["action_id"],
+                transition_id=o["transition_id"],
+                succeeded=o["succeeded"],
+                attempt=o["attempt"],
+                at=float(o["at"]),
+                seq=o["seq"],
+                error=o["error"],
+                retryable=o["retryable"],
+            )
+            for key, o in raw["outcomes"].items()
+        },
+    )
+
+
+def state_to_json(state: ClusterState) -> dict[str, Any]:
+    """A JSON-ready snapshot of `state`; `state_from_json` restores it exactly."""
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "last_seq": state.last_seq,
+        "last_recorded_at": state.last_recorded_at,
+        "leader_epoch": state.leader_epoch,
+        "leader_identity": state.leader_identity,
+        "nodes": [_node_to_json(node) for node in state.nodes.values()],
+        "k8s_names": dict(state.k8s_names),
+        "nodesets": {pool: encode_payload(p) for pool, p in state.nodesets.items()},
+        "slurm_demand": {part: encode_payload(p) for part, p in state.slurm_demand.items()},
+        "k8s_demand": {pool: encode_payload(p) for pool, p in state.k8s_demand.items()},
+        "sources": {
+            source: {
+                "status": s.status,
+                "cause": s.cause,
+                "detail": s.detail,
+                "since": s.since,
+                "last_fresh_at": s.last_fresh_at,
+            }
+            for source, s in state.sources.items()
+        },
+    }
+
+
+def _decoded(kind: str, raw: Mapping[str, Any], cls: type[Payload]) -> Any:
+    payload = decode_payload(kind, raw)
+    if not isinstance(payload, cls):
+        raise ValueError(f"snapshot holds a {kind} payload this sunkd cannot decode")
+    return payload
+
+
+def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
+    """Restore a snapshot written by `state_to_json`."""
+    if raw.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError(f"unsupported snapshot format {raw.get('format')!r}")
+    return ClusterState(
+        nodes={node["name"]: _node_from_json(node) for node in raw["nodes"]},
+        k8s_names=dict(raw["k8s_names"]),
+        nodesets={
+            pool: _decoded(K8sNodesetObserved.KIND, p, K8sNodesetObserved)
+            for pool, p in raw["nodesets"].items()
+        },
+        slurm_demand={
+            part: _decoded(SlurmDemandObserved.KIND, p, SlurmDemandObserved)
+            for part, p in raw["slurm_demand"].items()
+        },
+        k8s_demand={
+            pool: _decoded(K8sDemandObserved.KIND, p, K8sDemandObserved)
+            for pool, p in raw["k8s_demand"].items()
+        },
+        sources={
+            source: SourceState(
+                status=s["status"],
+                cause=s["cause"],
+                detail=s["detail"],
+                since=float(s["since"]),
+                last_fresh_at=_float_or_none(s["last_fresh_at"]),
+            )
+            for source, s in raw["sources"].items()
+        },
+        leader_epoch=raw["leader_epoch"],
+        leader_identity=raw["leader_identity"],
+        last_seq=raw["last_seq"],
+        last_recorded_at=_float_or_none(raw["last_recorded_at"]),
+    )
