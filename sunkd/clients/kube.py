@@ -87,8 +87,8 @@ EVENTS = ResourceType("", "v1", "events", "Event", namespaced=True)
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 PDBS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 
-NODESET_GROUP = "sunk.example.io"
-NODESET_VERSION = "v1"
+NODESET_GROUP = "sunkd.io"  # manifests/crds/nodeset.yaml
+NODESET_VERSION = "v1alpha1"
 
 
 def nodesets(group: str = NODESET_GROUP, version: str = NODESET_VERSION) -> ResourceType:
@@ -441,8 +441,22 @@ class KubeClient:
         assert isinstance(result, dict)
         return result
 
-    async def delete(self, rt: ResourceType, name: str, namespace: str | None = None) -> Any:
-        return await self.request("DELETE", rt.object_path(name, namespace))
+    async def delete(
+        self,
+        rt: ResourceType,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_period_seconds: int | None = None,
+    ) -> Any:
+        body = None
+        if grace_period_seconds is not None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "gracePeriodSeconds": grace_period_seconds,
+            }
+        return await self.request("DELETE", rt.object_path(name, namespace), body=body)
 
     async def list(
         self,

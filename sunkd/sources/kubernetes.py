@@ -240,6 +240,39 @@ def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
     )
 
 
+def label_selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
+    """metav1.LabelSelector (matchLabels + matchExpressions) or a plain label map.
+
+    An empty or missing selector matches nothing here (like a PDB's nil selector): a Nodeset
+    without a workload selector must not claim every pod in the cluster."""
+    if not isinstance(selector, Mapping) or not selector:
+        return False
+    if "matchLabels" not in selector and "matchExpressions" not in selector:
+        return all(labels.get(str(k)) == str(v) for k, v in selector.items())
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not match_labels and not expressions:
+        return False
+    if any(labels.get(str(k)) != str(v) for k, v in match_labels.items()):
+        return False
+    for expression in expressions:
+        key = str(expression.get("key"))
+        operator = expression.get("operator")
+        values = {str(v) for v in expression.get("values") or []}
+        present = key in labels
+        if operator == "In" and not (present and str(labels[key]) in values):
+            return False
+        if operator == "NotIn" and present and str(labels[key]) in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False  # unknown operator: match nothing rather than everything
+    return True
+
+
 def _matches(selector: tuple[Label, ...], labels: Mapping[str, Any]) -> bool:
     """Equality selector match; an empty selector matches nothing (like a PDB's nil selector):
     a Nodeset without a selector must not claim every node or every pod in the cluster."""
@@ -386,6 +419,8 @@ class KubernetesSource:
         self._pod_node: dict[str, str] = {}
         self._pending: set[str] = set()
         self._lock = asyncio.Lock()
+        self._nodeset_cache: dict[str, K8sNodesetObserved] | None = None
+        self._workload_selectors: dict[str, Any] = {}
         self._received = 0
         self._flushed = 0
         self._idle = asyncio.Condition()
@@ -485,6 +520,7 @@ class KubernetesSource:
         """Update indexes and mark what the change can affect."""
         if name == "nodesets":
             self._dirty.everything = True
+            self._nodeset_cache = None
             return
         if name == "nodes":
             self._dirty.nodes.add(event.key)
@@ -511,16 +547,26 @@ class KubernetesSource:
                 self._pending.add(key)
         if was_pending or key in self._pending:
             labels = (pod.get("metadata") or {}).get("labels") or {}
-            for pool, nodeset in self._nodesets().items():
-                if _matches(nodeset.workload_selector, labels):
+            for pool in self._nodesets():
+                if self._workload_match(pool, labels):
                     self._dirty.pools.add(pool)
 
     def _nodesets(self) -> dict[str, K8sNodesetObserved]:
-        out: dict[str, K8sNodesetObserved] = {}
-        for obj in self.nodeset_objects.values():
-            parsed = parse_nodeset(obj)
-            out[parsed.pool] = parsed
-        return out
+        """Parsed Nodesets by pool, cached until a Nodeset changes."""
+        if self._nodeset_cache is None:
+            parsed: dict[str, K8sNodesetObserved] = {}
+            selectors: dict[str, Any] = {}
+            for obj in self.nodeset_objects.values():
+                nodeset = parse_nodeset(obj)
+                parsed[nodeset.pool] = nodeset
+                selectors[nodeset.pool] = (obj.get("spec") or {}).get("workloadSelector")
+            self._nodeset_cache = parsed
+            self._workload_selectors = selectors
+        return self._nodeset_cache
+
+    def _workload_match(self, pool: str, labels: Mapping[str, Any]) -> bool:
+        self._nodesets()
+        return label_selector_matches(self._workload_selectors.get(pool), labels)
 
     # -- payloads ----------------------------------------------------------------------
 
@@ -602,7 +648,7 @@ class KubernetesSource:
             if pod is None:
                 continue
             meta = pod.get("metadata") or {}
-            if _matches(pool.workload_selector, meta.get("labels") or {}):
+            if self._workload_match(pool.pool, meta.get("labels") or {}):
                 refs.append(
                     PodRef(
                         str(meta.get("namespace") or ""),
@@ -621,7 +667,7 @@ class KubernetesSource:
             if pod is None:
                 continue
             meta = pod.get("metadata") or {}
-            if _matches(nodeset.workload_selector, meta.get("labels") or {}):
+            if self._workload_match(nodeset.pool, meta.get("labels") or {}):
                 cpu, memory, gpus = pod_requests(pod)
                 pending.append(
                     PendingPod(

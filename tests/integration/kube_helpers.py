@@ -5,7 +5,8 @@ events back into a cluster view."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def nodeset_body(namespace: str, name: str, *, node_selector: dict[str, str],
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "nodeSelector": node_selector,
-            "workloadSelector": workload_selector,
+            "workloadSelector": {"matchLabels": workload_selector},
             "slurm": slurm,
             "ownership": ownership or {"mode": "Auto"},
         },
@@ -210,3 +211,72 @@ def duplicates(payloads: Iterable[Payload]) -> list[Payload]:
             dups.append(payload)
         last[key] = payload
     return dups
+
+
+# ------------------------------------------------------------------------ emulator + CRD
+
+CRDS = ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions",
+                    "CustomResourceDefinition", namespaced=False)
+
+
+def nodeset_crd() -> dict[str, Any]:
+    """The project's Nodeset CRD (manifests/crds/nodeset.yaml)."""
+    import yaml
+
+    with CRD_PATH.open() as handle:
+        docs = [d for d in yaml.safe_load_all(handle) if d]
+    return next(d for d in docs if d.get("kind") == "CustomResourceDefinition")
+
+
+def nodeset_resource() -> ResourceType:
+    crd = nodeset_crd()
+    spec = crd["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("storage", True))
+    return ResourceType(spec["group"], version, spec["names"]["plural"], spec["names"]["kind"],
+                        namespaced=spec.get("scope", "Namespaced") == "Namespaced")
+
+
+async def install_crd(client: KubeClient) -> ResourceType:
+    """Create the CRD through the API (as `kubectl apply -f manifests/crds` would) and wait
+    until the new endpoint answers."""
+    try:
+        await client.create(CRDS, nodeset_crd())
+    except KubeApiError as error:
+        if error.status != 409:
+            raise
+    rt = nodeset_resource()
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await client.list(rt)
+                return rt
+            except KubeApiError:
+                await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running_emulator(**options: Any) -> AsyncIterator[Any]:
+    from sunkd.sim.kubeapi import KubeAPIEmulator
+
+    emulator = KubeAPIEmulator(**options)
+    await emulator.start("127.0.0.1")
+    try:
+        yield emulator
+    finally:
+        await emulator.stop()
+
+
+async def retrying(factory: Any, attempts: int = 20) -> Any:
+    """Run an admin call through injected faults (500s, 429s, dropped connections)."""
+    import aiohttp
+
+    for attempt in range(attempts):
+        try:
+            return await factory()
+        except KubeApiError as error:
+            if error.status < 500 and error.status != 429:
+                raise
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.sleep(0.02 * (attempt + 1))
+    return await factory()

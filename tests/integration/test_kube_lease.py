@@ -1,0 +1,148 @@
+"""Lease leader election (client-go semantics) against the API emulator over HTTP.
+
+Expiry is judged on each candidate's local monotonic clock, so the tests drive a fake clock
+instead of sleeping through lease durations."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sunkd.clients.kube import LEASES, KubeClient
+from sunkd.clients.kube_lease import LeaseElector
+
+from .kube_helpers import ensure_namespace, running_emulator
+
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[tuple[Any, KubeClient]]:
+    async with running_emulator() as emulator:
+        client = KubeClient.for_url(emulator.url)
+        await ensure_namespace(client, "sunkd")
+        try:
+            yield emulator, client
+        finally:
+            await client.close()
+
+
+def candidate(client: KubeClient, identity: str, clock: FakeClock) -> LeaseElector:
+    return LeaseElector(client, namespace="sunkd", name="sunkd-leader", identity=identity,
+                        lease_duration=15, renew_deadline=10, retry_period=2, clock=clock)
+
+
+async def test_two_candidates_one_leader(kube: tuple[Any, KubeClient]) -> None:
+    _, client = kube
+    clock = FakeClock()
+    a, b = candidate(client, "a", clock), candidate(client, "b", clock)
+    results = await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew())
+    assert sorted(results) == [False, True]
+    leader, follower = (a, b) if results[0] else (b, a)
+    assert await follower.try_acquire_or_renew() is False
+    assert await leader.try_acquire_or_renew() is True  # renew
+    lease = await client.get(LEASES, "sunkd-leader", "sunkd")
+    spec = lease["spec"]
+    assert spec["holderIdentity"] == leader.identity
+    assert spec["leaseDurationSeconds"] == 15
+    assert spec["leaseTransitions"] == 0
+    assert MICRO_TIME.match(spec["renewTime"]) and MICRO_TIME.match(spec["acquireTime"])
+    assert leader.holds_lease() and not follower.holds_lease()
+    assert follower.observed_holder == leader.identity
+
+
+async def test_takeover_after_expiry_increments_transitions(
+    kube: tuple[Any, KubeClient],
+) -> None:
+    _, client = kube
+    clock = FakeClock()
+    a, b = candidate(client, "a", clock), candidate(client, "b", clock)
+    assert await a.acquire()
+    assert await b.try_acquire_or_renew() is False  # b starts observing the record now
+    clock.now += 14  # a is silent (paused); the lease is still valid by b's clock
+    assert await b.try_acquire_or_renew() is False
+    assert not a.holds_lease()  # a's own fencing check: renewed too long ago
+    clock.now += 2  # 16 s since b saw the record change: expired
+    assert await b.try_acquire_or_renew() is True
+    spec = (await client.get(LEASES, "sunkd-leader", "sunkd"))["spec"]
+    assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
+    # The paused old leader wakes up: its own clock says its lease ran out, so it re-reads the
+    # Lease, sees b's valid record, and does not act as leader.
+    assert await a.try_acquire_or_renew() is False
+    assert a.observed_holder == "b" and not a.is_leader()
+
+
+async def test_renewals_keep_followers_out(kube: tuple[Any, KubeClient]) -> None:
+    _, client = kube
+    clock = FakeClock()
+    a, b = candidate(client, "a", clock), candidate(client, "b", clock)
+    assert await a.acquire()
+    for _ in range(10):
+        clock.now += 5
+        assert await a.try_acquire_or_renew() is True
+        assert await b.try_acquire_or_renew() is False
+    spec = (await client.get(LEASES, "sunkd-leader", "sunkd"))["spec"]
+    assert spec["holderIdentity"] == "a" and spec["leaseTransitions"] == 0
+
+
+async def test_release_hands_over_at_once(kube: tuple[Any, KubeClient]) -> None:
+    _, client = kube
+    clock = FakeClock()
+    a, b = candidate(client, "a", clock), candidate(client, "b", clock)
+    assert await a.acquire()
+    assert await b.try_acquire_or_renew() is False
+    assert await a.release() is True
+    assert await b.try_acquire_or_renew() is True  # no waiting for expiry
+    spec = (await client.get(LEASES, "sunkd-leader", "sunkd"))["spec"]
+    assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
+
+
+async def test_run_loop_leads_then_releases(kube: tuple[Any, KubeClient]) -> None:
+    _, client = kube
+    elector = LeaseElector(client, namespace="sunkd", name="run-lease", identity="solo",
+                           lease_duration=3, renew_deadline=2, retry_period=1)
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    async def on_started() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def on_stopped() -> None:
+        stopped.set()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(elector.run(on_started, on_stopped, stop))
+    await asyncio.wait_for(started.wait(), 5)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert stopped.is_set()
+    spec = (await client.get(LEASES, "run-lease", "sunkd"))["spec"]
+    assert spec["holderIdentity"] in ("", None)  # released
+
+
+async def test_server_errors_do_not_crown_anyone(kube: tuple[Any, KubeClient]) -> None:
+    emulator, client = kube
+    clock = FakeClock()
+    a = candidate(client, "a", clock)
+    emulator.fail_next(3, 500)
+    results = [await a.try_acquire_or_renew() for _ in range(3)]
+    assert results == [False, False, False]
+    assert await a.try_acquire_or_renew() is True
+
+
+def test_parameters_validated() -> None:
+    with pytest.raises(ValueError):
+        LeaseElector(None, namespace="x", name="y", identity="z",  # type: ignore[arg-type]
+                     lease_duration=5, renew_deadline=6, retry_period=1)

@@ -1,0 +1,224 @@
+"""KubernetesSource against the API emulator: the observation events it emits, only on change,
+seeded from earlier payloads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sunkd.actuators.kubernetes import KubernetesActuator
+from sunkd.clients.kube import NODES, PODS, KubeClient, ResourceType
+from sunkd.domain.events import (
+    K8sDemandObserved,
+    K8sNodeObserved,
+    K8sNodesetObserved,
+    K8sNodeVanished,
+    K8sWorkloadObserved,
+    Label,
+    OwnershipSpec,
+    PendingPod,
+    PodRef,
+    SourceHealth,
+    Taint,
+)
+from sunkd.sources.kubernetes import KubernetesSource
+
+from .kube_helpers import (
+    ListSink,
+    create_node,
+    create_pod,
+    duplicates,
+    ensure_namespace,
+    install_crd,
+    mark_unschedulable,
+    nodeset_body,
+    running_emulator,
+    set_pod_phase,
+)
+
+
+class Cluster:
+    def __init__(self, emulator: Any, client: KubeClient, rt: ResourceType) -> None:
+        self.emulator = emulator
+        self.client = client
+        self.rt = rt
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    async with running_emulator() as emulator:
+        client = KubeClient.for_url(emulator.url)
+        try:
+            rt = await install_crd(client)
+            await ensure_namespace(client, "ml")
+            await client.create(rt, nodeset_body(
+                "ml", "gpu", node_selector={"pool": "gpu"}, workload_selector={"app": "serve"},
+                partitions=["gpu"], node_name_label="slurm.example/name", group=rt.group,
+                version=rt.version, ownership={"mode": "Auto", "minSlurm": 1}), "ml")
+            await create_node(client, "k-gpu-1", {"pool": "gpu", "slurm.example/name": "gpu1"},
+                              cpu="16", memory="64Gi", gpus="4")
+            await create_node(client, "k-gpu-2", {"pool": "gpu"}, ready=False)
+            await create_node(client, "k-cpu-1", {"pool": "cpu",
+                                                  "sunkd.io/slurm-node-name": "cpu1"})
+            await create_pod(client, "ml", "serve-a", {"app": "serve"}, node="k-gpu-1",
+                             phase="Running")
+            await create_pod(client, "ml", "other", {"app": "other"}, node="k-gpu-1",
+                             phase="Running")
+            await create_pod(client, "ml", "serve-pending", {"app": "serve"}, cpu="2",
+                             memory="4Gi")
+            await mark_unschedulable(client, "ml", "serve-pending")
+            yield Cluster(emulator, client, rt)
+        finally:
+            await client.close()
+
+
+async def start(cluster: Cluster, sink: ListSink, **kwargs: Any) -> tuple[
+    KubernetesSource, asyncio.Event, asyncio.Task[None]
+]:
+    source = KubernetesSource(cluster.client, sink, nodeset_resource=cluster.rt, **kwargs)
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    await source.wait_synced(10)
+    await source.wait_idle(10)
+    return source, stop, task
+
+
+async def stop_source(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+async def settle(source: KubernetesSource) -> None:
+    """Give the watches a moment to deliver what the API already has, then drain."""
+    await asyncio.sleep(0.3)
+    await source.wait_idle(10)
+
+
+async def test_initial_observations(cluster: Cluster) -> None:
+    sink = ListSink()
+    _source, stop, task = await start(cluster, sink)
+    try:
+        nodes = {p.node: p for p in sink.payloads(K8sNodeObserved)
+                 if isinstance(p, K8sNodeObserved)}
+        assert set(nodes) == {"k-gpu-1", "k-gpu-2", "k-cpu-1"}
+        gpu1 = nodes["k-gpu-1"]
+        assert gpu1.slurm_node == "gpu1"  # the Nodeset's slurm.nodeNameLabel
+        assert gpu1.ready is True and gpu1.unschedulable is False
+        assert (gpu1.cpu_millis, gpu1.memory_bytes, gpu1.gpus) == (16000, 64 * 2**30, 4)
+        assert Label("pool", "gpu") in gpu1.labels
+        assert nodes["k-gpu-2"].ready is False and nodes["k-gpu-2"].slurm_node == "k-gpu-2"
+        assert nodes["k-cpu-1"].slurm_node == "cpu1"  # sunkd.io/slurm-node-name
+
+        workloads = [p for p in sink.payloads(K8sWorkloadObserved)]
+        assert workloads == [K8sWorkloadObserved(
+            node="k-gpu-1", pool="ml/gpu", pods=(PodRef("ml", "serve-a", "Running"),)),
+            K8sWorkloadObserved(node="k-gpu-2", pool="ml/gpu", pods=())]
+        assert sink.payloads(K8sDemandObserved) == [K8sDemandObserved(
+            pool="ml/gpu", pending=(PendingPod("ml", "serve-pending", 2000, 4 * 2**30, 0),))]
+        nodesets = sink.payloads(K8sNodesetObserved)
+        assert len(nodesets) == 1
+        assert isinstance(nodesets[0], K8sNodesetObserved)
+        assert nodesets[0].ownership == OwnershipSpec(min_slurm=1)
+        assert nodesets[0].partitions == ("gpu",)
+        assert sink.payloads(SourceHealth) == [SourceHealth(source="kubernetes", status="fresh")]
+        subjects = {e.subject for e in sink.events}
+        assert {"k-gpu-1", "ml/gpu", "kubernetes"} <= subjects
+    finally:
+        await stop_source(stop, task)
+
+
+async def test_changes_emit_once(cluster: Cluster) -> None:
+    sink = ListSink()
+    source, stop, task = await start(cluster, sink)
+    client = cluster.client
+    try:
+        before = len(sink.events)
+        # A kubelet heartbeat bumps the resourceVersion but changes nothing we observe.
+        await client.merge_patch(NODES, "k-gpu-1", {"status": {"conditions": [
+            {"type": "Ready", "status": "True", "lastHeartbeatTime": "2030-01-01T00:00:00Z"}]}},
+            subresource="status")
+        await settle(source)
+        assert len(sink.events) == before
+
+        actuator = KubernetesActuator(client)
+        await actuator.lock("k-gpu-1")
+        await actuator.cordon("k-gpu-2", "test")
+        await settle(source)
+        nodes = {p.node: p for p in sink.payloads(K8sNodeObserved)
+                 if isinstance(p, K8sNodeObserved)}
+        assert Taint("sunkd.io/owner", "NoSchedule", "slurm") in nodes["k-gpu-1"].taints
+        assert Label("sunkd.io/owner", "slurm") in nodes["k-gpu-1"].labels
+        assert nodes["k-gpu-2"].unschedulable and nodes["k-gpu-2"].cordoned_by_sunkd
+
+        # The pending pod gets scheduled: demand empties, workload grows.
+        await client.delete(PODS, "serve-pending", "ml", grace_period_seconds=0)
+        await create_pod(client, "ml", "serve-b", {"app": "serve"}, node="k-gpu-2",
+                         phase="Running")
+        await settle(source)
+        assert sink.payloads(K8sDemandObserved)[-1] == K8sDemandObserved(pool="ml/gpu")
+        last_workload = [p for p in sink.payloads(K8sWorkloadObserved)
+                         if isinstance(p, K8sWorkloadObserved) and p.node == "k-gpu-2"][-1]
+        assert last_workload.pods == (PodRef("ml", "serve-b", "Running"),)
+
+        await set_pod_phase(client, "ml", "serve-a", "Succeeded")
+        await client.delete(NODES, "k-cpu-1")
+        await settle(source)
+        assert K8sNodeVanished(node="k-cpu-1") in sink.payloads(K8sNodeVanished)
+        gpu1 = [p for p in sink.payloads(K8sWorkloadObserved)
+                if isinstance(p, K8sWorkloadObserved) and p.node == "k-gpu-1"][-1]
+        assert gpu1.pods == (PodRef("ml", "serve-a", "Succeeded"),)
+
+        await client.delete(cluster.rt, "gpu", "ml")
+        await settle(source)
+        last_nodeset = sink.payloads(K8sNodesetObserved)[-1]
+        assert isinstance(last_nodeset, K8sNodesetObserved) and last_nodeset.deleted
+        assert duplicates(sink.payloads()) == []
+    finally:
+        await stop_source(stop, task)
+
+
+async def test_restart_with_seed_emits_nothing_new(cluster: Cluster) -> None:
+    first = ListSink()
+    source, stop, task = await start(cluster, first)
+    seed = source.last_payloads()
+    await stop_source(stop, task)
+
+    second = ListSink()
+    source2, stop2, task2 = await start(cluster, second, previous=seed)
+    try:
+        assert second.events == []
+        # ...but what changed while we were away is reported, including vanished nodes.
+        await stop_source(stop2, task2)
+        await cluster.client.delete(NODES, "k-gpu-2")
+        await create_node(cluster.client, "k-gpu-3", {"pool": "gpu"})
+        third = ListSink()
+        _, stop3, task3 = await start(cluster, third, previous=source2.last_payloads())
+        try:
+            kinds = {(type(e.payload).__name__, e.subject) for e in third.events}
+            assert ("K8sNodeVanished", "k-gpu-2") in kinds
+            assert ("K8sNodeObserved", "k-gpu-3") in kinds
+            assert all(e.subject in ("k-gpu-2", "k-gpu-3") for e in third.events)
+        finally:
+            await stop_source(stop3, task3)
+    finally:
+        if not task2.done():
+            await stop_source(stop2, task2)
+
+
+async def test_health_goes_stale_then_fresh(cluster: Cluster) -> None:
+    sink = ListSink()
+    _source, stop, task = await start(cluster, sink)
+    try:
+        cluster.emulator.fail_next(6, 500)
+        cluster.emulator.drop_watches()
+        await sink.wait_for(lambda s: any(
+            isinstance(p, SourceHealth) and p.status == "stale" for p in s.payloads()), 15)
+        await sink.wait_for(lambda s: s.payloads(SourceHealth)[-1].status == "fresh", 15)
+        stale = [p for p in sink.payloads(SourceHealth)
+                 if isinstance(p, SourceHealth) and p.status == "stale"]
+        assert stale[0].cause == "server_error"
+    finally:
+        await stop_source(stop, task)
