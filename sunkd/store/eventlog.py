@@ -300,6 +300,16 @@ class EventLog:
         Database errors (a dropped connection, a restarting server) are retried with
         backoff; the position is the last yielded seq, so nothing is skipped or
         repeated across reconnects."""
+        async for batch in self.subscribe_batches(after_seq, batch_size=batch_size,
+                                                  kinds=kinds):
+            for recorded in batch:
+                yield recorded
+
+    async def subscribe_batches(self, after_seq: int = 0, *, batch_size: int = 1000,
+                                kinds: Iterable[str] | None = None
+                                ) -> AsyncIterator[list[RecordedEvent]]:
+        """`subscribe`, one non-empty batch at a time (what is available at once):
+        consumers that fold can apply a batch in one go."""
         kind_list = list(kinds) if kinds is not None else None
         if self.dialect == "postgresql":
             self._ensure_listener()
@@ -316,9 +326,8 @@ class EventLog:
                 continue
             backoff = 0.1
             if batch:
-                for recorded in batch:
-                    position = recorded.seq
-                    yield recorded
+                position = batch[-1].seq
+                yield batch
                 continue
             if kind_list is not None:
                 # Filtered reads may skip over other kinds; move past what exists so

@@ -1,0 +1,464 @@
+"""`sunkd run`: the process. Leadership, sources, the engine, HTTP, signals, systemd.
+
+Life cycle:
+  1. open the log (SQLite migrates itself; PostgreSQL must be migrated), load the
+     latest snapshot plus the tail, start following the log and serving HTTP;
+     tell systemd READY=1 (and WATCHDOG=1 periodically when it asks for it).
+  2. loop: try to acquire the database lease. As a standby, keep folding the log so
+     the read API is current. As the leader: renew the lease every third of its
+     duration, run the sources (their events are appended with our epoch) and the
+     engine (decide + outbox). Acting stops as soon as the lease has less than a
+     third left without a successful renewal, i.e. well before another process can
+     take it over; a StaleLeaderError anywhere ends the term at once.
+  3. SIGTERM/SIGINT: stop deciding, let in-flight actions finish (bounded), release
+     the lease so a standby takes over immediately, exit 0. SIGHUP: reload the
+     config file (pools, log level).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from sunkd.config import PoolSettings, Settings, load_settings, parse_listen
+from sunkd.domain.events import Label, OwnershipSpec, Payload
+from sunkd.domain.policy import PoolSpec
+from sunkd.domain.state import ClusterState
+from sunkd.engine import Engine, LeaderTerm, leader_sink
+from sunkd.executor import ActuatorExecutor
+from sunkd.logs import configure_logging
+from sunkd.store.eventlog import EventLog, Lease, StaleLeaderError
+
+log = structlog.get_logger(__name__)
+
+SHUTDOWN_GRACE_SECONDS = 20.0
+
+
+# ------------------------------------------------------------------------ systemd
+
+
+def sd_notify(message: str) -> bool:
+    """Send a sd_notify(3) datagram when systemd asked for it (NOTIFY_SOCKET)."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):  # abstract namespace
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+        return True
+    except OSError as error:
+        log.warning("systemd.notify_failed", error=str(error))
+        return False
+
+
+def watchdog_interval() -> float | None:
+    """Half of WatchdogSec, as systemd recommends; None when no watchdog is set."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return max(int(usec) / 2_000_000, 0.05)
+    except ValueError:
+        return None
+
+
+# -------------------------------------------------------------------------- pools
+
+
+def pool_spec(pool: PoolSettings) -> PoolSpec:
+    return PoolSpec(
+        name=pool.name,
+        partitions=pool.partitions,
+        node_selector=tuple(Label(key, value) for key, value in sorted(pool.node_selector.items())),
+        ownership=OwnershipSpec(
+            mode=pool.mode, min_slurm=pool.min_slurm, min_kubernetes=pool.min_kubernetes,
+            max_kubernetes=pool.max_kubernetes, prefer=pool.prefer,
+            dwell_seconds=pool.dwell_seconds, max_in_flight=pool.max_in_flight,
+            drain_timeout_seconds=pool.drain_timeout_seconds,
+            reclaim_grace_seconds=pool.reclaim_grace_seconds),
+    )
+
+
+def kubernetes_seed(state: ClusterState) -> list[Payload]:
+    """The observations the Kubernetes source should consider already emitted."""
+    from sunkd.domain.events import K8sWorkloadObserved
+
+    seed: list[Payload] = []
+    for node in state.nodes.values():
+        if node.k8s is not None and not node.k8s_missing:
+            seed.append(node.k8s)
+            for pool, pods in node.workload.items():
+                seed.append(K8sWorkloadObserved(node=node.k8s.node, pool=pool, pods=pods))
+    seed.extend(state.k8s_demand.values())
+    seed.extend(nodeset for nodeset in state.nodesets.values() if not nodeset.deleted)
+    return seed
+
+
+# ------------------------------------------------------------------------- daemon
+
+SourceFactory = Callable[[Callable[..., Awaitable[object]], ClusterState], Any]
+
+
+class Daemon:
+    """One sunkd process. `slurm_client`/`kube_client` may be injected (demo, tests);
+    otherwise they are built from the settings."""
+
+    def __init__(self, settings: Settings, *, config_path: Path | None = None,
+                 slurm_client: Any = None, kube_client: Any = None,
+                 slurm_env: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.config_path = config_path
+        self._slurm_client = slurm_client
+        self._kube_client = kube_client
+        self._slurm_env = slurm_env
+        self.event_log: EventLog | None = None
+        self.engine: Engine | None = None
+        self.metrics: Any = None
+        self.lease: Lease | None = None
+        self.leading = False
+        self.stop_event = asyncio.Event()
+        self._stepping_down = False
+        self._follow_task: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self.http_port: int | None = None
+        self.started_at = time.time()
+
+    # ----------------------------------------------------------------- DaemonView
+
+    def state(self) -> ClusterState:
+        return self.engine.state if self.engine is not None else ClusterState()
+
+    def is_leader(self) -> bool:
+        return self.leading and self.may_act()
+
+    def is_ready(self) -> tuple[bool, str]:
+        if self._follow_task is None or self._follow_task.done():
+            return False, "not following the event log"
+        state = self.state()
+        for source in self._enabled_sources():
+            health = state.sources.get(source)
+            if health is None or health.status != "fresh":
+                status = health.status if health is not None else "not yet observed"
+                return False, f"source {source} is {status}"
+        return True, "leader" if self.is_leader() else "standby"
+
+    def pools(self) -> tuple[PoolSpec, ...]:
+        return self.engine.pools() if self.engine is not None else ()
+
+    def _enabled_sources(self) -> list[str]:
+        sources = []
+        if self.settings.slurm.url or self._slurm_client is not None:
+            sources.append("slurm")
+        if self.settings.kubernetes.enabled:
+            sources.append("kubernetes")
+        return sources
+
+    def may_act(self) -> bool:
+        """Stop acting with a third of the lease left: before anyone can take over."""
+        lease = self.lease
+        if lease is None or self._stepping_down:
+            return False
+        return lease.remaining() > lease.lease_seconds / 3
+
+    # ------------------------------------------------------------------- running
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, self.stop_event.set)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
+        self.event_log = await EventLog.open(self.settings.database_url)
+        try:
+            self.metrics = _make_metrics()
+            self.engine = Engine(
+                self.event_log,
+                config_pools=[pool_spec(pool) for pool in self.settings.pools],
+                snapshot_every=self.settings.snapshot_every,
+                observer=self.metrics,
+            )
+            await self.engine.load()
+            self._follow_task = asyncio.create_task(self.engine.follow(), name="sunkd-follow")
+            await self._start_http()
+            sd_notify("READY=1\nSTATUS=following the event log")
+            watchdog = asyncio.create_task(self._watchdog(), name="sunkd-watchdog")
+            try:
+                await self._leadership_loop()
+            finally:
+                watchdog.cancel()
+                sd_notify("STOPPING=1")
+        finally:
+            await self._shutdown()
+        return 0
+
+    def reload(self) -> None:
+        if self.config_path is None:
+            log.info("daemon.reload_skipped", why="no --config file")
+            return
+        try:
+            settings = load_settings(self.config_path)
+        except Exception as error:
+            log.error("daemon.reload_failed", error=str(error))
+            return
+        self.settings = replace(self.settings, pools=settings.pools, log_level=settings.log_level)
+        configure_logging(settings.log_level, self.settings.log_format)
+        if self.engine is not None:
+            self.engine.config_pools = tuple(pool_spec(pool) for pool in settings.pools)
+        log.info("daemon.reloaded", pools=[pool.name for pool in settings.pools])
+
+    async def _watchdog(self) -> None:
+        interval = watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            # Only a live event loop gets here; a wedged loop stops the pings and
+            # systemd restarts us.
+            sd_notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def _leadership_loop(self) -> None:
+        assert self.event_log is not None
+        retry = max(self.settings.lease_seconds / 3, 0.5)
+        while not self.stop_event.is_set():
+            try:
+                lease = await self.event_log.acquire(self.settings.identity,
+                                                     self.settings.lease_seconds)
+            except Exception as error:
+                log.warning("leadership.acquire_failed", error=str(error))
+                lease = None
+            if self.metrics is not None:
+                self.metrics.set_leader(lease is not None, lease.epoch if lease else 0)
+            if lease is None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(retry):
+                        await self.stop_event.wait()
+                continue
+            await self._lead(lease)
+            if self.metrics is not None:
+                self.metrics.set_leader(False, lease.epoch)
+
+    async def _lead(self, lease: Lease) -> None:
+        assert self.event_log is not None and self.engine is not None
+        self.lease, self.leading, self._stepping_down = lease, True, False
+        term = LeaderTerm(epoch=lease.epoch, may_act=self.may_act)
+        log.info("daemon.leading", epoch=lease.epoch, identity=lease.identity)
+        sd_notify(f"STATUS=leader (epoch {lease.epoch})")
+        sources_stop = asyncio.Event()
+        tasks: list[asyncio.Task[Any]] = []
+        closers: list[Callable[[], Awaitable[None]]] = []
+        try:
+            # Fold up to our own leader.elected first: sources are seeded from the state.
+            await self.engine.wait_folded(await self.event_log.latest_seq())
+            self.engine.executor = await self._build_executor(term, closers)
+            sink = leader_sink(self.engine, term)
+            for source in await self._build_sources(sink, closers):
+                tasks.append(asyncio.create_task(source.run(sources_stop)))
+            tasks.append(asyncio.create_task(self._renew_forever(), name="sunkd-renew"))
+            lead_task = asyncio.create_task(self.engine.lead(term), name="sunkd-lead")
+            tasks.append(lead_task)
+            stop_wait = asyncio.create_task(self.stop_event.wait())
+            done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+            stop_wait.cancel()
+            for task in done:
+                if task is not stop_wait and not task.cancelled() and task.exception():
+                    error = task.exception()
+                    if isinstance(error, StaleLeaderError):
+                        log.warning("daemon.deposed", error=str(error))
+                    else:
+                        log.error("daemon.task_failed", task=task.get_name(), error=repr(error))
+            graceful = self.stop_event.is_set()
+            sources_stop.set()
+            lead_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await lead_task
+            if graceful:
+                await self.engine.drain_in_flight(SHUTDOWN_GRACE_SECONDS)
+        finally:
+            self._stepping_down = True
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for close in closers:
+                with contextlib.suppress(Exception):
+                    await close()
+            if self.stop_event.is_set():
+                with contextlib.suppress(Exception):
+                    await self.event_log.release(lease)
+            self.leading, self.lease = False, None
+            log.info("daemon.stepped_down", epoch=lease.epoch)
+
+    async def _renew_forever(self) -> None:
+        assert self.event_log is not None
+        while True:
+            lease = self.lease
+            if lease is None:
+                return
+            await asyncio.sleep(lease.lease_seconds / 3)
+            try:
+                self.lease = await self.event_log.renew(lease)
+            except StaleLeaderError:
+                raise
+            except Exception as error:
+                # Keep trying; may_act() turns false on its own as the lease runs out.
+                log.warning("leadership.renew_failed", error=str(error))
+                if lease.remaining() <= 0:
+                    raise StaleLeaderError("lease expired without renewal") from error
+
+    # ------------------------------------------------------------------ adapters
+
+    async def _slurm(self, closers: list[Callable[[], Awaitable[None]]]) -> Any:
+        if self._slurm_client is not None:
+            return self._slurm_client
+        if not self.settings.slurm.url:
+            return None
+        from sunkd.clients.slurmrestd import SlurmRestClient
+
+        client = SlurmRestClient.from_settings(self.settings.slurm)
+        self._slurm_client = client
+        closers.append(self._close_slurm)
+        return client
+
+    async def _close_slurm(self) -> None:
+        if self._slurm_client is not None:
+            await self._slurm_client.close()
+            self._slurm_client = None
+
+    async def _kube(self, closers: list[Callable[[], Awaitable[None]]]) -> Any:
+        if not self.settings.kubernetes.enabled:
+            return None
+        if self._kube_client is not None:
+            return self._kube_client
+        from sunkd.clients.kube import KubeClient
+
+        kubeconfig = self.settings.kubernetes.kubeconfig
+        client = await KubeClient.connect(str(kubeconfig) if kubeconfig else None,
+                                          context=self.settings.kubernetes.context)
+        self._kube_client = client
+
+        async def close() -> None:
+            await client.close()
+            self._kube_client = None
+
+        closers.append(close)
+        return client
+
+    async def _build_executor(self, term: LeaderTerm,
+                              closers: list[Callable[[], Awaitable[None]]]) -> ActuatorExecutor:
+        slurm_actuator = None
+        slurm_client = await self._slurm(closers)
+        if slurm_client is not None:
+            from sunkd.actuators.slurm import SlurmActuator
+
+            slurm_actuator = SlurmActuator(slurm_client, scontrol_env=self._slurm_env)
+        kube_actuator = None
+        kube_client = await self._kube(closers)
+        if kube_client is not None:
+            from sunkd.actuators.kubernetes import KubernetesActuator
+
+            kube_actuator = KubernetesActuator(
+                kube_client, event_namespace=self.settings.kubernetes.namespace,
+                instance=self.settings.identity, may_act=term.may_act)
+        return ActuatorExecutor(slurm_actuator, kube_actuator)
+
+    async def _build_sources(self, sink: Any,
+                             closers: list[Callable[[], Awaitable[None]]]) -> list[Any]:
+        state = self.state()
+        sources: list[Any] = []
+        slurm_client = await self._slurm(closers)
+        if slurm_client is not None:
+            from sunkd.domain.events import SourceHealth
+            from sunkd.sources.slurm import SlurmSource
+
+            health = state.sources.get("slurm")
+            sources.append(SlurmSource(
+                slurm_client, sink, partitions=self.settings.slurm.partitions,
+                poll_interval=self.settings.slurm.poll_interval,
+                initial_nodes={name: node.slurm for name, node in state.nodes.items()
+                               if node.slurm is not None and not node.slurm_missing},
+                initial_demand=dict(state.slurm_demand),
+                initial_health=SourceHealth(source="slurm", status=health.status,
+                                            cause=health.cause, detail=health.detail)
+                if health is not None else None))
+        kube_client = await self._kube(closers)
+        if kube_client is not None:
+            from sunkd.sources.kubernetes import KubernetesSource
+
+            sources.append(KubernetesSource(kube_client, sink, previous=kubernetes_seed(state)))
+        return sources
+
+    # ---------------------------------------------------------------------- HTTP
+
+    async def _start_http(self) -> None:
+        app = _build_app(self)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        host, port = parse_listen(self.settings.listen)
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.http_port = sockets[0].getsockname()[1] if sockets else port
+        log.info("daemon.http", listen=f"{host}:{self.http_port}")
+
+    async def _shutdown(self) -> None:
+        if self._follow_task is not None:
+            self._follow_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._follow_task
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.event_log is not None:
+            await self.event_log.close()
+
+
+def _make_metrics() -> Any:
+    try:
+        from sunkd.api.metrics import Metrics
+    except ImportError:
+        return None
+    return Metrics()
+
+
+def _build_app(daemon: Daemon) -> web.Application:
+    try:
+        from sunkd.api.app import build_app
+    except ImportError:
+        build_app = None
+    if build_app is not None:
+        app: web.Application = build_app(daemon)
+        return app
+    # Minimal health endpoints until the full HTTP surface is available.
+    app = web.Application()
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_request: web.Request) -> web.Response:
+        ready, why = daemon.is_ready()
+        return web.Response(text=f"{why}\n", status=200 if ready else 503)
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def cmd_run(args: Any, settings: Settings) -> int:
+    """`sunkd run`."""
+    daemon = Daemon(settings, config_path=getattr(args, "config", None))
+    return asyncio.run(daemon.run())

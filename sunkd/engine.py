@@ -1,0 +1,286 @@
+"""The engine: fold the log into state, decide, append decisions, run the outbox.
+
+One `Engine` lives for the whole process. It always *follows* the log (standbys keep
+their read models and API current), and while the process holds the leadership
+lease it also *leads*: it calls the pure policy, appends the decisions (fenced by the
+leader epoch), and executes requested actions through an `ActionExecutor`, appending
+each outcome with `causation_seq` pointing at the request.
+
+Crash safety comes from the log: an action is first appended as `action.requested`,
+then executed, then its outcome appended. After a crash the fold still shows it
+pending, and the next leader executes it again; every action is idempotent, so the
+worst case is a harmless repeat (architecture section 6).
+
+Determinism: the policy derives ids from `state.last_seq`, so the engine decides only
+on a state that includes everything it appended itself (no decision is made twice
+from the same position).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from sunkd.actuators import ActionError, RefusedError
+from sunkd.domain.events import (
+    ActionFailed,
+    ActionSucceeded,
+    Event,
+    RecordedEvent,
+)
+from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_pools
+from sunkd.domain.state import (
+    EMPTY,
+    ClusterState,
+    NodeState,
+    OpenAction,
+    fold,
+    state_from_json,
+    state_to_json,
+)
+from sunkd.store.eventlog import EventLog, StaleLeaderError
+
+log = structlog.get_logger(__name__)
+
+
+class ActionExecutor(Protocol):
+    """Carries out one requested action; idempotent. Returns whether it changed
+    anything; raises `ActionError` (retryable or not) when it could not."""
+
+    async def execute(self, action: OpenAction, node: NodeState | None) -> bool: ...
+
+
+class EngineObserver(Protocol):
+    """Hooks for metrics; every method must be cheap and must not raise."""
+
+    def on_events(self, events: Sequence[RecordedEvent]) -> None: ...
+    def on_state(self, state: ClusterState, now: float) -> None: ...
+    def on_append(self, seconds: float) -> None: ...
+    def on_action(self, action: OpenAction, outcome: str, seconds: float) -> None: ...
+
+
+@dataclass
+class LeaderTerm:
+    """What the engine needs to act as leader: the epoch and a validity check that is
+    consulted before every side effect (a leader that cannot renew stops acting before
+    its lease can be taken over)."""
+
+    epoch: int
+    may_act: Callable[[], bool]
+
+
+class Engine:
+    def __init__(
+        self,
+        event_log: EventLog,
+        *,
+        config_pools: Sequence[PoolSpec] = (),
+        snapshot_every: int = 1000,
+        tick_seconds: float = 1.0,
+        max_concurrent_actions: int = 16,
+        executor: ActionExecutor | None = None,
+        observer: EngineObserver | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.event_log = event_log
+        self.executor = executor
+        self.config_pools = tuple(config_pools)
+        self.snapshot_every = snapshot_every
+        self.tick_seconds = tick_seconds
+        self.max_concurrent_actions = max_concurrent_actions
+        self.observer = observer
+        self.clock = clock
+        self.state: ClusterState = EMPTY
+        self._changed = asyncio.Event()
+        self._folded = asyncio.Condition()
+        self._last_snapshot_seq = 0
+        self._in_flight: dict[str, asyncio.Task[None]] = {}
+        self._finished: set[str] = set()  # outcome appended, maybe not folded yet
+        self._appended_upto = 0  # highest seq this process appended
+        self.decisions_made = 0
+
+    # ------------------------------------------------------------------ following
+
+    async def load(self) -> None:
+        """Latest snapshot plus the tail: restart is O(tail), not O(log)."""
+        snapshot = await self.event_log.latest_snapshot()
+        state = EMPTY
+        if snapshot is not None:
+            seq, body = snapshot
+            try:
+                state = state_from_json(body)
+                self._last_snapshot_seq = seq
+            except (KeyError, ValueError, TypeError) as error:
+                # A snapshot is only a cache: an unreadable one (older format) costs a
+                # full replay, never correctness.
+                log.warning("engine.snapshot_unreadable", seq=seq, error=str(error))
+                state = EMPTY
+        while True:
+            batch = await self.event_log.read(state.last_seq, 5000)
+            if not batch:
+                break
+            state = fold(batch, state)
+        self.state = state
+        log.info("engine.loaded", last_seq=state.last_seq, nodes=len(state.nodes),
+                 from_snapshot=self._last_snapshot_seq)
+
+    async def follow(self) -> None:
+        """Fold every new event forever (leader and standby alike)."""
+        async for batch in self.event_log.subscribe_batches(self.state.last_seq):
+            await self._apply(batch)
+
+    async def _apply(self, batch: list[RecordedEvent]) -> None:
+        self.state = fold(batch, self.state)
+        if self.observer is not None:
+            self.observer.on_events(batch)
+            self.observer.on_state(self.state, self.clock())
+        self._changed.set()
+        async with self._folded:
+            self._folded.notify_all()
+
+    async def wait_folded(self, seq: int, within: float = 30.0) -> None:
+        async with asyncio.timeout(within), self._folded:
+            await self._folded.wait_for(lambda: self.state.last_seq >= seq)
+
+    # -------------------------------------------------------------------- leading
+
+    def pools(self) -> tuple[PoolSpec, ...]:
+        return effective_pools(self.state, self.config_pools)
+
+    async def append(self, events: Sequence[Event], term: LeaderTerm) -> list[int]:
+        started = time.perf_counter()
+        seqs = await self.event_log.append(events, term.epoch)
+        if self.observer is not None:
+            self.observer.on_append(time.perf_counter() - started)
+        if seqs:
+            self._appended_upto = max(self._appended_upto, seqs[-1])
+        return seqs
+
+    async def lead(self, term: LeaderTerm) -> None:
+        """Decide and execute until cancelled or the term ends (StaleLeaderError)."""
+        decided_at_seq = -1
+        try:
+            while term.may_act():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.tick_seconds):
+                        await self._changed.wait()
+                self._changed.clear()
+                if not term.may_act():
+                    break
+                state = self.state
+                if state.last_seq < self._appended_upto:
+                    continue  # our own decisions are not folded yet
+                now = self.clock()
+                decisions = decide(state, self.pools(), now)
+                if decisions and state.last_seq != decided_at_seq:
+                    decided_at_seq = state.last_seq
+                    self.decisions_made += len(decisions)
+                    for decision in decisions:
+                        log.info("engine.decision", kind=type(decision).__name__,
+                                 node=decision.node, reason=decision.reason)
+                    await self.append([decision_to_event(d) for d in decisions], term)
+                    continue
+                self._dispatch(state, term)
+                await self._maybe_snapshot(state)
+        finally:
+            await self.drain_in_flight(grace_seconds=0)
+
+    def _dispatch(self, state: ClusterState, term: LeaderTerm) -> None:
+        pending = state.pending_actions()
+        pending_ids = {action.action_id for action in pending}
+        self._finished &= pending_ids  # outcomes folded: forget them
+        for action in pending:
+            if len(self._in_flight) >= self.max_concurrent_actions:
+                break
+            if action.action_id in self._in_flight or action.action_id in self._finished:
+                continue
+            task = asyncio.create_task(self._run_action(action, term),
+                                       name=f"sunkd-action-{action.action_id}")
+            self._in_flight[action.action_id] = task
+            task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        for action_id, running in list(self._in_flight.items()):
+            if running is task:
+                del self._in_flight[action_id]
+
+    async def _run_action(self, action: OpenAction, term: LeaderTerm) -> None:
+        if not term.may_act():
+            return
+        executor = self.executor
+        if executor is None:
+            return
+        node = self.state.nodes.get(action.node)
+        started = time.perf_counter()
+        outcome: ActionSucceeded | ActionFailed
+        try:
+            changed = await executor.execute(action, node)
+            outcome = ActionSucceeded(
+                action_id=action.action_id, transition_id=action.transition_id,
+                side=action.side, verb=action.verb, node=action.node, attempt=action.attempt,
+                changed=changed)
+            result = "succeeded"
+        except ActionError as error:
+            outcome = ActionFailed(
+                action_id=action.action_id, transition_id=action.transition_id,
+                side=action.side, verb=action.verb, node=action.node, attempt=action.attempt,
+                error=str(error), retryable=error.retryable)
+            result = "refused" if isinstance(error, RefusedError) else "failed"
+            log.warning("engine.action_failed", action=action.action_id, verb=action.verb,
+                        node=action.node, error=str(error), retryable=error.retryable)
+        except Exception as error:  # an adapter bug must not kill the outbox
+            outcome = ActionFailed(
+                action_id=action.action_id, transition_id=action.transition_id,
+                side=action.side, verb=action.verb, node=action.node, attempt=action.attempt,
+                error=f"unexpected {type(error).__name__}: {error}", retryable=True)
+            result = "failed"
+            log.exception("engine.action_crashed", action=action.action_id)
+        seconds = time.perf_counter() - started
+        if self.observer is not None:
+            self.observer.on_action(action, result, seconds)
+        try:
+            await self.append([Event(subject=action.node, payload=outcome,
+                                     causation_seq=action.seq)], term)
+            self._finished.add(action.action_id)
+        except StaleLeaderError:
+            # The outcome is lost with our term; the next leader sees the action still
+            # pending and repeats it (idempotent).
+            log.warning("engine.outcome_fenced", action=action.action_id)
+
+    async def drain_in_flight(self, grace_seconds: float) -> None:
+        """Let running actions finish (bounded), then cancel the rest."""
+        tasks = list(self._in_flight.values())
+        if not tasks:
+            return
+        if grace_seconds > 0:
+            await asyncio.wait(tasks, timeout=grace_seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _maybe_snapshot(self, state: ClusterState) -> None:
+        if state.last_seq - self._last_snapshot_seq < self.snapshot_every:
+            return
+        await self.event_log.save_snapshot(state.last_seq, state_to_json(state))
+        self._last_snapshot_seq = state.last_seq
+        log.info("engine.snapshot", seq=state.last_seq)
+
+
+Sink = Callable[[Sequence[Event]], Awaitable[object]]
+
+
+def leader_sink(engine: Engine, term: LeaderTerm) -> Sink:
+    """The EventSink given to sources during a leadership term."""
+
+    async def sink(events: Sequence[Event]) -> object:
+        if not events:
+            return []
+        return await engine.append(events, term)
+
+    return sink

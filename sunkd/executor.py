@@ -1,0 +1,104 @@
+"""Turns a requested action from the outbox into a call on the right actuator.
+
+The policy names nodes by their Slurm name; Kubernetes actions are addressed to the
+Kubernetes node name, which the fold knows (label `sunkd.io/slurm-node-name` can make
+them differ). Arguments travel as (key, value) pairs on the `action.requested` event.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sunkd.actuators import ActionError
+from sunkd.domain.policy import (
+    VERB_CORDON,
+    VERB_DRAIN,
+    VERB_EVICT,
+    VERB_LOCK,
+    VERB_RESUME,
+    VERB_UNCORDON,
+    VERB_UNLOCK,
+)
+from sunkd.domain.state import SIDE_KUBERNETES, SIDE_SLURM, NodeState, OpenAction
+
+# Annotations mirroring a Slurm-side hold onto the Kubernetes node.
+ANNOTATION_SLURM_STATE = "sunkd.io/slurm-state"
+ANNOTATION_SLURM_REASON = "sunkd.io/slurm-reason"
+
+
+class SlurmActions(Protocol):
+    async def drain(self, node: str, reason: str) -> bool: ...
+    async def resume(self, node: str) -> bool: ...
+
+
+class KubernetesActions(Protocol):
+    async def lock(self, node: str) -> bool: ...
+    async def unlock(self, node: str) -> bool: ...
+    async def cordon(self, node: str, reason: str) -> bool: ...
+    async def uncordon(self, node: str) -> bool: ...
+    async def annotate(self, node: str, values: dict[str, str | None]) -> bool: ...
+    async def evict(self, namespace: str, pod: str) -> bool: ...
+
+
+def _args(action: OpenAction, key: str) -> list[str]:
+    return [label.value for label in action.args if label.key == key]
+
+
+def _arg(action: OpenAction, key: str) -> str | None:
+    values = _args(action, key)
+    return values[0] if values else None
+
+
+class ActuatorExecutor:
+    """An `ActionExecutor` over the Slurm and Kubernetes actuators."""
+
+    def __init__(self, slurm: SlurmActions | None, kubernetes: KubernetesActions | None) -> None:
+        self.slurm = slurm
+        self.kubernetes = kubernetes
+
+    async def execute(self, action: OpenAction, node: NodeState | None) -> bool:
+        if action.side == SIDE_SLURM:
+            return await self._slurm(action)
+        if action.side == SIDE_KUBERNETES:
+            k8s_name = (node.k8s_name if node is not None else None) or action.node
+            return await self._kubernetes(action, k8s_name)
+        raise ActionError(f"unknown side {action.side!r}", retryable=False)
+
+    async def _slurm(self, action: OpenAction) -> bool:
+        if self.slurm is None:
+            raise ActionError("no Slurm actuator configured (slurm.url unset)", retryable=True)
+        if action.verb == VERB_DRAIN:
+            return await self.slurm.drain(action.node, _arg(action, "reason") or action.reason)
+        if action.verb == VERB_RESUME:
+            return await self.slurm.resume(action.node)
+        raise ActionError(f"unknown Slurm verb {action.verb!r}", retryable=False)
+
+    async def _kubernetes(self, action: OpenAction, node: str) -> bool:
+        actuator = self.kubernetes
+        if actuator is None:
+            raise ActionError("no Kubernetes actuator configured", retryable=True)
+        if action.verb == VERB_LOCK:
+            return await actuator.lock(node)
+        if action.verb == VERB_UNLOCK:
+            return await actuator.unlock(node)
+        if action.verb == VERB_CORDON:
+            state = _arg(action, "slurm_state")
+            reason = _arg(action, "slurm_reason")
+            annotated = await actuator.annotate(
+                node, {ANNOTATION_SLURM_STATE: state, ANNOTATION_SLURM_REASON: reason})
+            cordoned = await actuator.cordon(node, action.reason)
+            return annotated or cordoned
+        if action.verb == VERB_UNCORDON:
+            uncordoned = await actuator.uncordon(node)
+            cleared = await actuator.annotate(
+                node, {ANNOTATION_SLURM_STATE: None, ANNOTATION_SLURM_REASON: None})
+            return uncordoned or cleared
+        if action.verb == VERB_EVICT:
+            changed = False
+            for pod in _args(action, "pod"):
+                namespace, _, name = pod.partition("/")
+                if not name:
+                    raise ActionError(f"bad pod argument {pod!r}", retryable=False)
+                changed = await actuator.evict(namespace, name) or changed
+            return changed
+        raise ActionError(f"unknown Kubernetes verb {action.verb!r}", retryable=False)
