@@ -1,0 +1,213 @@
+"""Slurm actuator: drain and resume one node, idempotently, and only our own drains.
+
+This is the only code that changes Slurm. Two transports, picked by what the server
+can do: `POST /slurm/vX/node/{name}` where the negotiated REST version has it (v0.0.39,
+Slurm 23.02, and newer), else `scontrol update nodename=X ...` (22.05's REST is
+read-only for nodes: 405). Every reason sunkd writes starts with `sunkd:`; that prefix
+is how `resume` tells our drains from an administrator's, which it must never undo
+(Slinky's slurm-operator uses the same trick with its own prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Mapping
+
+import structlog
+
+from sunkd.actuators import ActionError, RefusedError
+from sunkd.clients.slurmrestd import (
+    SlurmApiError,
+    SlurmAuthError,
+    SlurmError,
+    SlurmNode,
+    SlurmPayloadError,
+    SlurmRestClient,
+    SlurmTimeoutError,
+    SlurmUnavailableError,
+)
+
+log = structlog.get_logger(__name__)
+
+REASON_PREFIX = "sunkd:"
+
+# scontrol blocks ~9 s when slurmctld is down before failing (slurm-lab.md §5).
+SCONTROL_TIMEOUT = 30.0
+
+__all__ = ["REASON_PREFIX", "SlurmActuator", "is_our_reason", "our_reason"]
+
+
+def our_reason(reason: str) -> str:
+    """`reason` with the `sunkd:` prefix enforced (added when missing)."""
+    reason = " ".join(reason.split())  # scontrol and slurm.conf do not like newlines
+    if reason.startswith(REASON_PREFIX):
+        return reason
+    return f"{REASON_PREFIX} {reason}" if reason else f"{REASON_PREFIX} drained"
+
+
+def is_our_reason(reason: str | None) -> bool:
+    return bool(reason) and str(reason).startswith(REASON_PREFIX)
+
+
+class SlurmActuator:
+    """`drain(node, reason)` / `resume(node)`; True = changed, False = already so.
+
+    Failures raise `ActionError` (retryable for timeouts and a down controller) or
+    `RefusedError` (the drain is someone else's).
+    """
+
+    def __init__(
+        self,
+        client: SlurmRestClient,
+        *,
+        scontrol: str = "scontrol",
+        scontrol_env: Mapping[str, str] | None = None,
+        prefer_rest: bool = True,
+    ) -> None:
+        self._client = client
+        self._scontrol = scontrol
+        self._env = dict(scontrol_env) if scontrol_env is not None else None
+        self._prefer_rest = prefer_rest
+
+    @property
+    def transport(self) -> str:
+        """`rest` or `scontrol` (after the client negotiated)."""
+        if self._prefer_rest and self._client.can_update_nodes:
+            return "rest"
+        return "scontrol"
+
+    async def drain(self, node: str, reason: str) -> bool:
+        reason = our_reason(reason)
+        current = await self._read(node)
+        if current.is_drain:
+            if current.reason == reason:
+                return False
+            if not is_our_reason(current.reason):
+                # Overwriting it would make the drain look like ours, and a later
+                # resume would then undo an administrator's drain.
+                raise RefusedError(
+                    f"{node} is already drained by {current.reason_set_by or 'someone else'} "
+                    f"with reason {current.reason!r}; not taking it over"
+                )
+        await self._update(node, "DRAIN", reason)
+        log.info("slurm.drain", node=node, reason=reason, transport=self.transport)
+        return True
+
+    async def resume(self, node: str) -> bool:
+        current = await self._read(node)
+        if not current.is_drain:
+            return False
+        if not is_our_reason(current.reason):
+            raise RefusedError(
+                f"{node} is drained by {current.reason_set_by or 'someone else'} with reason "
+                f"{current.reason!r} (not {REASON_PREFIX}...); not resuming a foreign drain"
+            )
+        # RESUME clears DRAIN (and FAIL); right after it slurmctld shows the node
+        # idle+NOT_RESPONDING for ~1 s until its next ping - that is not a failure.
+        await self._update(node, "RESUME", None)
+        log.info("slurm.resume", node=node, transport=self.transport)
+        return True
+
+    # ----------------------------------------------------------------- internals
+
+    async def _read(self, node: str) -> SlurmNode:
+        try:
+            # The single-node GET has current DRAIN flags and reason (its allocation
+            # counts can lag on 22.05, which these decisions do not use).
+            return await self._client.get_node(node)
+        except SlurmApiError as error:
+            if _is_unknown_node(error):
+                raise ActionError(f"no Slurm node named {node!r}", retryable=False) from error
+            raise ActionError(f"reading {node}: {error}", retryable=True) from error
+        except SlurmAuthError as error:
+            raise ActionError(f"reading {node}: {error}", retryable=False) from error
+        except (SlurmTimeoutError, SlurmUnavailableError, SlurmPayloadError) as error:
+            raise ActionError(f"reading {node}: {error}", retryable=True) from error
+        except SlurmError as error:
+            raise ActionError(f"reading {node}: {error}", retryable=True) from error
+
+    async def _update(self, node: str, state: str, reason: str | None) -> None:
+        if self.transport == "rest":
+            try:
+                await self._client.update_node(node, state=state, reason=reason)
+            except SlurmAuthError as error:
+                raise ActionError(
+                    f"{state} {node}: {error} (updating nodes needs SlurmUser, root or "
+                    "AdminLevel=Operator)",
+                    retryable=False,
+                ) from error
+            except SlurmApiError as error:
+                raise ActionError(
+                    f"{state} {node}: {error}", retryable=error.status >= 500
+                ) from error
+            except SlurmError as error:
+                raise ActionError(f"{state} {node}: {error}", retryable=True) from error
+            return
+        await self._scontrol_update(node, state, reason)
+
+    async def _scontrol_update(self, node: str, state: str, reason: str | None) -> None:
+        binary = shutil.which(self._scontrol) or (
+            self._scontrol if os.access(self._scontrol, os.X_OK) else None
+        )
+        if binary is None:
+            raise ActionError(
+                f"cannot {state.lower()} {node}: slurmrestd {self._client.version} has no node "
+                f"update and {self._scontrol!r} is not installed (install slurm-client and "
+                "munge, or run Slurm >= 23.02 for REST node updates)",
+                retryable=False,
+            )
+        # One node per call: a multi-node update that fails on one node still applies
+        # to the others (slurm-lab.md §5, "partly applied").
+        args = [binary, "update", f"nodename={node}", f"state={state.lower()}"]
+        if reason is not None:
+            args.append(f"reason={reason}")
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+            )
+        except OSError as error:
+            raise ActionError(f"cannot run {binary}: {error}", retryable=False) from error
+        try:
+            stdout, stderr = await asyncio.wait_for(process.communicate(), SCONTROL_TIMEOUT)
+        except TimeoutError as error:
+            process.kill()
+            await process.wait()
+            raise ActionError(
+                f"scontrol update {node} state={state.lower()} timed out after "
+                f"{SCONTROL_TIMEOUT:.0f} s",
+                retryable=True,
+            ) from error
+        if process.returncode == 0:
+            return
+        message = (stderr or stdout).decode(errors="replace").strip()
+        retryable = False
+        hint = ""
+        lowered = message.lower()
+        if "unable to contact slurm controller" in lowered or "connection" in lowered:
+            retryable = True
+        elif "munge" in lowered or "auth" in lowered:
+            hint = " (scontrol needs munge with the cluster's key, and SLURM_CONF)"
+        elif "invalid user id" in lowered or "access/permission denied" in lowered:
+            hint = " (updating nodes needs SlurmUser, root or AdminLevel=Operator)"
+        elif "could not establish a configuration source" in lowered:
+            hint = " (set SLURM_CONF for scontrol)"
+        raise ActionError(
+            f"scontrol update nodename={node} state={state.lower()}: rc={process.returncode}: "
+            f"{message}{hint}",
+            retryable=retryable,
+        )
+
+
+def _is_unknown_node(error: SlurmApiError) -> bool:
+    # 22.05: 500 errno 2018 "Invalid node name specified"; 24.11+: 200 with
+    # errors[] "Failure to query node" (error_number 0) and no nodes.
+    if 2018 in error.error_numbers:
+        return True
+    text = str(error).lower()
+    return "invalid node name" in text or "failure to query node" in text or error.status == 404

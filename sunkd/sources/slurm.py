@@ -1,0 +1,282 @@
+"""Slurm source: poll slurmrestd, turn what changed into observation events.
+
+slurmrestd has no watch and its `update_time` filter is broken for nodes on every
+release before 26.05.3 (304-empty or HTTP 500), so the only reliable way to follow
+Slurm is a full `GET /nodes` (+ `GET /jobs` for demand) every `poll_interval` and a
+diff on our side. This module does that diff: it emits `slurm.node.observed` only when
+a node's normalized content changed, `slurm.node.vanished` when it disappears,
+`slurm.demand.observed` per partition when demand changed, and `source.health` when
+the source turns fresh / stale / lost (with the cause). Seeded with the last payloads
+from the fold, a restarted daemon does not re-emit what the log already has.
+
+A malformed payload never crashes the loop: the last good state stands and health
+goes stale with cause `bad_payload` naming the offending field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import structlog
+
+from sunkd.clients.slurmrestd import (
+    SlurmApiError,
+    SlurmAuthError,
+    SlurmError,
+    SlurmJob,
+    SlurmNode,
+    SlurmPayloadError,
+    SlurmRestClient,
+    SlurmTimeoutError,
+    SlurmUnavailableError,
+)
+from sunkd.domain.events import (
+    Event,
+    NodeJobEnd,
+    SlurmDemandObserved,
+    SlurmNodeObserved,
+    SlurmNodeVanished,
+    SourceHealth,
+)
+from sunkd.sources import EventSink
+
+log = structlog.get_logger(__name__)
+
+SOURCE = "slurm"
+ACTIVE_RUNNING = frozenset({"RUNNING", "CONFIGURING"})
+# Pending reasons that mean "waiting for nodes" (squeue's Resources/Priority; a job
+# whose required nodes are drained or down waits with ReqNodeNotAvail...).
+RESOURCE_REASONS = ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required")
+
+__all__ = ["SlurmSource", "compute_demand"]
+
+
+def compute_demand(
+    jobs: Sequence[SlurmJob], partitions: Sequence[str]
+) -> dict[str, SlurmDemandObserved]:
+    """Per partition: pending jobs and the nodes they wait for; running jobs' ends."""
+    managed = set(partitions)
+    pending: dict[str, int] = {p: 0 for p in partitions}
+    pending_nodes: dict[str, int] = {p: 0 for p in partitions}
+    running: dict[str, int] = {p: 0 for p in partitions}
+    ends: dict[str, dict[str, tuple[float | None, int]]] = {p: {} for p in partitions}
+    for job in jobs:
+        is_pending = job.state == "PENDING"
+        is_running = job.state in ACTIVE_RUNNING
+        if not (is_pending or is_running):
+            continue  # GET /jobs also lists jobs finished within MinJobAge
+        for partition in job.partitions:
+            if managed and partition not in managed:
+                continue
+            if partition not in pending:
+                pending[partition] = pending_nodes[partition] = running[partition] = 0
+                ends[partition] = {}
+            if is_pending:
+                pending[partition] += 1
+                reason = job.state_reason or ""
+                if reason.startswith(RESOURCE_REASONS):
+                    pending_nodes[partition] += max(1, job.node_count)
+                continue
+            running[partition] += 1
+            per_node = ends[partition]
+            end = job.end_time
+            for node in job.nodes:
+                previous = per_node.get(node)
+                if previous is None:
+                    per_node[node] = (end, 1)
+                else:
+                    old_end, count = previous
+                    # None = unlimited: it dominates any finite end.
+                    new_end = None if old_end is None or end is None else max(old_end, end)
+                    per_node[node] = (new_end, count + 1)
+    return {
+        partition: SlurmDemandObserved(
+            partition=partition,
+            pending_jobs=pending[partition],
+            pending_nodes=pending_nodes[partition],
+            running_jobs=running[partition],
+            node_job_ends=tuple(
+                NodeJobEnd(node=node, expected_end=end, jobs=count)
+                for node, (end, count) in sorted(ends[partition].items())
+            ),
+        )
+        for partition in pending
+    }
+
+
+def _cause(error: BaseException) -> tuple[str, str]:
+    if isinstance(error, SlurmAuthError):
+        return "auth", str(error)
+    if isinstance(error, SlurmTimeoutError):
+        return "timeout", str(error)
+    if isinstance(error, SlurmUnavailableError):
+        return error.cause, str(error)
+    if isinstance(error, SlurmPayloadError):
+        return "bad_payload", f"field {error.field}: {error.problem}"
+    if isinstance(error, SlurmApiError):
+        return "api_error", str(error)
+    return "error", str(error)
+
+
+class SlurmSource:
+    """Polls slurmrestd and hands changed observations to `sink`."""
+
+    def __init__(
+        self,
+        client: SlurmRestClient,
+        sink: EventSink,
+        *,
+        partitions: Sequence[str] = (),
+        poll_interval: float = 5.0,
+        initial_nodes: Mapping[str, SlurmNodeObserved] | None = None,
+        initial_demand: Mapping[str, SlurmDemandObserved] | None = None,
+        initial_health: SourceHealth | None = None,
+        lost_after: float = 60.0,
+        not_responding_grace: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._sink = sink
+        self.partitions = tuple(partitions)
+        self.poll_interval = poll_interval
+        self._nodes: dict[str, SlurmNodeObserved] = dict(initial_nodes or {})
+        self._demand: dict[str, SlurmDemandObserved] = dict(initial_demand or {})
+        self._health: SourceHealth | None = initial_health
+        self._lost_after = lost_after
+        self._nr_grace = not_responding_grace
+        self._clock = clock
+        self._last_success = clock()
+        self._nr_since: dict[str, float] = {}
+
+    @property
+    def nodes(self) -> Mapping[str, SlurmNodeObserved]:
+        """The last good normalized view (what was last emitted per node)."""
+        return self._nodes
+
+    @property
+    def health(self) -> SourceHealth | None:
+        return self._health
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until `stop` is set. Never raises for Slurm trouble."""
+        while not stop.is_set():
+            started = self._clock()
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a sink failure: log it, the next poll retries
+                log.exception("slurm.source.poll_failed")
+            delay = max(0.0, self.poll_interval - (self._clock() - started))
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+
+    async def poll_once(self) -> list[Event]:
+        """One cycle; returns the events handed to the sink (possibly none)."""
+        try:
+            await self._client.negotiate()
+            raw_nodes, jobs = await asyncio.gather(
+                self._client.get_nodes(), self._client.get_jobs()
+            )
+        except SlurmError as error:
+            return await self._failed(error)
+        events = self._diff(raw_nodes, jobs)
+        health = self._health_event("fresh", None, None)
+        if health is not None:
+            events.append(health)
+        if events:
+            await self._sink(events)
+        self._commit(events)
+        self._last_success = self._clock()
+        return events
+
+    # ----------------------------------------------------------------- internals
+
+    def _managed(self, node: SlurmNode) -> bool:
+        if not self.partitions:
+            return True
+        return any(p in self.partitions for p in node.partitions)
+
+    def _observed(self, node: SlurmNode, now: float) -> SlurmNodeObserved:
+        observed = node.to_observed()
+        if "NOT_RESPONDING" in node.flags:
+            # After a resume slurmctld shows idle+NOT_RESPONDING for ~1 s until its next
+            # ping (slurm-lab.md §5). Report the flag only once it has persisted.
+            since = self._nr_since.setdefault(node.name, now)
+            if now - since < self._nr_grace and node.state != "DOWN":
+                previous = self._nodes.get(node.name)
+                keep = previous is not None and "NOT_RESPONDING" in previous.flags
+                if not keep:
+                    flags = tuple(f for f in observed.flags if f != "NOT_RESPONDING")
+                    observed = _replace_flags(observed, flags)
+        else:
+            self._nr_since.pop(node.name, None)
+        return observed
+
+    def _diff(self, nodes: Sequence[SlurmNode], jobs: Sequence[SlurmJob]) -> list[Event]:
+        now = self._clock()
+        events: list[Event] = []
+        seen: set[str] = set()
+        previous = self._nodes
+        for node in nodes:
+            if not self._managed(node):
+                continue
+            seen.add(node.name)
+            observed = self._observed(node, now)
+            if previous.get(node.name) != observed:
+                events.append(Event(subject=node.name, payload=observed))
+        for name in sorted(set(previous) - seen):
+            events.append(Event(subject=name, payload=SlurmNodeVanished(node=name)))
+            self._nr_since.pop(name, None)
+        partitions = self.partitions
+        if not partitions:
+            names: set[str] = set(self._demand)
+            for node in nodes:
+                names.update(node.partitions)
+            partitions = tuple(sorted(names))
+        for partition, demand in sorted(compute_demand(jobs, partitions).items()):
+            if self._demand.get(partition) != demand:
+                events.append(Event(subject=partition, payload=demand))
+        return events
+
+    def _commit(self, events: Sequence[Event]) -> None:
+        for event in events:
+            payload = event.payload
+            if isinstance(payload, SlurmNodeObserved):
+                self._nodes[payload.node] = payload
+            elif isinstance(payload, SlurmNodeVanished):
+                self._nodes.pop(payload.node, None)
+            elif isinstance(payload, SlurmDemandObserved):
+                self._demand[payload.partition] = payload
+            elif isinstance(payload, SourceHealth):
+                self._health = payload
+
+    def _health_event(self, status: str, cause: str | None, detail: str | None) -> Event | None:
+        current = self._health
+        if current is not None and (current.status, current.cause) == (status, cause):
+            return None
+        return Event(
+            subject=SOURCE,
+            payload=SourceHealth(source=SOURCE, status=status, cause=cause, detail=detail),
+        )
+
+    async def _failed(self, error: SlurmError) -> list[Event]:
+        cause, detail = _cause(error)
+        silent_for = self._clock() - self._last_success
+        status = "lost" if silent_for >= self._lost_after else "stale"
+        log.warning("slurm.source.poll_error", cause=cause, status=status, detail=detail[:300])
+        event = self._health_event(status, cause, detail[:1000])
+        if event is None:
+            return []
+        await self._sink([event])
+        self._commit([event])
+        return [event]
+
+
+def _replace_flags(observed: SlurmNodeObserved, flags: tuple[str, ...]) -> SlurmNodeObserved:
+    return dataclasses.replace(observed, flags=flags)

@@ -1,0 +1,273 @@
+"""Against a real private Slurm cluster: normalized node states, drain/resume, auth.
+
+One cluster for the module; every test uses its own nodes so they do not disturb
+each other (sc1 idle/foreign drain, sc2 mixed, sc3 allocated, sc4 drain cycle,
+sc5 down, sc6 not responding, sc7 resume flap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sunkd.actuators import ActionError, RefusedError
+from sunkd.actuators.slurm import SlurmActuator
+from sunkd.clients.slurmrestd import SlurmAuthError, SlurmRestClient, mint_jwt
+from sunkd.harness.slurm import SlurmCluster
+from tests.integration.slurm_helpers import jwt_client, start_cluster, wait_node
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    yield from start_cluster("sc[1-7]", slurmd_timeout=5)
+
+
+@pytest.fixture
+async def client(cluster: SlurmCluster) -> AsyncIterator[SlurmRestClient]:
+    async with jwt_client(cluster) as c:
+        yield c
+
+
+@pytest.fixture
+def actuator(cluster: SlurmCluster, client: SlurmRestClient) -> SlurmActuator:
+    return SlurmActuator(client, scontrol_env=cluster.env)
+
+
+async def test_negotiates_newest_served_version(
+    cluster: SlurmCluster, client: SlurmRestClient
+) -> None:
+    assert client.version == cluster.rest_version
+    assert client.slurm_release == cluster.slurm_version
+    # Debian 12 (22.05) serves up to v0.0.38: no REST node updates; 24.11 has them.
+    assert client.can_update_nodes == (client.version >= "v0.0.39")
+
+
+@pytest.mark.parametrize("transport", ["tcp-jwt", "unix-local"])
+async def test_idle_node(cluster: SlurmCluster, transport: str) -> None:
+    url = cluster.rest_url if transport == "tcp-jwt" else cluster.rest_unix_url
+    key = cluster.jwt_key_path if transport == "tcp-jwt" else None
+    async with SlurmRestClient(url, jwt_key_file=key) as c:
+        assert c.auth_mode == ("jwt-key" if key else "local")
+        nodes = {n.name: n for n in await c.get_nodes()}
+    assert sorted(nodes) == list(cluster.node_names)
+    node = nodes["sc1"]
+    assert node.state == "IDLE"
+    assert node.flags == frozenset()
+    assert (node.cpus, node.alloc_cpus) == (2, 0)
+    assert node.partitions == ("debug",)
+    assert node.reason is None and node.reason_set_by is None
+    assert node.boot_time is not None and node.boot_time > 1e9
+
+
+async def test_mixed_and_allocated(cluster: SlurmCluster, client: SlurmRestClient) -> None:
+    mixed = cluster.sbatch(nodelist="sc2", cpus=1)
+    full = cluster.sbatch(nodelist="sc3", cpus=2)
+    try:
+        node = await wait_node(client, "sc2", lambda n: n.state == "MIXED" and n.alloc_cpus == 1)
+        assert node.is_busy and not node.is_drain
+        node = await wait_node(
+            client, "sc3", lambda n: n.state == "ALLOCATED" and n.alloc_cpus == 2
+        )
+        assert node.display_state == "allocated"
+        jobs = {j.job_id: j for j in await client.get_jobs()}
+        assert jobs[mixed].state == "RUNNING"
+        assert jobs[mixed].nodes == ("sc2",)
+        assert jobs[full].node_count == 1
+        assert jobs[full].partition == "debug"
+        assert jobs[full].time_limit is None  # MaxTime=INFINITE
+        assert jobs[full].start_time is not None
+    finally:
+        cluster.scancel(mixed, full)
+    await wait_node(client, "sc2", lambda n: n.state == "IDLE", what="idle after cancel")
+
+
+async def test_drain_busy_node_draining_then_drained_then_resume(
+    cluster: SlurmCluster, client: SlurmRestClient, actuator: SlurmActuator
+) -> None:
+    job = cluster.sbatch(nodelist="sc4", cpus=2)
+    await wait_node(client, "sc4", lambda n: n.state == "ALLOCATED")
+    assert await actuator.drain("sc4", "lent to kubernetes [tx t1]") is True
+    node = await wait_node(client, "sc4", lambda n: n.is_drain)
+    assert node.display_state == "draining"
+    assert node.is_busy and not node.is_drained
+    assert node.reason == "sunkd: lent to kubernetes [tx t1]"
+    assert node.reason_set_by == "root"
+    assert node.reason_time is not None and abs(node.reason_time - time.time()) < 60
+    # Idempotent: same reason again changes nothing.
+    assert await actuator.drain("sc4", "sunkd: lent to kubernetes [tx t1]") is False
+    cluster.scancel(job)
+    node = await wait_node(client, "sc4", lambda n: n.is_drained, what="DRAINED")
+    assert node.state == "IDLE" and node.display_state == "drained"
+    assert cluster.node_states()["sc4"] == "drained"  # what sinfo says agrees
+
+    assert await actuator.resume("sc4") is True
+    node = await wait_node(client, "sc4", lambda n: not n.is_drain)
+    assert node.reason is None
+    assert await actuator.resume("sc4") is False  # already resumed
+    await wait_node(client, "sc4", lambda n: n.flags == frozenset() and n.state == "IDLE")
+
+
+async def test_foreign_drain_is_never_resumed_or_taken_over(
+    cluster: SlurmCluster, client: SlurmRestClient, actuator: SlurmActuator
+) -> None:
+    cluster.scontrol("update", "nodename=sc1", "state=drain", "reason=admin: bad DIMM")
+    try:
+        node = await wait_node(client, "sc1", lambda n: n.is_drain)
+        assert node.reason == "admin: bad DIMM"
+        with pytest.raises(RefusedError, match="foreign drain"):
+            await actuator.resume("sc1")
+        with pytest.raises(RefusedError, match="already drained"):
+            await actuator.drain("sc1", "lend")
+        node = await wait_node(client, "sc1", lambda n: True)
+        assert node.reason == "admin: bad DIMM" and node.is_drain  # untouched
+    finally:
+        cluster.scontrol("update", "nodename=sc1", "state=resume")
+    await wait_node(client, "sc1", lambda n: not n.is_drain)
+
+
+async def test_reason_prefix_is_enforced(
+    cluster: SlurmCluster, client: SlurmRestClient, actuator: SlurmActuator
+) -> None:
+    assert await actuator.drain("sc7", "no prefix here") is True
+    node = await wait_node(client, "sc7", lambda n: n.is_drain)
+    assert node.reason == "sunkd: no prefix here"
+    assert await actuator.resume("sc7") is True
+    # Transient NOT_RESPONDING right after a resume (~1 s) is not a failure: the
+    # resume reported success and the node settles as plain IDLE.
+    await wait_node(client, "sc7", lambda n: n.state == "IDLE" and not n.flags, within=15)
+
+
+async def test_unknown_node_is_a_permanent_error(actuator: SlurmActuator) -> None:
+    with pytest.raises(ActionError) as info:
+        await actuator.drain("nosuchnode", "x")
+    assert not info.value.retryable
+    assert "nosuchnode" in str(info.value)
+
+
+async def test_down_node(cluster: SlurmCluster, client: SlurmRestClient) -> None:
+    cluster.scontrol("update", "nodename=sc5", "state=down", "reason=admin: cable")
+    try:
+        node = await wait_node(client, "sc5", lambda n: n.state == "DOWN")
+        assert node.reason == "admin: cable"
+        assert not node.is_drain
+    finally:
+        cluster.scontrol("update", "nodename=sc5", "state=resume")
+    await wait_node(client, "sc5", lambda n: n.state == "IDLE")
+
+
+async def test_not_responding_then_down(cluster: SlurmCluster, client: SlurmRestClient) -> None:
+    cluster.kill_slurmd("sc6")
+    try:
+        node = await wait_node(
+            client, "sc6", lambda n: "NOT_RESPONDING" in n.flags, within=40, what="NOT_RESPONDING"
+        )
+        assert node.display_state.endswith("*")
+        node = await wait_node(client, "sc6", lambda n: n.state == "DOWN", within=40, what="DOWN")
+        assert "NOT_RESPONDING" in node.flags
+        assert node.reason == "Not responding"
+    finally:
+        cluster.start_slurmd("sc6", wait=False)
+    # ReturnToService=1: a node DOWN for "Not responding" comes back by itself.
+    await wait_node(client, "sc6", lambda n: n.state == "IDLE" and not n.flags, within=40)
+
+
+# ----------------------------------------------------------------------------- auth
+
+
+async def test_token_signed_with_another_key(cluster: SlurmCluster) -> None:
+    client = SlurmRestClient(cluster.rest_url, token=mint_jwt(os.urandom(32), "root"))
+    try:
+        started = time.monotonic()
+        with pytest.raises(SlurmAuthError, match="rejected"):
+            await client.negotiate()
+        assert time.monotonic() - started < 4
+    finally:
+        await client.close()
+
+
+async def test_expired_token(cluster: SlurmCluster) -> None:
+    key = cluster.jwt_key_path.read_bytes()
+    token = mint_jwt(key, "root", 60, now=time.time() - 3600)
+    client = SlurmRestClient(cluster.rest_url, token=token)
+    try:
+        with pytest.raises(SlurmAuthError, match="expired"):
+            await client.negotiate()
+    finally:
+        await client.close()
+
+
+async def test_no_token_over_tcp(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SUNKD_SLURM_TOKEN", raising=False)
+    client = SlurmRestClient(cluster.rest_url)
+    try:
+        with pytest.raises(SlurmAuthError, match=r"401.*no JWT configured"):
+            await client.negotiate()
+    finally:
+        await client.close()
+
+
+async def test_token_file_is_reread_when_it_changes(cluster: SlurmCluster, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(mint_jwt(os.urandom(32), "root"))
+    client = SlurmRestClient(cluster.rest_url, token_file=token_file)
+    try:
+        with pytest.raises(SlurmAuthError):
+            await client.negotiate()
+        # `scontrol token` output format is accepted verbatim.
+        token_file.write_text(f"SLURM_JWT={cluster.token('root', 600)}\n")
+        os.utime(token_file, (time.time() + 5, time.time() + 5))
+        assert await client.negotiate() == cluster.rest_version
+        assert len(await client.get_nodes()) == len(cluster.node_names)
+    finally:
+        await client.close()
+
+
+async def test_env_token(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUNKD_SLURM_TOKEN", cluster.token("root", 600))
+    async with SlurmRestClient(cluster.rest_url) as c:
+        assert c.auth_mode == "jwt-token"
+        assert len(await c.get_nodes()) == len(cluster.node_names)
+
+
+async def test_scontrol_missing_is_a_clear_error(
+    cluster: SlurmCluster, client: SlurmRestClient
+) -> None:
+    if client.can_update_nodes:
+        pytest.skip("REST node updates available: scontrol is not used")
+    actuator = SlurmActuator(client, scontrol="/nonexistent/scontrol", scontrol_env=cluster.env)
+    with pytest.raises(ActionError, match="not installed") as info:
+        await actuator.drain("sc1", "x")
+    assert not info.value.retryable
+    node = await wait_node(client, "sc1", lambda n: True)
+    assert not node.is_drain
+
+
+async def test_two_clusters_side_by_side(cluster: SlurmCluster) -> None:
+    other = SlurmCluster("other[1-2]")
+    await asyncio.to_thread(other.start)
+    try:
+        assert other.rest_port != cluster.rest_port and other.ctld_port != cluster.ctld_port
+        async with jwt_client(other) as c:
+            assert [n.name for n in await c.get_nodes()] == ["other1", "other2"]
+        pids = set(other.daemon_pids().values())
+    finally:
+        await asyncio.to_thread(other.stop)
+    # Exactly its own processes are gone; ours still run.
+    assert not any(_alive(pid) for pid in pids)
+    assert all(_alive(pid) for pid in cluster.daemon_pids().values())
+    assert not other.base.exists()
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (PID 1 here reaps orphans late)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
