@@ -121,7 +121,7 @@ class KubeAPIEmulator:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, shutdown_timeout=1.0)
+        site = web.TCPSite(self._runner, host, port)
         await site.start()
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
