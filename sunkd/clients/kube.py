@@ -814,7 +814,9 @@ class ListWatch:
                 yield WatchTrouble(cause, str(error), failures)
                 delay = self.backoff.next_delay()
                 if error.retry_after:
-                    delay = max(delay, min(error.retry_after, self.backoff.maximum))
+                    # The server said when to come back (429/503 Retry-After); honour it, but
+                    # never sleep longer than a minute on one header's word.
+                    delay = max(delay, min(error.retry_after, 60.0))
                 await asyncio.sleep(delay)
                 if failures >= self.relist_after_failures:
                     need_list = True
