@@ -678,6 +678,9 @@ class SlurmRestClient:
     def from_settings(cls, settings: SlurmSettingsLike, **kwargs: Any) -> SlurmRestClient:
         if not settings.url:
             raise ValueError("slurm.url is not set (http://host:port or unix:/path)")
+        timeout = getattr(settings, "request_timeout", None)
+        if isinstance(timeout, int | float) and "timeout" not in kwargs:
+            kwargs["timeout"] = float(timeout)
         return cls(
             settings.url,
             user=settings.user,
