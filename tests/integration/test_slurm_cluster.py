@@ -271,3 +271,62 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+async def test_doctor_prints_the_normalized_table(
+    cluster: SlurmCluster, client: SlurmRestClient
+) -> None:
+    import io
+    import json
+    from dataclasses import dataclass
+
+    from sunkd.doctor import doctor
+
+    @dataclass(frozen=True)
+    class Slurm:
+        url: str | None
+        user: str = "root"
+        token: str | None = None
+        token_file: Path | None = None
+        jwt_key_file: Path | None = None
+        partitions: tuple[str, ...] = ()
+
+    @dataclass(frozen=True)
+    class Settings:
+        slurm: Slurm
+
+    cluster.scontrol("update", "nodename=sc5", "state=drain", "reason=admin: doctor")
+    try:
+        await wait_node(client, "sc5", lambda n: n.is_drain)
+        out = io.StringIO()
+        settings = Settings(Slurm(cluster.rest_url, jwt_key_file=cluster.jwt_key_path))
+        assert await doctor(settings, as_json=False, out=out) == 0
+        text = out.getvalue()
+        assert f"REST version:   {cluster.rest_version}" in text
+        assert "auth:           jwt-key" in text
+        expected_updates = "rest" if client.can_update_nodes else "scontrol"
+        assert f"node updates:   {expected_updates}" in text
+        table = text.split("\n\n", 1)[1].splitlines()
+        assert table[0].split()[:3] == ["NODE", "STATE", "FLAGS"]
+        rows = {line.split()[0]: line.split() for line in table[1:]}
+        assert sorted(rows) == list(cluster.node_names)
+        assert rows["sc5"][1:4] == ["drained", "DRAIN", "admin:"]
+        assert rows["sc1"][-2:] == ["0/2", "0/0"]
+        out = io.StringIO()
+        assert await doctor(settings, as_json=True, out=out) == 0
+        report = json.loads(out.getvalue())["slurm"]
+        assert report["api_version"] == cluster.rest_version
+        assert {n["name"]: n["display_state"] for n in report["nodes"]}["sc5"] == "drained"
+        # Failure: a wrong key gives a non-zero exit and an auth message.
+        wrong_key = Path(cluster.base / "jobs" / "wrong.key")
+        wrong_key.write_bytes(os.urandom(32))
+        out = io.StringIO()
+        bad = Settings(Slurm(cluster.rest_url, jwt_key_file=wrong_key))
+        assert await doctor(bad, as_json=False, out=out) == 1
+        assert out.getvalue().startswith("slurm: FAILED (auth)")
+    finally:
+        cluster.scontrol("update", "nodename=sc5", "state=resume")
+    await wait_node(client, "sc5", lambda n: not n.is_drain)

@@ -1,0 +1,180 @@
+"""`sunkd doctor`: check the connection to Slurm and show what sunkd sees.
+
+The first thing an operator does after configuring sunkd is to ask "does it see my
+cluster the way Slurm does?". This answers with the Slurm release, the negotiated REST
+version, the auth mode, whether node updates go through REST or the scontrol fallback,
+and a table of normalized nodes (the same model the daemon decides on). It exits
+non-zero with a precise message (auth hint, unreachable URL, malformed field) when
+something is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from sunkd.clients.slurmrestd import (
+    SlurmAuthError,
+    SlurmError,
+    SlurmNode,
+    SlurmPayloadError,
+    SlurmRestClient,
+)
+
+__all__ = ["doctor", "slurm_report"]
+
+
+class _SlurmSettings(Protocol):
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def token_file(self) -> Path | None: ...
+    @property
+    def jwt_key_file(self) -> Path | None: ...
+    @property
+    def partitions(self) -> tuple[str, ...]: ...
+
+
+class _Settings(Protocol):
+    @property
+    def slurm(self) -> _SlurmSettings: ...
+
+
+@dataclass
+class SlurmReport:
+    url: str
+    slurm_release: str | None
+    api_version: str
+    auth: str
+    node_updates: str
+    nodes: list[SlurmNode]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "slurm_release": self.slurm_release,
+            "api_version": self.api_version,
+            "auth": self.auth,
+            "node_updates": self.node_updates,
+            "nodes": [
+                {
+                    "name": n.name,
+                    "state": n.state,
+                    "display_state": n.display_state,
+                    "flags": sorted(n.flags),
+                    "reason": n.reason,
+                    "reason_set_by": n.reason_set_by,
+                    "partitions": list(n.partitions),
+                    "cpus": n.cpus,
+                    "alloc_cpus": n.alloc_cpus,
+                    "gpus_total": n.gpus_total,
+                    "gpus_used": n.gpus_used,
+                }
+                for n in self.nodes
+            ],
+        }
+
+
+def _update_path(client: SlurmRestClient) -> str:
+    if client.can_update_nodes:
+        return f"rest ({client.version} POST node/{{name}})"
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return (
+            f"unavailable: {client.version} has no REST node update and scontrol is not "
+            "installed (read-only)"
+        )
+    conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+    return f"scontrol ({scontrol}, SLURM_CONF={conf}; {client.version} has no REST node update)"
+
+
+async def slurm_report(settings: _Settings) -> SlurmReport:
+    """Negotiate, read all nodes, describe. Raises SlurmError/ValueError on failure."""
+    client = SlurmRestClient.from_settings(settings.slurm)
+    try:
+        await client.negotiate()
+        nodes = await client.get_nodes()
+        partitions = settings.slurm.partitions
+        if partitions:
+            nodes = [n for n in nodes if any(p in partitions for p in n.partitions)]
+        return SlurmReport(
+            url=client.url,
+            slurm_release=client.slurm_release,
+            api_version=client.version,
+            auth=client.auth_mode,
+            node_updates=_update_path(client),
+            nodes=nodes,
+        )
+    finally:
+        await client.close()
+
+
+def _table(nodes: list[SlurmNode]) -> list[str]:
+    header = ("NODE", "STATE", "FLAGS", "REASON", "PARTITIONS", "CPUS(A/T)", "GPUS(U/T)")
+    rows = [
+        (
+            n.name,
+            n.display_state,
+            ",".join(sorted(n.flags)) or "-",
+            (n.reason or "-") + (f" [{n.reason_set_by}]" if n.reason_set_by else ""),
+            ",".join(n.partitions) or "-",
+            f"{n.alloc_cpus}/{n.cpus}",
+            f"{n.gpus_used}/{n.gpus_total}",
+        )
+        for n in nodes
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+async def doctor(settings: _Settings, *, as_json: bool, out: TextIO) -> int:
+    """Print the Slurm check; 0 when Slurm is reachable and understood, else 1 (2 when
+    Slurm is not configured)."""
+    if not settings.slurm.url:
+        message = "slurm.url is not set: nothing to check (http://host:port or unix:/path)"
+        if as_json:
+            out.write(json.dumps({"ok": False, "error": message}) + "\n")
+        else:
+            out.write(f"slurm: {message}\n")
+        return 2
+    try:
+        report = await slurm_report(settings)
+    except (SlurmError, ValueError) as error:
+        kind = (
+            "auth"
+            if isinstance(error, SlurmAuthError)
+            else "bad_payload"
+            if isinstance(error, SlurmPayloadError)
+            else "error"
+        )
+        if as_json:
+            out.write(json.dumps({"ok": False, "cause": kind, "error": str(error)}) + "\n")
+        else:
+            out.write(f"slurm: FAILED ({kind}): {error}\n")
+        return 1
+    if as_json:
+        out.write(json.dumps({"ok": True, "slurm": report.as_dict()}, indent=2) + "\n")
+        return 0
+    out.write(
+        f"slurm: OK\n"
+        f"  url:            {report.url}\n"
+        f"  slurm release:  {report.slurm_release or 'unknown'}\n"
+        f"  REST version:   {report.api_version}\n"
+        f"  auth:           {report.auth} (user {settings.slurm.user})\n"
+        f"  node updates:   {report.node_updates}\n"
+        f"  nodes:          {len(report.nodes)}\n\n"
+    )
+    for line in _table(report.nodes):
+        out.write(line + "\n")
+    return 0
