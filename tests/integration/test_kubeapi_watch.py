@@ -181,3 +181,42 @@ async def test_watch_table_output_for_kubectl(api: KubeAPIEmulator, raw: Raw) ->
     assert lines[0]["object"]["kind"] == "Table"
     assert lines[0]["object"]["columnDefinitions"][1]["name"] == "Status"
     assert lines[1]["object"]["rows"][0]["cells"][1] == "Ready,SchedulingDisabled"
+
+
+async def test_bookmarks_never_overtake_events() -> None:
+    # A tiny bookmark period while writes arrive in bursts: every BOOKMARK's version must
+    # be >= every event sent before it and <= every event sent after it.
+    async with KubeAPIEmulator(bookmark_interval=0.001) as emu, \
+            aiohttp.ClientSession() as session:
+        raw = Raw(emu.url, session)
+        emu.create(node("a"))
+        start = str(emu.resource_version)
+
+        async def writer() -> None:
+            for i in range(40):
+                for j in range(5):
+                    emu.patch("nodes", "a", {"metadata": {"labels": {"i": f"{i}-{j}"}}})
+                await asyncio.sleep(0.005)
+
+        task = asyncio.create_task(writer())
+        events = await raw.watch("/api/v1/nodes", resourceVersion=start,
+                                 allowWatchBookmarks="true", timeoutSeconds="1",
+                                 max_events=10000)
+        await task
+        rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+        assert rvs == sorted(rvs)
+        assert sum(1 for e in events if e["type"] == "MODIFIED") == 200
+        assert any(e["type"] == "BOOKMARK" for e in events)
+
+
+async def test_list_exact_resource_version(api: KubeAPIEmulator, raw: Raw) -> None:
+    api.create(node("a"))
+    rv = str(api.resource_version)
+    api.create(node("b"))
+    _, exact = await raw.get("/api/v1/nodes", resourceVersion=rv, resourceVersionMatch="Exact")
+    assert [i["metadata"]["name"] for i in exact["items"]] == ["a"]
+    assert exact["metadata"]["resourceVersion"] == rv
+    _, latest = await raw.get("/api/v1/nodes", resourceVersion=rv)
+    assert len(latest["items"]) == 2  # NotOlderThan: the current state
+    status, body = await raw.get("/api/v1/nodes", resourceVersion="999999")
+    assert status == 504 and body["reason"] == "Timeout"

@@ -510,7 +510,7 @@ class KubeAPIEmulator:
         limit = int(q["limit"]) if q.get("limit", "").isdigit() and int(q["limit"]) > 0 else None
         items, list_rv, token, remaining = self.store.list_objects(
             rt, ns, q.get("labelSelector"), q.get("fieldSelector"), limit, q.get("continue"),
-            q.get("resourceVersion"))
+            q.get("resourceVersion"), exact=q.get("resourceVersionMatch") == "Exact")
         items = [self._output(rt, o) for o in items]
         if "as=Table" in accept:
             return self._json(build_table(rt, items, str(list_rv),
@@ -580,30 +580,40 @@ class KubeAPIEmulator:
                 await send("BOOKMARK", self._bookmark(rt, initial_end=True))
             next_bookmark = loop.time() + self.bookmark_interval
             last_bookmark = 0.0
+            final_bookmark = bookmarks
             while True:
                 now = loop.time()
                 if now >= deadline:
+                    # Events still queued are not flushed: the client resumes from the
+                    # last version it saw. A bookmark would then skip them, so none.
+                    final_bookmark = final_bookmark and watcher.queue.empty()
                     break
-                wait = deadline - now
-                if bookmarks:
-                    wait = min(wait, max(0.0, next_bookmark - now))
-                try:
-                    event = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
-                except TimeoutError:
-                    if bookmarks and loop.time() >= next_bookmark:
-                        await send("BOOKMARK", self._bookmark(rt))
-                        last_bookmark = loop.time()
-                        next_bookmark = last_bookmark + self.bookmark_interval
+                if not watcher.queue.empty():
+                    # Queued events go out before any bookmark: a bookmark must never
+                    # carry a version newer than an event not yet sent.
+                    event = watcher.queue.get_nowait()
+                elif bookmarks and now >= next_bookmark:
+                    await send("BOOKMARK", self._bookmark(rt))
+                    last_bookmark = now
+                    next_bookmark = now + self.bookmark_interval
                     continue
+                else:
+                    wait = deadline - now
+                    if bookmarks:
+                        wait = min(wait, next_bookmark - now)
+                    try:
+                        event = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                    except TimeoutError:
+                        continue
                 if event is None:  # dropped by fault injection or shutdown
+                    final_bookmark = False
                     break
                 translated = watcher.translate(event)
                 if translated is not None:
                     await send(translated[0], translated[1])
             # cache_watcher.go also bookmarks right before the deadline, so a client can
             # resume from the latest version after the server closes the stream.
-            if bookmarks and loop.time() >= deadline and \
-                    loop.time() - last_bookmark > self.bookmark_interval / 2:
+            if final_bookmark and loop.time() - last_bookmark > self.bookmark_interval / 2:
                 await send("BOOKMARK", self._bookmark(rt))
             with contextlib.suppress(ConnectionResetError, RuntimeError):
                 await response.write_eof()

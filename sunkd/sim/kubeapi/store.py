@@ -228,7 +228,8 @@ class Store:
     def list_objects(self, rt: ResourceType, namespace: str | None = None,
              label_selector: str | None = None, field_selector: str | None = None,
              limit: int | None = None, continue_token: str | None = None,
-             resource_version: str | None = None) -> tuple[list[JSON], int, str, int | None]:
+             resource_version: str | None = None,
+             exact: bool = False) -> tuple[list[JSON], int, str, int | None]:
         """Returns (items, list RV, continue token, remainingItemCount)."""
         labels = LabelSelector(label_selector)
         fields = FieldSelector(field_selector, set(rt.field_names))
@@ -249,8 +250,8 @@ class Store:
                                    {"causes": [{"reason": "ResourceVersionTooLarge",
                                                 "message": "Too large resource version"}],
                                     "retryAfterSeconds": 1})
-            if limit:
-                at_rv = wanted  # resourceVersionMatch=Exact semantics for paged lists
+            if limit or exact:
+                at_rv = wanted  # Exact: paged lists, or resourceVersionMatch=Exact
         list_rv = at_rv if at_rv is not None else self.rv
         snap = self.snapshot(rt, at_rv)
         keys = sorted(snap)
