@@ -6,6 +6,7 @@ status subresource rules, pod graceful deletion, selectors and paging.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -264,3 +265,27 @@ async def test_event_involved_object_namespace_must_match(raw: Raw) -> None:
         "involvedObject": {"kind": "Pod", "name": "p", "namespace": "kube-system"},
         "reason": "R", "message": "m"})
     assert status == 422 and body["reason"] == "Invalid"
+
+
+async def test_fake_kubelet_removal_delay_and_heartbeat(api: KubeAPIEmulator,
+                                                        raw: Raw) -> None:
+    api.pod_removal_delay = 0.2
+    api.create(pod("p", "n1"))
+    status, terminating = await raw.delete("/api/v1/namespaces/default/pods/p")
+    assert status == 200 and terminating["metadata"]["deletionTimestamp"]
+    assert (await raw.get("/api/v1/namespaces/default/pods/p"))[0] == 200
+    await asyncio.sleep(0.4)
+    assert (await raw.get("/api/v1/namespaces/default/pods/p"))[0] == 404
+    # Force deletion (grace 0) of a terminating pod is immediate.
+    api.pod_removal_delay = None
+    api.create(pod("q", "n1"))
+    await raw.delete("/api/v1/namespaces/default/pods/q")
+    status, _ = await raw.request("DELETE", "/api/v1/namespaces/default/pods/q",
+                                  params={"gracePeriodSeconds": "0"})
+    assert status == 200
+    assert (await raw.get("/api/v1/namespaces/default/pods/q"))[0] == 404
+    # Heartbeats bump the node's resourceVersion, so stale writers get 409.
+    _, n = await raw.post("/api/v1/nodes", node("n1"))
+    api.heartbeat_node("n1")
+    status, _ = await raw.put("/api/v1/nodes/n1", n)
+    assert status == 409
