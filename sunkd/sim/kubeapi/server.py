@@ -15,6 +15,7 @@ import builtins
 import contextlib
 import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,12 +101,14 @@ class KubeAPIEmulator:
 
     def __init__(self, *, history_size: int = 1000, bookmark_interval: float = 1.0,
                  default_watch_timeout: float = 1800.0,
-                 pod_removal_delay: float | None = 0.0) -> None:
+                 pod_removal_delay: float | None = 0.0,
+                 request_log_size: int = 10_000) -> None:
         self.store = Store(history_size=history_size)
         self.store.pod_removal_delay = pod_removal_delay
         self.bookmark_interval = bookmark_interval
         self.default_watch_timeout = default_watch_timeout
-        self.requests: builtins.list[RecordedRequest] = []
+        # Bounded, so a long-running `sunkd sim kubeapi` does not grow without limit.
+        self.requests: deque[RecordedRequest] = deque(maxlen=request_log_size)
         self.record_requests = True
         self._faults: builtins.list[_Fault] = []
         self._latency = 0.0
