@@ -23,7 +23,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,9 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from sunkd.api.app import api_pools, build_app
+from sunkd.api.extender import ApiPool
+from sunkd.api.metrics import Metrics
 from sunkd.config import PoolSettings, Settings, load_settings, parse_listen
 from sunkd.domain.events import Label, OwnershipSpec, Payload
 from sunkd.domain.policy import PoolSpec
@@ -128,7 +131,7 @@ class Daemon:
         self._slurm_env = slurm_env
         self.event_log: EventLog | None = None
         self.engine: Engine | None = None
-        self.metrics: Any = None
+        self.metrics = Metrics()
         self.lease: Lease | None = None
         self.leading = False
         self.stop_event = asyncio.Event()
@@ -157,8 +160,8 @@ class Daemon:
                 return False, f"source {source} is {status}"
         return True, "leader" if self.is_leader() else "standby"
 
-    def pools(self) -> tuple[PoolSpec, ...]:
-        return self.engine.pools() if self.engine is not None else ()
+    def pools(self) -> Sequence[ApiPool]:
+        return api_pools(self.state(), self.settings.pools)
 
     def _enabled_sources(self) -> list[str]:
         sources = []
@@ -186,7 +189,7 @@ class Daemon:
             loop.add_signal_handler(signal.SIGHUP, self.reload)
         self.event_log = await EventLog.open(self.settings.database_url)
         try:
-            self.metrics = _make_metrics()
+            self.metrics = Metrics()
             self.engine = Engine(
                 self.event_log,
                 config_pools=[pool_spec(pool) for pool in self.settings.pools],
@@ -242,16 +245,14 @@ class Daemon:
             except Exception as error:
                 log.warning("leadership.acquire_failed", error=str(error))
                 lease = None
-            if self.metrics is not None:
-                self.metrics.set_leader(lease is not None, lease.epoch if lease else 0)
+            self.metrics.set_leader(lease is not None, lease.epoch if lease else 0)
             if lease is None:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(retry):
                         await self.stop_event.wait()
                 continue
             await self._lead(lease)
-            if self.metrics is not None:
-                self.metrics.set_leader(False, lease.epoch)
+            self.metrics.set_leader(False, lease.epoch)
 
     async def _lead(self, lease: Lease) -> None:
         assert self.event_log is not None and self.engine is not None
@@ -427,35 +428,10 @@ class Daemon:
             await self.event_log.close()
 
 
-def _make_metrics() -> Any:
-    try:
-        from sunkd.api.metrics import Metrics
-    except ImportError:
-        return None
-    return Metrics()
 
 
 def _build_app(daemon: Daemon) -> web.Application:
-    try:
-        from sunkd.api.app import build_app
-    except ImportError:
-        build_app = None
-    if build_app is not None:
-        app: web.Application = build_app(daemon)
-        return app
-    # Minimal health endpoints until the full HTTP surface is available.
-    app = web.Application()
-
-    async def healthz(_request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(_request: web.Request) -> web.Response:
-        ready, why = daemon.is_ready()
-        return web.Response(text=f"{why}\n", status=200 if ready else 503)
-
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    return app
+    return build_app(daemon)
 
 
 def cmd_run(args: Any, settings: Settings) -> int:

@@ -57,12 +57,11 @@ class ActionExecutor(Protocol):
 
 
 class EngineObserver(Protocol):
-    """Hooks for metrics; every method must be cheap and must not raise."""
+    """Hooks for metrics (`sunkd.api.metrics.Metrics` implements them): everything
+    else, including action latency, is derived from the folded events themselves."""
 
-    def on_events(self, events: Sequence[RecordedEvent]) -> None: ...
-    def on_state(self, state: ClusterState, now: float) -> None: ...
-    def on_append(self, seconds: float) -> None: ...
-    def on_action(self, action: OpenAction, outcome: str, seconds: float) -> None: ...
+    def observe_events(self, batch: Sequence[RecordedEvent]) -> None: ...
+    def observe_append(self, seconds: float) -> None: ...
 
 
 @dataclass
@@ -138,8 +137,10 @@ class Engine:
     async def _apply(self, batch: list[RecordedEvent]) -> None:
         self.state = fold(batch, self.state)
         if self.observer is not None:
-            self.observer.on_events(batch)
-            self.observer.on_state(self.state, self.clock())
+            try:
+                self.observer.observe_events(batch)
+            except Exception:  # metrics must never stop the fold
+                log.exception("engine.observer_failed")
         self._changed.set()
         async with self._folded:
             self._folded.notify_all()
@@ -157,7 +158,8 @@ class Engine:
         started = time.perf_counter()
         seqs = await self.event_log.append(events, term.epoch)
         if self.observer is not None:
-            self.observer.on_append(time.perf_counter() - started)
+            with contextlib.suppress(Exception):
+                self.observer.observe_append(time.perf_counter() - started)
         if seqs:
             self._appended_upto = max(self._appended_upto, seqs[-1])
         return seqs
@@ -241,9 +243,9 @@ class Engine:
                 error=f"unexpected {type(error).__name__}: {error}", retryable=True)
             result = "failed"
             log.exception("engine.action_crashed", action=action.action_id)
-        seconds = time.perf_counter() - started
-        if self.observer is not None:
-            self.observer.on_action(action, result, seconds)
+        log.info("engine.action_done", action=action.action_id, verb=action.verb,
+                 node=action.node, result=result,
+                 seconds=round(time.perf_counter() - started, 3))
         try:
             await self.append([Event(subject=action.node, payload=outcome,
                                      causation_seq=action.seq)], term)
