@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sunkd.domain.events import Event, OperatorPinned, SlurmNodeObserved
 from sunkd.store.eventlog import EventLog
+from sunkd.store.migrations_api import head_revision
 
 
 def sunkd(*args: str, cwd: Path, url: str) -> subprocess.CompletedProcess[str]:
@@ -22,7 +23,7 @@ def sunkd(*args: str, cwd: Path, url: str) -> subprocess.CompletedProcess[str]:
 async def test_migrate_then_events_filters_and_follows(database_url: str, tmp_path: Path) -> None:
     result = sunkd("migrate", cwd=tmp_path, url=database_url)
     assert result.returncode == 0, result.stderr
-    assert "at revision 0001" in result.stdout
+    assert f"at revision {head_revision()}" in result.stdout
 
     event_log = await EventLog.open(database_url)
     try:

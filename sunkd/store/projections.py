@@ -1,0 +1,180 @@
+"""SQL read models of the event log: what audits, Grafana and `sunkd history` query.
+
+Why views and not projector-maintained tables: a view over `events` is always exactly
+equal to the log (no projector lag, no drift, nothing to repair after a crash), works
+the same on PostgreSQL (`payload->>'x'`) and SQLite (`json_extract`), and `sunkd replay
+--rebuild` has nothing to rebuild. The cost is paid at query time; audits and
+dashboards filter on time and node, and the log's `(kind, seq)` index bounds the
+scans to transition and action events, which are a small share of the log.
+
+The views (migration `0002_read_models`; columns in `docs/observability.md`):
+
+`transitions` - one row per `transition.started`:
+  transition_id, node, pool, from_owner, to_owner, direction (lend | reclaim | adopt),
+  started_at, ended_at, outcome (completed | aborted | open | superseded), reason (why it
+  started), abort_reason (aborted only), end_reason, duration_s (ended_at - started_at,
+  NULL while open), epoch and decided_by (identity of the leader of that epoch).
+  An end event counts exactly when the fold honours it: the first
+  `transition.completed`/`aborted` naming the transition open on that node (the latest
+  started one). `superseded` (a new start before any end; the policy never does this)
+  ends at the next start.
+
+`ownership_intervals` - the (owner, phase) of a node over time, one row per change:
+  node, pool, owner, phase, from_at, to_at (NULL for the current interval),
+  duration_s (NULL while current), transition_id, reason, cause, seq, epoch, decided_by.
+  Boundaries, as in the fold (`sunkd.domain.state`):
+  - `observed`: the node's first `slurm.node.observed`/`k8s.node.observed` (keyed by
+    the Slurm node name) opens owner `none`, phase UNKNOWN - a node is nobody's until
+    the policy adopts it. Only when it precedes every transition of the node.
+  - `started`: `transition.started` opens phase TO_K8S (to kubernetes) or TO_SLURM
+    (anything else, including adoption); owner = the transition's from_owner (`none`
+    for adoptions): during a move the node still belongs to where it comes from.
+  - `completed`: owner = to_owner, phase SLURM or KUBERNETES.
+  - `aborted`: owner = from_owner, phase SLURM/KUBERNETES (UNKNOWN for `none`).
+  HELD and the UNKNOWN of stale sources are not in the log: they are judged at a given
+  moment by `sunkd.domain.ownership.assess` and shown by the live API, not here.
+  `reason` is the reason of the event opening the interval (the start reason, the
+  completion reason or the abort reason).
+
+`node_ownership` - the current interval of each node: node, pool, owner, phase, since,
+  transition_id, reason, cause, seq.
+
+`action_latency` - one row per `action.requested` (first by action_id):
+  action_id, transition_id, side, verb, node, attempt, reason, requested_at,
+  finished_at, outcome (succeeded | failed | pending), latency_s, error, retryable,
+  request_seq, outcome_seq. The outcome is the first succeeded/failed with the id.
+
+Internal helper views (`sunkd_leaders`, `sunkd_transition_events`,
+`sunkd_transition_ends`, `sunkd_ownership_changes`) may change without notice.
+
+Timestamps are `timestamptz` on PostgreSQL and SQLAlchemy's naive-UTC text on
+SQLite; the helpers below return aware UTC datetimes on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from sunkd.store.migrations_api import SchemaError
+
+READ_MODELS = ("node_ownership", "ownership_intervals", "transitions", "action_latency")
+
+
+def as_utc(value: Any) -> datetime | None:
+    """A view timestamp (datetime on PostgreSQL, text on SQLite) as aware UTC."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    parsed = datetime.fromisoformat(str(value))
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def bind_time(dialect: str, moment: datetime) -> Any:
+    """A datetime as a bind parameter comparable with view timestamps on `dialect`."""
+    moment = moment.astimezone(UTC)
+    if dialect == "sqlite":
+        return moment.strftime("%Y-%m-%d %H:%M:%S.%f")
+    return moment
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """One row of `ownership_intervals`."""
+
+    node: str
+    pool: str | None
+    owner: str
+    phase: str
+    from_at: datetime
+    to_at: datetime | None
+    duration_s: float | None
+    transition_id: str | None
+    reason: str | None
+    cause: str
+    decided_by: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["from_at"] = self.from_at.isoformat()
+        body["to_at"] = self.to_at.isoformat() if self.to_at else None
+        return body
+
+
+def _interval(row: Mapping[str, Any]) -> Interval:
+    from_at = as_utc(row["from_at"])
+    assert from_at is not None
+    duration = row["duration_s"]
+    return Interval(
+        node=row["node"], pool=row["pool"], owner=row["owner"], phase=row["phase"],
+        from_at=from_at, to_at=as_utc(row["to_at"]),
+        duration_s=None if duration is None else float(duration),
+        transition_id=row["transition_id"], reason=row["reason"], cause=row["cause"],
+        decided_by=row["decided_by"],
+    )
+
+
+async def rebuild(engine: AsyncEngine) -> None:
+    """`sunkd replay --rebuild`: the read models are views, always equal to the log, so
+    there is nothing to recompute. Checks that they exist (the schema is at 0002+) and
+    raises SchemaError otherwise."""
+    async with engine.connect() as connection:
+        for name in READ_MODELS:
+            try:
+                await connection.execute(text(f"SELECT 1 FROM {name} LIMIT 1"))
+            except Exception as error:
+                raise SchemaError(
+                    f"read model {name} is missing: run `sunkd migrate` ({error})") from error
+
+
+async def intervals(
+    engine: AsyncEngine,
+    *,
+    node: str | None = None,
+    nodes: Sequence[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+) -> list[Interval]:
+    """Ownership intervals overlapping [since, until), oldest first (by node, then time
+    when several nodes are asked for)."""
+    dialect = engine.dialect.name
+    where = ["1 = 1"]
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    if node is not None:
+        where.append("node = :node")
+        params["node"] = node
+    if nodes is not None:
+        if not nodes:
+            return []
+        names = {f"n{index}": name for index, name in enumerate(nodes)}
+        where.append(f"node IN ({', '.join(':' + key for key in names)})")
+        params.update(names)
+    if since is not None:
+        where.append("(to_at IS NULL OR to_at > :since)")
+        params["since"] = bind_time(dialect, since)
+    if until is not None:
+        where.append("from_at < :until")
+        params["until"] = bind_time(dialect, until)
+    query = text(
+        "SELECT node, pool, owner, phase, from_at, to_at, duration_s, transition_id, reason, "
+        f"cause, decided_by FROM ownership_intervals WHERE {' AND '.join(where)} "
+        "ORDER BY node, seq LIMIT :limit OFFSET :offset")
+    async with engine.connect() as connection:
+        rows = (await connection.execute(query, params)).all()
+    return [_interval(dict(row._mapping)) for row in rows]
+
+
+async def rows(engine: AsyncEngine, sql: str, params: Mapping[str, Any] | None = None
+               ) -> list[dict[str, Any]]:
+    """Run a read-only query and return its rows as dicts (timestamps left as stored)."""
+    async with engine.connect() as connection:
+        result = await connection.execute(text(sql), dict(params or {}))
+        return [dict(row._mapping) for row in result.all()]
