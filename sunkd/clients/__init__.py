@@ -1,1 +1,2 @@
-"""API clients: slurmrestd (version negotiation, auth, normalization) and Kubernetes (list+watch)."""
+"""API clients: slurmrestd (version negotiation, auth, normalization) and Kubernetes
+(list+watch)."""
