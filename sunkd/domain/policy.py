@@ -297,6 +297,7 @@ class _Planner:
         self.transition_count = 0
         self.action_count = 0
         self.touched: set[str] = set()  # nodes that got a decision in this round
+        self.ended: set[str] = set()  # transition ids completed or aborted this round
         self.busy_sides: set[tuple[str, str]] = set()
 
     # ids: unique per log position, identical on replay
@@ -377,6 +378,7 @@ class _Planner:
         )
 
     def complete(self, node: NodeState, transition: OpenTransition, reason: str) -> None:
+        self.ended.add(transition.transition_id)
         self.decisions.append(
             CompleteTransition(
                 transition.transition_id,
@@ -390,6 +392,7 @@ class _Planner:
         self.touched.add(node.name)
 
     def abort(self, node: NodeState, transition: OpenTransition, reason: str) -> None:
+        self.ended.add(transition.transition_id)
         self.decisions.append(
             AbortTransition(
                 transition.transition_id,
@@ -880,7 +883,11 @@ def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> N
             _repair(planner, node, assessment)
 
     # New moves, within max_in_flight.
-    in_flight = len(lends) + len(reclaims) - len(surplus_lends)
+    lends_open = sum(1 for n in lends if n.transition and n.transition.transition_id
+                     not in planner.ended)
+    reclaims_open = sum(1 for n in reclaims if n.transition and n.transition.transition_id
+                        not in planner.ended)
+    in_flight = lends_open + reclaims_open
     budget = max(spec.max_in_flight - in_flight, 0)
     if budget == 0:
         return
@@ -892,9 +899,11 @@ def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> N
     forced_lends = [n for n in lendable if assessments[n.name].pin == OWNER_KUBERNETES]
     forced_reclaims = [n for n in reclaimable if assessments[n.name].pin == OWNER_SLURM]
     if spec.mode == MODE_KUBERNETES:
-        forced_lends += [n for n in lendable if n not in forced_lends]
+        pinned_names = {n.name for n in forced_lends}
+        forced_lends += [n for n in lendable if n.name not in pinned_names]
     elif spec.mode == MODE_SLURM:
-        forced_reclaims += [n for n in reclaimable if n not in forced_reclaims]
+        pinned_names = {n.name for n in forced_reclaims}
+        forced_reclaims += [n for n in reclaimable if n.name not in pinned_names]
     for node in forced_lends:
         if budget == 0:
             return
@@ -913,7 +922,7 @@ def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> N
         return
 
     forced = {n.name for n in forced_lends} | {n.name for n in forced_reclaims}
-    lend_more = lend_target - (len(lends) - len(surplus_lends))
+    lend_more = lend_target - lends_open
     lend_more = min(lend_more, owned_slurm - spec.min_slurm)
     if spec.max_kubernetes is not None:
         lend_more = min(lend_more, spec.max_kubernetes - owned_k8s - len(lends))

@@ -318,20 +318,29 @@ class _Builder:
         )
 
 
-def _on_slurm_node(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
-    observation: SlurmNodeObserved = p
-    d = b.draft(observation.node or subject)
-    if slurm_unhealthy(observation):
+_HEALTHY_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED"})
+
+
+def _at(event: RecordedEvent) -> float:
+    return event.recorded_at.timestamp()
+
+
+def _on_slurm_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    # The hottest path of a replay: keep it to a few attribute stores.
+    name = p.node or event.subject
+    d = b.drafts.get(name) or b.draft(name)
+    if (p.flags or p.state not in _HEALTHY_STATES) and slurm_unhealthy(p):
         if d.slurm_unhealthy_since is None:
-            d.slurm_unhealthy_since = at
-    else:
+            d.slurm_unhealthy_since = _at(event)
+    elif d.slurm_unhealthy_since is not None:
         d.slurm_unhealthy_since = None
-    d.slurm = observation
+    d.slurm = p
     d.slurm_seq = seq
     d.slurm_missing = False
 
 
-def _on_slurm_vanished(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_slurm_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
     d = b.draft(p.node or subject)
     d.slurm = None
     d.slurm_seq = seq
@@ -339,34 +348,36 @@ def _on_slurm_vanished(b: _Builder, p: Any, seq: int, at: float, subject: str) -
     d.slurm_unhealthy_since = None
 
 
-def _on_k8s_node(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     observation: K8sNodeObserved = p
-    k8s_name = observation.node or subject
+    k8s_name = observation.node or event.subject
     name = observation.slurm_node or k8s_name
     names = b.k8s_names if b.k8s_names is not None else b.base.k8s_names
     if names.get(k8s_name) != name:
         if b.k8s_names is None:
             b.k8s_names = dict(b.base.k8s_names)
         b.k8s_names[k8s_name] = name
-    d = b.draft(name)
-    previous_pin = d.k8s.pin if d.k8s is not None else None
-    if observation.pin != previous_pin:
+    d = b.drafts.get(name) or b.draft(name)
+    previous = d.k8s
+    if observation.pin != (previous.pin if previous is not None else None):
         d.pin = _pin(observation.pin, "annotation", f"annotation sunkd.io/pin on {k8s_name}",
-                     "", at)
+                     "", _at(event))
     d.k8s = observation
     d.k8s_name = k8s_name
     d.k8s_seq = seq
     d.k8s_missing = False
 
 
-def _on_k8s_vanished(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_k8s_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
     d = b.draft(b.slurm_name_of(p.node or subject))
     d.k8s = None
     d.k8s_seq = seq
     d.k8s_missing = True
 
 
-def _on_workload(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_workload(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
     observation: K8sWorkloadObserved = p
     d = b.draft(b.slurm_name_of(observation.node or subject))
     workload = dict(d.workload)
@@ -377,19 +388,22 @@ def _on_workload(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None
     d.workload = workload
 
 
-def _on_slurm_demand(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_slurm_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
     if b.slurm_demand is None:
         b.slurm_demand = dict(b.base.slurm_demand)
     b.slurm_demand[p.partition or subject] = p
 
 
-def _on_k8s_demand(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_k8s_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
     if b.k8s_demand is None:
         b.k8s_demand = dict(b.base.k8s_demand)
     b.k8s_demand[p.pool or subject] = p
 
 
-def _on_nodeset(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_nodeset(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
     nodeset: K8sNodesetObserved = p
     if b.nodesets is None:
         b.nodesets = dict(b.base.nodesets)
@@ -400,7 +414,9 @@ def _on_nodeset(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
         b.nodesets[pool] = nodeset
 
 
-def _on_health(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_health(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
+    at = _at(event)
     health: SourceHealth = p
     if b.sources is None:
         b.sources = dict(b.base.sources)
@@ -419,7 +435,9 @@ def _pin(to: str | None, source: str, who: str, why: str, at: float) -> Pin | No
     return Pin(to=to, who=who, why=why, at=at, source=source)
 
 
-def _on_pinned(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_pinned(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
+    at = _at(event)
     pinned: OperatorPinned = p
     d = b.draft(pinned.node or subject)
     d.pin = _pin(pinned.to, "operator", pinned.who, pinned.why, at)
@@ -433,7 +451,9 @@ def _owner_phase(owner: str) -> Phase:
     return Phase.UNKNOWN
 
 
-def _on_started(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_started(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
+    at = _at(event)
     started: TransitionStarted = p
     d = b.draft(started.node or subject)
     d.transition = OpenTransition(
@@ -448,7 +468,9 @@ def _on_started(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
     d.since = at
 
 
-def _on_ended(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_ended(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
+    at = _at(event)
     ended: TransitionCompleted | TransitionAborted = p
     d = b.draft(ended.node or subject)
     transition = d.transition
@@ -465,7 +487,9 @@ def _on_ended(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
         d.last_move_at = at
 
 
-def _on_requested(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_requested(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
+    at = _at(event)
     requested: ActionRequested = p
     d = b.draft(requested.node or subject)
     d.open_actions = {
@@ -485,7 +509,9 @@ def _on_requested(b: _Builder, p: Any, seq: int, at: float, subject: str) -> Non
     }
 
 
-def _on_outcome(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_outcome(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
+    at = _at(event)
     outcome: ActionSucceeded | ActionFailed = p
     d = b.draft(outcome.node or subject)
     if outcome.action_id in d.open_actions:
@@ -519,7 +545,7 @@ def _on_outcome(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
         )
 
 
-def _on_leader(b: _Builder, p: Any, seq: int, at: float, subject: str) -> None:
+def _on_leader(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     elected: LeaderElected = p
     if elected.epoch >= b.leader_epoch:
         b.leader_epoch = elected.epoch
@@ -556,18 +582,20 @@ def fold(events: Iterable[RecordedEvent], state: ClusterState = EMPTY) -> Cluste
     builder = _Builder(state)
     handlers = _HANDLERS
     last_seq = builder.last_seq
-    recorded_at = builder.last_recorded_at
+    last_event: RecordedEvent | None = None
     for event in events:
         seq = event.seq
         if seq <= last_seq:
             continue
         last_seq = seq
-        handler = handlers.get(type(event.payload))
-        recorded_at = event.recorded_at.timestamp()
+        last_event = event
+        payload = event.payload
+        handler = handlers.get(type(payload))
         if handler is not None:
-            handler(builder, event.payload, seq, recorded_at, event.subject)
+            handler(builder, payload, seq, event)
     builder.last_seq = last_seq
-    builder.last_recorded_at = recorded_at
+    if last_event is not None:
+        builder.last_recorded_at = _at(last_event)
     return builder.build()
 
 
