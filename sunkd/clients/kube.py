@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -241,6 +242,23 @@ def object_key(obj: Mapping[str, Any]) -> str:
 
 def resource_version(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+@contextlib.contextmanager
+def gc_paused() -> Any:
+    """Pause the cyclic GC around a synchronous bulk decode (no awaits inside).
+
+    A 50k-pod relist allocates millions of dicts; every 700 allocations the collector runs
+    and the older generations get rescanned over a growing heap, which more than doubles the
+    cost of the relist. JSON trees have no reference cycles, so nothing is lost by collecting
+    after the bulk work instead of during it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # ----------------------------------------------------------------------------- client
@@ -497,7 +515,8 @@ class KubeClient:
                     raise KubeApiError.from_body(
                         response.status, raw.decode("utf-8", "replace"), response.headers
                     )
-            page = json.loads(raw)
+            with gc_paused():
+                page = json.loads(raw)
             page_items = page.get("items") or []
             items.extend(page_items)
             meta = page.get("metadata") or {}
@@ -686,6 +705,10 @@ class ListWatch:
         self._log = log.bind(resource=resource.plural)
 
     def _reconcile(self, items: list[JSON], list_rv: str, initial: bool) -> Relisted:
+        with gc_paused():
+            return self._reconcile_now(items, list_rv, initial)
+
+    def _reconcile_now(self, items: list[JSON], list_rv: str, initial: bool) -> Relisted:
         fresh: dict[str, JSON] = {}
         for item in items:
             obj = self.transform(item) if self.transform else item
