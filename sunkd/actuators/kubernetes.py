@@ -196,10 +196,13 @@ class KubernetesActuator:
                 "spec": {"taints": [*kept, dict(OWNER_TAINT)]},
             }
 
-        changed, _ = await self._modify_node(node, "lock", mutate)
+        changed, obj = await self._modify_node(node, "lock", mutate)
         if changed:
-            await self.record_event(
-                node, "SunkdLocked", "sunkd gave the node to Slurm: tainted sunkd.io/owner=slurm"
+            await self._record(
+                node,
+                "SunkdLocked",
+                "sunkd gave the node to Slurm: tainted sunkd.io/owner=slurm",
+                uid=_uid(obj),
             )
         return changed
 
@@ -219,10 +222,13 @@ class KubernetesActuator:
                 patch["spec"] = {"taints": kept or None}
             return patch
 
-        changed, _ = await self._modify_node(node, "unlock", mutate)
+        changed, obj = await self._modify_node(node, "unlock", mutate)
         if changed:
-            await self.record_event(
-                node, "SunkdUnlocked", "sunkd gave the node to Kubernetes: removed owner taint"
+            await self._record(
+                node,
+                "SunkdUnlocked",
+                "sunkd gave the node to Kubernetes: removed owner taint",
+                uid=_uid(obj),
             )
         return changed
 
@@ -247,9 +253,11 @@ class KubernetesActuator:
                 "spec": {"unschedulable": True},
             }
 
-        changed, _ = await self._modify_node(node, "cordon", mutate)
+        changed, obj = await self._modify_node(node, "cordon", mutate)
         if changed:
-            await self.record_event(node, "SunkdCordoned", f"sunkd cordoned the node: {reason}")
+            await self._record(
+                node, "SunkdCordoned", f"sunkd cordoned the node: {reason}", uid=_uid(obj)
+            )
         return changed
 
     async def uncordon(self, node: str) -> bool:
@@ -277,9 +285,9 @@ class KubernetesActuator:
                 "spec": {"unschedulable": None},
             }
 
-        changed, _ = await self._modify_node(node, "uncordon", mutate)
+        changed, obj = await self._modify_node(node, "uncordon", mutate)
         if changed:
-            await self.record_event(node, "SunkdUncordoned", "sunkd lifted its cordon")
+            await self._record(node, "SunkdUncordoned", "sunkd lifted its cordon", uid=_uid(obj))
         return changed
 
     # -- annotations ----------------------------------------------------------------------
@@ -303,12 +311,12 @@ class KubernetesActuator:
 
         # Annotations are a map: merge patch merges keys, no lost-update risk for other keys,
         # but the precondition costs nothing and keeps one code path.
-        changed, _ = await self._modify_node(node, "annotate", mutate)
+        changed, obj = await self._modify_node(node, "annotate", mutate)
         if changed:
             summary = ", ".join(
                 f"{k}={v if v is not None else '<removed>'}" for k, v in values.items()
             )
-            await self.record_event(node, "SunkdAnnotated", f"sunkd set {summary}")
+            await self._record(node, "SunkdAnnotated", f"sunkd set {summary}", uid=_uid(obj))
         return changed
 
     # -- eviction -------------------------------------------------------------------------
@@ -397,6 +405,11 @@ class KubernetesActuator:
         `kubectl describe node` finds them by involvedObject kind/name/uid (kubectl-wire.md
         s4.7), so the uid is the node's real uid when we can read it, else its name (what the
         kubelet uses)."""
+        return await self._record(node, reason, message, type)
+
+    async def _record(
+        self, node: str, reason: str, message: str, type: str = "Normal", *, uid: str | None = None
+    ) -> bool:
         now = format_time(utcnow())
         correlation = (node, reason, message)
         previous = self._recent_events.get(correlation)
@@ -415,11 +428,12 @@ class KubernetesActuator:
                 except KubeApiError as error:
                     if error.status != 404:
                         raise
-            uid = node
-            try:
-                uid = str(((await self.client.get(NODES, node)).get("metadata") or {})["uid"])
-            except (KubeApiError, KeyError):
-                pass
+            if not uid:
+                uid = node
+                try:
+                    uid = _uid(await self.client.get(NODES, node)) or node
+                except KubeApiError:
+                    pass
             name = f"{node}.{secrets.token_hex(8)}"
             body = {
                 "apiVersion": "v1",
@@ -450,6 +464,11 @@ class KubernetesActuator:
         except _TRANSIENT as error:
             log.warning("could not record event", node=node, reason=reason, error=str(error))
             return False
+
+
+def _uid(obj: Mapping[str, Any]) -> str | None:
+    uid = (obj.get("metadata") or {}).get("uid")
+    return str(uid) if uid else None
 
 
 def _same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -1,0 +1,41 @@
+"""Client configuration from a kubeconfig file, and bearer tokens on the wire."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from sunkd.clients.kube import NODES, PODS, KubeClient
+
+from .kube_helpers import node_body, running_emulator
+
+
+async def test_connect_from_kubeconfig(tmp_path: Path) -> None:
+    async with running_emulator() as emulator:
+        emulator.create(node_body("n1"))
+        path = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+        client = await KubeClient.connect(str(path))
+        try:
+            items, rv = await client.list(NODES)
+            assert [i["metadata"]["name"] for i in items] == ["n1"]
+            assert rv
+        finally:
+            await client.close()
+
+
+async def test_token_user_sends_bearer_header(tmp_path: Path) -> None:
+    async with running_emulator() as emulator:
+        config = emulator.kubeconfig()
+        config["users"][0]["user"] = {"token": "s3cret-token"}
+        path = tmp_path / "kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        client = await KubeClient.connect(str(path))
+        try:
+            await client.list(PODS)
+        finally:
+            await client.close()
+        request = next(r for r in emulator.requests if r.path == "/api/v1/pods")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        assert headers.get("authorization") == "Bearer s3cret-token"
+        assert request.query.get("limit") == "500"
