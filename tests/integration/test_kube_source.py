@@ -222,3 +222,25 @@ async def test_health_goes_stale_then_fresh(cluster: Cluster) -> None:
         assert stale[0].cause == "server_error"
     finally:
         await stop_source(stop, task)
+
+
+async def test_unreachable_api_goes_lost() -> None:
+    client = KubeClient.for_url("http://127.0.0.1:9")  # discard port: connection refused
+    sink = ListSink()
+    source = KubernetesSource(client, sink, lost_after=0.5)
+    for lw in source.watches.values():
+        lw.backoff.initial, lw.backoff.maximum = 0.02, 0.1
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    try:
+        await sink.wait_for(lambda s: any(
+            isinstance(p, SourceHealth) and p.status == "lost" for p in s.payloads()), 10)
+        statuses = [p.status for p in sink.payloads(SourceHealth)
+                    if isinstance(p, SourceHealth)]
+        assert statuses == ["stale", "lost"]
+        assert {p.cause for p in sink.payloads(SourceHealth)
+                if isinstance(p, SourceHealth)} == {"connection"}
+        assert not any(isinstance(p, K8sNodeObserved) for p in sink.payloads())
+    finally:
+        await stop_source(stop, task)
+        await client.close()
