@@ -49,6 +49,7 @@ __all__ = [
     "Assessment",
     "Phase",
     "assess",
+    "assess_all",
     "has_owner_taint",
     "is_lend_drain",
     "is_mirror_drain",
@@ -212,3 +213,8 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
         slurm_unhealthy=unhealthy,
         pin=pin,
     )
+
+
+def assess_all(state: ClusterState, now: float) -> dict[str, Assessment]:
+    """Every node's assessment at `now` (for status, metrics and the read API)."""
+    return {name: assess(state, node, now) for name, node in state.nodes.items()}

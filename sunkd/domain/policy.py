@@ -332,12 +332,14 @@ class _Planner:
                     and self.now - outcome.at < OBSERVATION_CATCHUP_SECONDS
                 ):
                     return _WAITING
+            elif transition_id is not None and outcome.transition_id != transition_id:
+                pass  # a failure of an earlier transition does not hold back a new one
             elif outcome.retryable:
                 attempt = outcome.attempt + 1
                 if self.now < outcome.at + retry_backoff(outcome.attempt):
                     return _WAITING
             else:
-                if transition_id is not None and outcome.transition_id == transition_id:
+                if transition_id is not None:
                     return _FAILED
                 attempt = outcome.attempt + 1
                 if self.now < outcome.at + REFUSED_RETRY_SECONDS:

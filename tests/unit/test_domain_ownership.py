@@ -16,6 +16,7 @@ from sunkd.domain.ownership import (
     UNHEALTHY_GRACE_SECONDS,
     Assessment,
     assess,
+    assess_all,
     has_owner_taint,
     is_ours,
     slurm_drained,
@@ -147,3 +148,13 @@ def test_settled_phase_comes_from_transitions_and_pins_are_not_holds() -> None:
     settled = _assess(log, 4.0)
     assert (settled.phase, settled.owner, settled.pin) == (Phase.SLURM, "slurm", "slurm")
     assert not settled.held
+
+
+def test_assess_all_covers_every_node() -> None:
+    log = _fresh_log()
+    log.add(slurm_obs("n1"), 1.0)
+    log.add(k8s_obs("n1"), 1.0)
+    log.add(slurm_obs("n2"), 1.0)
+    views = assess_all(log.state(), 2.0)
+    assert set(views) == {"n1", "n2"}
+    assert views["n2"].phase == Phase.UNKNOWN and views["n1"].actionable

@@ -510,6 +510,23 @@ def test_non_retryable_failure_inside_a_transition_aborts_it() -> None:
     assert decisions[0].reason == "the Slurm drain failed"
 
 
+def test_a_refusal_in_an_earlier_transition_does_not_block_a_new_one() -> None:
+    log = _cluster(1)
+    _pods(log, 1)
+    first = _decide(log, T0)
+    _record(log, first, T0)
+    drain = first[1]
+    assert isinstance(drain, RequestAction)
+    _fail(log, drain, T0 + 1, retryable=False)
+    aborted = _decide(log, T0 + 2)
+    _record(log, aborted, T0 + 2)
+    assert isinstance(aborted[0], AbortTransition)
+    again = _decide(log, T0 + 400)  # after dwell (300 s)
+    assert [type(d) for d in again] == [StartTransition, RequestAction]
+    retry = again[1]
+    assert isinstance(retry, RequestAction) and retry.verb == "drain" and retry.attempt == 1
+
+
 # ------------------------------------------------------------------- ids and events
 
 
