@@ -170,7 +170,7 @@ knob_strategy = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), knobs=knob_strategy, size=st.integers(2, 5))
 def test_random_worlds_keep_the_safety_invariants_and_settle(
     seed: int, knobs: dict[str, object], size: int
