@@ -150,6 +150,10 @@ class SlurmSource:
         self._clock = clock
         self._last_success = clock()
         self._nr_since: dict[str, float] = {}
+        # Last raw SlurmNode per name whose observation is in `_nodes`: an unchanged
+        # node then costs one comparison, not a new payload (10k-node polls).
+        self._raw: dict[str, SlurmNode] = {}
+        self._pending_raw: dict[str, SlurmNode] = {}
 
     @property
     def nodes(self) -> Mapping[str, SlurmNodeObserved]:
@@ -220,19 +224,27 @@ class SlurmSource:
 
     def _diff(self, nodes: Sequence[SlurmNode], jobs: Sequence[SlurmJob]) -> list[Event]:
         now = self._clock()
+        self._pending_raw = {}
         events: list[Event] = []
         seen: set[str] = set()
         previous = self._nodes
+        raw_cache = self._raw
+        nr_pending = self._nr_since
         for node in nodes:
             if not self._managed(node):
                 continue
-            seen.add(node.name)
+            name = node.name
+            seen.add(name)
+            if raw_cache.get(name) == node and name not in nr_pending and name in previous:
+                continue
             observed = self._observed(node, now)
-            if previous.get(node.name) != observed:
-                events.append(Event(subject=node.name, payload=observed))
+            if previous.get(name) != observed:
+                events.append(Event(subject=name, payload=observed))
+            self._pending_raw[name] = node
         for name in sorted(set(previous) - seen):
             events.append(Event(subject=name, payload=SlurmNodeVanished(node=name)))
             self._nr_since.pop(name, None)
+            self._raw.pop(name, None)
         partitions = self.partitions
         if not partitions:
             names: set[str] = set(self._demand)
@@ -245,6 +257,8 @@ class SlurmSource:
         return events
 
     def _commit(self, events: Sequence[Event]) -> None:
+        self._raw.update(self._pending_raw)
+        self._pending_raw = {}
         for event in events:
             payload = event.payload
             if isinstance(payload, SlurmNodeObserved):
