@@ -709,6 +709,15 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
             planner.ensure(
                 node, SIDE_KUBERNETES, VERB_LOCK, "repair: Slurm-owned node lost its owner taint"
             )
+        pods = _active_pods(node)
+        if pods and has_owner_taint(k8s):
+            planner.ensure(
+                node,
+                SIDE_KUBERNETES,
+                VERB_EVICT,
+                f"repair: {len(pods)} pool pod(s) on a Slurm-owned node",
+                tuple(Label("pod", pod) for pod in pods),
+            )
         if "DRAIN" in slurm.flags and is_lend_drain(slurm.reason) and _may_resume(node):
             planner.ensure(
                 node,

@@ -377,6 +377,16 @@ def test_a_hold_aborts_an_open_transition_without_acting() -> None:
     assert "resume" not in [verb for _, _, verb in _actions(decisions)]
 
 
+def test_pool_pods_on_a_slurm_owned_node_are_evicted_before_resume() -> None:
+    log = _cluster(1)
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=LEND_DRAIN), 5.0)  # an aborted lend
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL, pods=(PodRef("s", "web", "Running"),)),
+            5.0)
+    assert _actions(_decide(log, T0)) == [("n1", "kubernetes", "evict")]
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL, pods=()), 6.0)
+    assert _actions(_decide(log, T0)) == [("n1", "slurm", "resume")]
+
+
 def test_lend_drain_removed_while_lent_is_put_back() -> None:
     log = _cluster(1, kubernetes=("n1",))
     log.add(slurm_obs("n1"), 5.0)  # someone resumed a lent node
