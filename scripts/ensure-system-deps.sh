@@ -34,6 +34,12 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt_install "${need_pkgs[@]}" curl || echo "ensure-system-deps: could not install Slurm packages" >&2
 fi
 
+# Headless Chromium renders the status page in tests/integration/test_status_page.py.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "ensure-system-deps: installing chromium"
+  apt_install chromium || echo "ensure-system-deps: could not install chromium" >&2
+fi
+
 # PostgreSQL: only when the default test URL is used and nothing answers there.
 if [ -z "${SUNKD_TEST_DATABASE_URL:-}" ]; then
   if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
