@@ -850,8 +850,21 @@ def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> N
     ]
     owned_k8s = sum(1 for n in members if n.transition is None and n.owner == OWNER_KUBERNETES)
     owned_slurm = sum(1 for n in members if n.transition is None and n.owner == OWNER_SLURM)
-    k8s_needed = _k8s_nodes_needed(state, pool, members)
-    slurm_needed = _slurm_nodes_needed(state, pool)
+    # Demand already covered by a node of that side that sits idle (the pods or jobs
+    # will land there: the scheduler simply has not run since the node arrived) must
+    # not move another node; otherwise every poll/watch lag over-lends or over-reclaims.
+    idle_k8s = sum(
+        1 for n in members
+        if n.transition is None and n.owner == OWNER_KUBERNETES
+        and not assessments[n.name].held and not _active_pods(n)
+    )
+    idle_slurm = sum(
+        1 for n in members
+        if n.transition is None and n.owner == OWNER_SLURM and not assessments[n.name].held
+        and n.slurm is not None and slurm_usable(n.slurm) and not slurm_busy(n.slurm)
+    )
+    k8s_needed = max(_k8s_nodes_needed(state, pool, members) - idle_k8s, 0)
+    slurm_needed = max(_slurm_nodes_needed(state, pool) - idle_slurm, 0)
     contested = k8s_needed > 0 and slurm_needed > 0
     if contested and spec.prefer == PREFER_KUBERNETES:
         slurm_needed = 0

@@ -461,8 +461,10 @@ def test_dwell_keeps_a_recently_moved_node_in_place() -> None:
 
 def test_contested_demand_goes_to_the_preferred_side() -> None:
     log = _cluster(3, kubernetes=("n3",))
-    _pods(log, 1)
-    _jobs(log, 1)
+    # Beyond what each side's idle nodes absorb (n3 for one pod, n1+n2 for two job
+    # nodes), each side still wants one more node.
+    _pods(log, 2)
+    _jobs(log, 3)
     slurm_first = _only(_decide(log, T0, pool_spec(prefer="Slurm")), StartTransition)
     assert [(s.node, s.to_owner) for s in slurm_first] == [("n3", "slurm")]
     k8s_first = _only(_decide(log, T0, pool_spec(prefer="Kubernetes")), StartTransition)
@@ -564,3 +566,16 @@ def test_effective_pools_prefer_the_nodeset_over_config() -> None:
     pools = effective_pools(log.state(), config)
     assert [p.name for p in pools] == ["a/cfg", POOL]
     assert pools[1].ownership.min_slurm == 7 and pools[1].partitions == ("gpu",)
+
+
+def test_demand_an_idle_node_already_covers_moves_nothing() -> None:
+    """A pod still pending right after its node arrived (the scheduler has not run yet)
+    must not pull a second node over; the same for a job and an idle Slurm node."""
+    log = _cluster(3, kubernetes=("n3",))
+    _pods(log, 1)
+    assert _only(_decide(log, T0), StartTransition) == []
+    _pods(log, 2)
+    assert [s.node for s in _only(_decide(log, T0), StartTransition)] == ["n1"]
+    log = _cluster(3, kubernetes=("n3",))
+    _jobs(log, 2)
+    assert _only(_decide(log, T0), StartTransition) == []

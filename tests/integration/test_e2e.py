@@ -1,0 +1,470 @@
+"""End to end: a real Slurm cluster, the Kubernetes API emulator, the real PostgreSQL,
+and sunkd's daemon, driven like production.
+
+Every test ends with `assert_log_safe`, which checks the safety invariants on the
+whole log: no node was unlocked for Kubernetes unless its last Slurm observation
+showed it drained, no transition id was started twice or ended twice, and sunkd never
+resumed a drain or lifted a cordon that was not its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sunkd.clients.kube import KubeClient
+from sunkd.clients.slurmrestd import SlurmRestClient
+from sunkd.config import KubernetesSettings, Settings, SlurmSettings
+from sunkd.daemon import Daemon
+from sunkd.demo import MANIFESTS, KubeStandIn, node_object, pod_object
+from sunkd.domain.events import (
+    ActionRequested,
+    K8sNodeObserved,
+    RecordedEvent,
+    SlurmNodeObserved,
+    TransitionAborted,
+    TransitionCompleted,
+    TransitionStarted,
+)
+from sunkd.domain.ownership import slurm_drained
+from sunkd.domain.state import ClusterState
+from sunkd.sim.kubeapi import KubeAPIEmulator
+from sunkd.store.eventlog import EventLog
+from tests.conftest import fresh_postgres_database, require
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+NODES = "e2e[1-4]"
+POOL_LABEL = "sunkd.io/pool"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> Any:
+    from sunkd.harness.slurm import SlurmCluster
+
+    cluster = SlurmCluster(NODES, partitions={"gpu": NODES}, slurmd_timeout=5)
+    try:
+        cluster.start()
+    except Exception as error:
+        require(False, f"cannot start a real Slurm cluster: {error}")
+    yield cluster
+    cluster.stop()
+
+
+def reset_slurm(cluster: Any) -> None:
+    """Cancel jobs and clear every drain, so each test starts from idle nodes."""
+    with contextlib.suppress(Exception):
+        cluster.run("scancel", "--partition=gpu", check=False)
+    for name in cluster.node_names:
+        cluster.scontrol("update", f"nodename={name}", "state=resume", check=False)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        states = cluster.node_states()
+        if all(state.lower().startswith("idle") and "drain" not in state.lower()
+               for state in states.values()):
+            return
+        time.sleep(0.2)
+
+
+def nodeset(dwell: float = 1.0, **ownership: Any) -> dict[str, Any]:
+    spec = {"mode": "Auto", "minSlurm": 0, "minKubernetes": 0, "prefer": "Slurm",
+            "dwellSeconds": dwell, "maxInFlight": 2, "drainTimeoutSeconds": 120,
+            "reclaimGraceSeconds": 2, **ownership}
+    return {"apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset",
+            "metadata": {"name": "pool", "namespace": "sunkd"},
+            "spec": {"nodeSelector": {POOL_LABEL: "gpu-a"}, "slurm": {"partitions": ["gpu"]},
+                     "workloadSelector": {"matchLabels": {"app": "inference"}},
+                     "ownership": spec}}
+
+
+async def start_emulator(cluster: Any, **ownership: Any) -> KubeAPIEmulator:
+    emulator = KubeAPIEmulator()
+    await emulator.start()
+    emulator.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "sunkd"}})
+    emulator.create(yaml.safe_load((MANIFESTS / "crds" / "nodeset.yaml").read_text()))
+    for name in cluster.node_names:
+        emulator.create(node_object(name))
+    emulator.create(nodeset(**ownership))
+    return emulator
+
+
+def settings_for(database_url: str, cluster: Any, **overrides: Any) -> Settings:
+    return replace(
+        Settings(database_url=database_url, listen="127.0.0.1:0", lease_seconds=3,
+                 snapshot_every=50),
+        slurm=SlurmSettings(url=cluster.rest_unix_url, poll_interval=1.0),
+        kubernetes=KubernetesSettings(namespace="sunkd"),
+        **overrides,
+    )
+
+
+class Running:
+    """An in-process daemon plus the scheduler stand-in, with helpers to wait."""
+
+    def __init__(self, daemon: Daemon, emulator: KubeAPIEmulator, cluster: Any,
+                 task: asyncio.Task[int]) -> None:
+        self.daemon = daemon
+        self.task = task
+        self.emulator = emulator
+        self.cluster = cluster
+        self.stand_in = KubeStandIn(emulator)
+
+    def state(self) -> ClusterState:
+        return self.daemon.state()
+
+    async def until(self, what: str, predicate: Callable[[], bool], within: float = 60) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.task.done():
+                raise AssertionError(f"the daemon stopped while waiting for {what}: "
+                                     f"{self.task.result()!r}")
+            self.stand_in.step()
+            if predicate():
+                return
+            await asyncio.sleep(0.2)
+        owners = {n: (s.owner, s.phase, s.slurm.state if s.slurm else None,
+                      s.slurm.flags if s.slurm else None) for n, s in self.state().nodes.items()}
+        raise AssertionError(f"timed out waiting for {what}; nodes: {owners}")
+
+    def owner(self, node: str) -> str | None:
+        found = self.state().nodes.get(node)
+        return found.owner if found else None
+
+
+@contextlib.asynccontextmanager
+async def migrated_database() -> AsyncIterator[str]:
+    """A fresh PostgreSQL database at the schema head (production never auto-migrates
+    PostgreSQL: `sunkd migrate` runs first)."""
+    async with fresh_postgres_database() as database_url:
+        event_log = await EventLog.open(database_url, migrate=True)
+        await event_log.close()
+        yield database_url
+
+
+@contextlib.asynccontextmanager
+async def running_sunkd(database_url: str, cluster: Any, emulator: KubeAPIEmulator
+                        ) -> AsyncIterator[Running]:
+    settings = settings_for(database_url, cluster)
+    slurm_client = SlurmRestClient.from_settings(settings.slurm)
+    kube_client = KubeClient.for_url(emulator.url)
+    daemon = Daemon(settings, slurm_client=slurm_client, kube_client=kube_client,
+                    slurm_env=cluster.env)
+    task = asyncio.create_task(daemon.run())
+    running = Running(daemon, emulator, cluster, task)
+    try:
+        await running.until("all nodes adopted by Slurm", lambda: len(running.state().nodes)
+                            == len(cluster.node_names) and all(
+                                n.owner == "slurm" and n.transition is None
+                                for n in running.state().nodes.values()), within=40)
+        yield running
+    finally:
+        daemon.stop_event.set()
+        try:
+            async with asyncio.timeout(30):
+                assert await task == 0
+        finally:
+            await slurm_client.close()
+            await kube_client.close()
+
+
+async def read_all(database_url: str) -> list[RecordedEvent]:
+    event_log = await EventLog.open(database_url)
+    try:
+        events: list[RecordedEvent] = []
+        while batch := await event_log.read(events[-1].seq if events else 0, 5000):
+            events.extend(batch)
+        return events
+    finally:
+        await event_log.close()
+
+
+def assert_log_safe(events: list[RecordedEvent]) -> None:
+    last_slurm: dict[str, SlurmNodeObserved] = {}
+    started: set[str] = set()
+    ended: set[str] = set()
+    for event in events:
+        payload = event.payload
+        if isinstance(payload, SlurmNodeObserved):
+            last_slurm[payload.node] = payload
+        elif isinstance(payload, TransitionStarted):
+            assert payload.transition_id not in started, f"duplicate start {payload}"
+            started.add(payload.transition_id)
+        elif isinstance(payload, TransitionCompleted | TransitionAborted):
+            assert payload.transition_id in started, f"end without start {payload}"
+            assert payload.transition_id not in ended, f"ended twice {payload}"
+            ended.add(payload.transition_id)
+        elif isinstance(payload, ActionRequested):
+            observed = last_slurm.get(payload.node)
+            if payload.side == "kubernetes" and payload.verb == "unlock":
+                assert slurm_drained(observed), (
+                    f"seq {event.seq}: unlock of {payload.node} while Slurm said {observed}")
+            if payload.side == "slurm" and payload.verb == "resume":
+                assert observed is not None and (observed.reason or "").startswith("sunkd:"), (
+                    f"seq {event.seq}: resume of a drain that is not ours: {observed}")
+
+
+def pending_pods(emulator: KubeAPIEmulator, count: int) -> list[str]:
+    names = []
+    for index in range(count):
+        pod = pod_object(f"inference-{index}-{random.randrange(10**6)}")
+        names.append(emulator.create(pod, "default")["metadata"]["name"])
+    return names
+
+
+async def test_nodes_move_both_ways_and_pdbs_are_honoured(slurm_cluster: Any) -> None:
+    reset_slurm(slurm_cluster)
+    async with migrated_database() as database_url:
+        emulator = await start_emulator(slurm_cluster)
+        try:
+            async with running_sunkd(database_url, slurm_cluster, emulator) as sunkd:
+                # Kubernetes demand: one pending pool pod -> one node is lent.
+                [pod] = pending_pods(emulator, 1)
+                await sunkd.until("the pod runs on a lent node", lambda: bool(
+                    emulator.get("pods", pod, "default")["spec"].get("nodeName")))
+                lent = emulator.get("pods", pod, "default")["spec"]["nodeName"]
+                assert sunkd.owner(lent) == "kubernetes"
+                flags = slurm_cluster.node_flags(lent)
+                assert "DRAIN" in flags.upper()
+                assert "sunkd:" in slurm_cluster.scontrol("show", "node", lent)
+                # A PDB that allows no disruption blocks the eviction...
+                emulator.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                                 "metadata": {"name": "inference", "namespace": "default"},
+                                 "spec": {"minAvailable": 1,
+                                          "selector": {"matchLabels": {"app": "inference"}}}})
+                # ...when Slurm wants every node back.
+                for _ in slurm_cluster.node_names:
+                    slurm_cluster.sbatch("-N1", "--exclusive", wrap="sleep 30", partition="gpu")
+                await sunkd.until("eviction refused by the PDB", lambda: any(
+                    key == "kubernetes/evict" and not o.succeeded and o.retryable
+                    for key, o in sunkd.state().nodes[lent].outcomes.items()), within=60)
+                assert emulator.get("pods", pod, "default")  # still there
+                assert sunkd.owner(lent) == "kubernetes"
+                # Relax the PDB: the eviction goes through, the node returns to Slurm.
+                emulator.patch("poddisruptionbudgets", "inference",
+                               {"spec": {"minAvailable": 0}}, "default")
+                await sunkd.until("the node is back in Slurm",
+                                  lambda: sunkd.owner(lent) == "slurm", within=90)
+                assert not [p for p in emulator.list("pods", "default")
+                            if p["metadata"]["name"] == pod]
+                await sunkd.until("a job runs on the reclaimed node", lambda: "ALLOCATED" in
+                                  slurm_cluster.node_states().get(lent, "").upper()
+                                  or "MIXED" in slurm_cluster.node_states().get(lent, "").upper(),
+                                  within=30)
+        finally:
+            await emulator.stop()
+        events = await read_all(database_url)
+    assert_log_safe(events)
+    kinds = [type(e.payload).__name__ for e in events]
+    assert "TransitionCompleted" in kinds
+
+
+async def test_busy_node_is_lent_only_after_its_job_ends(slurm_cluster: Any) -> None:
+    reset_slurm(slurm_cluster)
+    async with migrated_database() as database_url:
+        emulator = await start_emulator(slurm_cluster)
+        try:
+            async with running_sunkd(database_url, slurm_cluster, emulator) as sunkd:
+                busy = slurm_cluster.node_names[0]
+                job = slurm_cluster.sbatch("-N1", "--exclusive", wrap="sleep 8",
+                                           nodelist=busy, partition="gpu")
+                await sunkd.until("Slurm shows the job", lambda: (
+                    s := sunkd.state().nodes[busy].slurm) is not None
+                    and s.state in ("ALLOCATED", "MIXED"))
+                # Demand for every node: the busy one must wait for its job.
+                pending_pods(emulator, len(slurm_cluster.node_names))
+                await sunkd.until("the busy node is draining", lambda: (
+                    s := sunkd.state().nodes[busy].slurm) is not None and "DRAIN" in s.flags
+                    and s.state in ("ALLOCATED", "MIXED"), within=30)
+                assert sunkd.owner(busy) == "slurm"
+                await sunkd.until("the busy node is lent after its job", lambda:
+                                  sunkd.owner(busy) == "kubernetes", within=60)
+                assert job > 0
+        finally:
+            await emulator.stop()
+        events = await read_all(database_url)
+    assert_log_safe(events)
+
+
+async def test_foreign_drain_and_not_ready_are_held_and_mirrored(slurm_cluster: Any) -> None:
+    reset_slurm(slurm_cluster)
+    async with migrated_database() as database_url:
+        emulator = await start_emulator(slurm_cluster)
+        try:
+            async with running_sunkd(database_url, slurm_cluster, emulator) as sunkd:
+                drained, not_ready = slurm_cluster.node_names[0], slurm_cluster.node_names[1]
+                slurm_cluster.scontrol("update", f"nodename={drained}", "state=drain",
+                                       "reason=admin: bad DIMM")
+                await sunkd.until("the foreign drain is mirrored as a sunkd cordon", lambda: (
+                    k := sunkd.state().nodes[drained].k8s) is not None and k.unschedulable
+                    and k.cordoned_by_sunkd)
+                node = emulator.get("nodes", drained)
+                assert node["metadata"]["annotations"]["sunkd.io/slurm-reason"] == "admin: bad DIMM"
+                emulator.patch("nodes", not_ready, {"status": {"conditions": [
+                    {"type": "Ready", "status": "False", "reason": "KubeletDown"}]}},
+                    subresource="status", patch_type="strategic")
+                await sunkd.until("NotReady mirrored as a sunkd drain in Slurm", lambda: (
+                    s := sunkd.state().nodes[not_ready].slurm) is not None and "DRAIN" in s.flags
+                    and (s.reason or "").startswith("sunkd: k8s"))
+                # The admin's drain is never touched by sunkd; lifting it lifts our cordon.
+                await asyncio.sleep(3)
+                assert "bad DIMM" in slurm_cluster.scontrol("show", "node", drained)
+                slurm_cluster.scontrol("update", f"nodename={drained}", "state=resume")
+                emulator.patch("nodes", not_ready, {"status": {"conditions": [
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady"}]}},
+                    subresource="status", patch_type="strategic")
+                await sunkd.until("both holds cleared", lambda: not (
+                    sunkd.state().nodes[drained].k8s or K8sNodeObserved()).unschedulable
+                    and "DRAIN" not in (sunkd.state().nodes[not_ready].slurm
+                                        or SlurmNodeObserved()).flags, within=60)
+        finally:
+            await emulator.stop()
+        events = await read_all(database_url)
+    assert_log_safe(events)
+
+
+# ------------------------------------------------------------- separate processes
+
+
+def write_config(path: Path, database_url: str, cluster: Any, kubeconfig: Path) -> Path:
+    path.write_text(f"""
+database_url = "{database_url}"
+listen = "127.0.0.1:0"
+lease_seconds = 3
+snapshot_every = 40
+[slurm]
+url = "{cluster.rest_unix_url}"
+poll_interval = 1
+[kubernetes]
+kubeconfig = "{kubeconfig}"
+namespace = "sunkd"
+""")
+    return path
+
+
+async def spawn(config: Path, cluster: Any, identity: str) -> asyncio.subprocess.Process:
+    env = {**os.environ, **cluster.env, "SUNKD_IDENTITY": identity, "SUNKD_LOG_FORMAT": "json"}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sunkd", "--config", str(config), "run",
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+
+
+async def test_kill_9_at_random_points_converges(slurm_cluster: Any, tmp_path: Path) -> None:
+    reset_slurm(slurm_cluster)
+    rng = random.Random(20261129)
+    async with migrated_database() as database_url:
+        emulator = await start_emulator(slurm_cluster)
+        kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+        config = write_config(tmp_path / "sunkd.toml", database_url, slurm_cluster, kubeconfig)
+        stand_in = KubeStandIn(emulator)
+        process: asyncio.subprocess.Process | None = None
+        kills = 0
+        try:
+            for round_index in range(20):
+                # Alternate demand so transitions are always in flight.
+                if round_index % 4 == 0:
+                    pending_pods(emulator, 2)
+                elif round_index % 4 == 2:
+                    for pod in stand_in.pool_pods():
+                        emulator.delete("pods", pod["metadata"]["name"], "default")
+                    slurm_cluster.sbatch("-N1", "--exclusive", wrap="sleep 4", partition="gpu")
+                process = await spawn(config, slurm_cluster, f"crash-{round_index}")
+                deadline = time.monotonic() + rng.uniform(1.0, 5.0)
+                while time.monotonic() < deadline:
+                    stand_in.step()
+                    await asyncio.sleep(0.1)
+                process.send_signal(signal.SIGKILL)
+                await process.wait()
+                kills += 1
+            # Stable demand, one last daemon: everything must settle.
+            for pod in stand_in.pool_pods():
+                emulator.delete("pods", pod["metadata"]["name"], "default")
+            pending_pods(emulator, 2)
+            process = await spawn(config, slurm_cluster, "final")
+            settled = False
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not settled:
+                stand_in.step()
+                await asyncio.sleep(1)
+                event_log = await EventLog.open(database_url)
+                try:
+                    from sunkd.operator import load_state
+                    state = await load_state(event_log)
+                finally:
+                    await event_log.close()
+                running = [p for p in stand_in.pool_pods() if p["spec"].get("nodeName")]
+                settled = (len(running) == 2 and not state.pending_actions()
+                           and all(n.transition is None for n in state.nodes.values()))
+            assert settled, "the cluster did not converge after the crashes"
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(process.wait(), 30) == 0
+            process = None
+        finally:
+            if process is not None and process.returncode is None:
+                process.kill()
+                await process.wait()
+            await emulator.stop()
+        events = await read_all(database_url)
+    assert kills == 20
+    assert_log_safe(events)
+    epochs = {e.epoch for e in events if e.epoch}
+    assert len(epochs) >= 21  # each restart was a new leadership term
+
+
+async def test_two_daemons_one_database_exactly_one_acts(slurm_cluster: Any,
+                                                         tmp_path: Path) -> None:
+    reset_slurm(slurm_cluster)
+    async with migrated_database() as database_url:
+        emulator = await start_emulator(slurm_cluster)
+        kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+        config = write_config(tmp_path / "sunkd.toml", database_url, slurm_cluster, kubeconfig)
+        first = await spawn(config, slurm_cluster, "first")
+        second = await spawn(config, slurm_cluster, "second")
+        try:
+            await asyncio.sleep(8)
+            pending_pods(emulator, 1)
+            stand_in = KubeStandIn(emulator)
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                stand_in.step()
+                await asyncio.sleep(0.2)
+            events = await read_all(database_url)
+            elected = [e.payload for e in events if e.kind == "leader.elected"]
+            assert len(elected) == 1, elected
+            writers = {e.epoch for e in events if e.epoch}
+            assert writers == {elected[0].epoch}  # type: ignore[attr-defined]
+            assert any(e.kind == "action.succeeded" for e in events)
+            # The standby takes over when the leader dies.
+            leader_identity = elected[0].identity  # type: ignore[attr-defined]
+            victim, survivor = (first, second) if leader_identity == "first" else (second, first)
+            victim.send_signal(signal.SIGKILL)
+            await victim.wait()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                events = await read_all(database_url)
+                if len([e for e in events if e.kind == "leader.elected"]) == 2:
+                    break
+                await asyncio.sleep(0.5)
+            elected = [e.payload for e in events if e.kind == "leader.elected"]
+            assert len(elected) == 2
+            assert elected[1].identity != leader_identity  # type: ignore[attr-defined]
+            survivor.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(survivor.wait(), 30) == 0
+        finally:
+            for process in (first, second):
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+            await emulator.stop()
+    assert_log_safe(events)
