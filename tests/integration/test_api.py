@@ -303,3 +303,27 @@ async def test_history_on_postgres(postgres_url: str) -> None:
     finally:
         assert seeded.event_log is not None
         await seeded.event_log.close()
+
+
+def test_kube_scheduler_config_registers_the_extender() -> None:
+    """The shipped KubeSchedulerConfiguration points at our routes and passes the
+    scheduler's validateExtenders rules (weight > 0 with prioritize, one binder, ...)."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "manifests/scheduler/kube-scheduler-config.yaml"
+    config = yaml.safe_load(path.read_text())
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in config["profiles"]] == [
+        "default-scheduler", "sunkd-scheduler"]
+    (extender,) = config["extenders"]
+    routes = {route.resource.canonical for route in build_app(  # type: ignore[union-attr]
+        View(ClusterState(), None)).router.routes() if route.method == "POST"}
+    prefix = extender["urlPrefix"].rstrip("/").split("8080", 1)[1]
+    assert f"{prefix}/{extender['filterVerb']}" in routes
+    assert f"{prefix}/{extender['prioritizeVerb']}" in routes
+    assert extender["weight"] > 0 and extender["nodeCacheCapable"] is True
+    assert "bindVerb" not in extender and "managedResources" not in extender
+    assert extender["httpTimeout"] == "5s" and isinstance(extender["ignorable"], bool)
