@@ -7,6 +7,8 @@ reported against a same-run baseline so they compare across machines:
 - fold: events/s of `fold` over a synthetic log of decoded events (1,000,000; 200,000
   with --quick), against merely iterating the same decoded events and reading each
   one's seq and payload (target: fold rate >= 0.25 of the baseline rate);
+- noop dispatch (informational): the same loop calling a do-nothing handler per
+  payload type, the ceiling of any per-event fold written in Python;
 - decode (informational): events/s of decoding stored JSON payloads into events, what
   a replay from the store pays per row before the fold (on the first 50,000 events);
 - decide: wall time of `decide` over 10,000 nodes in 10 pools with demand on both
@@ -163,6 +165,26 @@ def baseline_iterate(events: list[RecordedEvent]) -> int:
     return last + (payload is None)
 
 
+def _ignore(payload: Payload, event: RecordedEvent) -> None:
+    return None
+
+
+def dispatch_only(events: list[RecordedEvent]) -> int:
+    """The floor of any per-event fold in Python: look up a handler by payload type and
+    call it, doing nothing. Shows how much of the baseline ratio a fold can reach."""
+    handlers: dict[type, Callable[[Payload, RecordedEvent], None]] = {
+        type(event.payload): _ignore for event in events[:1000]
+    }
+    last = 0
+    for event in events:
+        payload = event.payload
+        handler = handlers.get(type(payload))
+        if handler is not None:
+            handler(payload, event)
+        last = event.seq
+    return last
+
+
 def decode_rows(rows: list[tuple[int, str, str, str]], stamp: datetime) -> int:
     """What a replay from the store does per row: decode the JSON payload, wrap it."""
     last = 0
@@ -261,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     repeat = 2 if args.quick else 3
     baseline_seconds, _ = timed(lambda: baseline_iterate(events), repeat=repeat)
+    dispatch_seconds, _ = timed(lambda: dispatch_only(events), repeat=repeat)
     fold_seconds, folded = timed(lambda: fold(events), repeat=repeat)
     baseline_rate = len(events) / baseline_seconds
     fold_rate = len(events) / fold_seconds
@@ -296,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "fold_events_per_second": round(fold_rate),
         "fold_seconds": round(fold_seconds, 3),
         "fold_vs_baseline": round(ratio, 4),
+        "noop_dispatch_vs_baseline": round(baseline_seconds / dispatch_seconds, 4),
         "decode_events_per_second": round(decode_rate),
         "fold_vs_decode": round(fold_rate / decode_rate, 2),
         "decide_nodes": len(state.nodes),
