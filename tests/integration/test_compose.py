@@ -14,6 +14,7 @@ container engine exists where sunkd is built and tested, so the stack is never s
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -206,17 +207,30 @@ def test_prometheus_scrapes_sunkd_with_the_same_alerts(compose: dict[str, Any]) 
 def test_grafana_provisioning(compose: dict[str, Any]) -> None:
     grafana = services(compose)["grafana"]
     mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in grafana["volumes"]}
-    provisioning = ROOT / mounts["/etc/grafana/provisioning"]
-    sources = yaml.safe_load((provisioning / "datasources" / "sunkd.yml").read_text())
-    urls = {s["type"]: s["url"] for s in sources["datasources"]}
+    source_file = next(s for t, s in mounts.items()
+                       if t.startswith("/etc/grafana/provisioning/datasources/"))
+    sources = yaml.safe_load((ROOT / source_file).read_text())["datasources"]
+    urls = {s["type"]: s["url"] for s in sources}
     prometheus_port = services(compose)["prometheus"]["ports"][0].split(":")[-1]
     assert urls["prometheus"] == f"http://prometheus:{prometheus_port}"
     assert urls["grafana-postgresql-datasource"] == "postgres:5432"
-    password = next(s for s in sources["datasources"] if s["uid"] == "sunkd-postgres")[
-        "secureJsonData"]["password"]
+    postgres = next(s for s in sources if s["type"] == "grafana-postgresql-datasource")
+    password = postgres["secureJsonData"]["password"]
     assert password.startswith("$") and password[1:] in env_of(grafana), \
         "the password comes from the environment, not the file"
-    providers = yaml.safe_load((provisioning / "dashboards" / "sunkd.yml").read_text())
+    # Same uids as the in-cluster provisioning: the dashboards refer to them.
+    reference = yaml.safe_load((ROOT / "manifests" / "grafana" / "datasources.yaml").read_text())
+    assert {(s["uid"], s["type"]) for s in sources} == {
+        (s["uid"], s["type"]) for s in reference["datasources"]}
+    for board in (ROOT / "manifests" / "grafana").glob("*.json"):
+        text = board.read_text()
+        own = json.loads(text)["uid"]
+        used = set(re.findall(r'"uid":\s*"([^"]+)"', text)) - {own}
+        assert used <= {s["uid"] for s in sources}, f"{board.name} uses {used}"
+
+    provider_file = next(s for t, s in mounts.items()
+                         if t.startswith("/etc/grafana/provisioning/dashboards/"))
+    providers = yaml.safe_load((ROOT / provider_file).read_text())
     paths = {p["options"]["path"] for p in providers["providers"]}
     assert paths == {next(t for t, s in mounts.items() if s == "./manifests/grafana")}
 

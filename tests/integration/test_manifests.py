@@ -579,3 +579,41 @@ def test_kubectl_applies_crd_and_example_to_emulator(rendered: dict[str, list[Ob
             await api.stop()
 
     asyncio.run(scenario())
+
+
+# ------------------------------------------------------------- scheduler and Grafana
+
+
+def test_scheduler_extender_matches_the_reference_configuration(
+        rendered: dict[str, list[Obj]]) -> None:
+    """The second-scheduler config in the base and manifests/scheduler/ (the default
+    scheduler's, kept by observability) register the same extender."""
+    reference_path = MANIFESTS / "scheduler" / "kube-scheduler-config.yaml"
+    if not reference_path.exists():
+        pytest.skip("manifests/scheduler/ does not exist")
+    reference = yaml.safe_load(reference_path.read_text())
+    config_map = next(d for d in rendered["base"] if d["kind"] == "ConfigMap"
+                      and d["metadata"]["name"].startswith("sunkd-scheduler-config"))
+    ours = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
+    defaults = {"enableHTTPS": False, "ignorable": False, "nodeCacheCapable": False}
+    assert [{**defaults, **e} for e in ours["extenders"]] == \
+        [{**defaults, **e} for e in reference["extenders"]]
+    assert {p["schedulerName"] for p in ours["profiles"]} <= {
+        p["schedulerName"] for p in reference["profiles"]}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_grafana_configmaps_carry_the_files(rendered: dict[str, list[Obj]],
+                                            variant: str) -> None:
+    grafana = MANIFESTS / "grafana"
+    dashboards = sorted(grafana.glob("*.json"))
+    assert dashboards, "manifests/grafana has no dashboards"
+    docs = rendered[variant]
+    board_map = one(docs, "ConfigMap", "sunkd-grafana-dashboards")
+    assert board_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert set(board_map["data"]) == {p.name for p in dashboards}
+    for path in dashboards:
+        assert board_map["data"][path.name] == path.read_text()
+    source_map = one(docs, "ConfigMap", "sunkd-grafana-datasources")
+    assert source_map["metadata"]["labels"]["grafana_datasource"] == "1"
+    assert source_map["data"]["datasources.yaml"] == (grafana / "datasources.yaml").read_text()
