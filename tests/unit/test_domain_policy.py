@@ -150,6 +150,25 @@ def test_adoption_recognises_a_node_already_lent() -> None:
     assert decisions[0].to_owner == "kubernetes"  # type: ignore[union-attr]
 
 
+def test_a_transition_whose_pool_disappeared_is_still_driven_to_its_end() -> None:
+    log = _cluster(1)
+    _pods(log, 1)
+    first = _decide(log, T0)
+    _record(log, first, T0)
+    drain = first[1]
+    assert isinstance(drain, RequestAction)
+    _succeed(log, drain, T0 + 1)
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=drain.arg("reason")), T0 + 2)
+    # The Nodeset is deleted: no pool matches the node any more, the lend goes on.
+    assert _actions(decide(log.state(), [], T0 + 3)) == [("n1", "kubernetes", "unlock")]
+    # Its demand gone too, a lend not yet handed over is aborted (default knobs).
+    log.add(K8sDemandObserved(pool=POOL, pending=()), T0 + 4)
+    ended = decide(log.state(), [], T0 + 5)
+    assert isinstance(ended[0], AbortTransition)
+    _record(log, ended, T0 + 5)
+    assert log.state().nodes["n1"].transition is None
+
+
 def test_nodes_outside_every_pool_get_nothing() -> None:
     log = _cluster(1)
     _pods(log, 3)
