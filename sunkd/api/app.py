@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -355,13 +356,21 @@ async def _extender_call(request: web.Request, verb: str) -> web.Response:
     started = time.perf_counter()
     body = await request.read()  # aiohttp answers 413 beyond client_max_size
     try:
-        result: Any = extender.filter(body) if verb == "filter" else extender.prioritize(body)
+        if verb == "filter":
+            payload = extender.filter_bytes(body)
+        else:
+            payload = _compact_json(extender.prioritize(body)).encode()
     except BadRequest as error:
         view.metrics.observe_extender(verb, "bad_request", time.perf_counter() - started)
         log.info("extender.bad_request", verb=verb, error=str(error))
         return web.json_response({"Error": str(error)}, status=400)
+    response = web.Response(body=payload, content_type="application/json")
     view.metrics.observe_extender(verb, "ok", time.perf_counter() - started)
-    return web.json_response(result)
+    return response
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 async def scheduler_filter(request: web.Request) -> web.Response:

@@ -22,8 +22,8 @@ preempting pods never changes who owns a node. Any other pod passes on every nod
 Prioritize prefers, for pool pods, nodes least likely to be reclaimed soon: pools with
 no pending Slurm demand (+5) and nodes long in KUBERNETES (+1 per hour, up to +5).
 
-The per-node verdicts are computed once per (state, second) and cached, so a filter
-over 10,000 nodes costs two dict lookups per node plus JSON (bench/extender.py).
+Per-node verdicts are cached and recomputed only for nodes the fold changed, so a
+filter over 10,000 nodes costs a set lookup per node plus JSON (bench/extender.py).
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any
 
 from sunkd.domain.events import Label
-from sunkd.domain.ownership import assess
+from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS, assess
 from sunkd.domain.policy import PoolSpec, membership
-from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, Phase
+from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState, Phase
 
 MAX_EXTENDER_PRIORITY = 10
-CACHE_SECONDS = 1.0
 
 
 class BadRequest(ValueError):
@@ -66,20 +66,42 @@ class ApiPool:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """What the extender says about one Kubernetes node for pods of its pool."""
+    """What the extender says about one Kubernetes node for pods of its pool. `why` is
+    one of a few fixed texts so kube-scheduler's "0/N nodes are available: ..." summary
+    groups them; `/api/v1/nodes/{name}` has the details."""
 
     pool: str | None
     ok: bool
     why: str
-    score: int
+    k8s_since: float | None = None  # when it became Kubernetes-owned (ok nodes)
+
+
+WHY_SLURM = "sunkd: owned by Slurm"
+WHY_MOVING = "sunkd: moving between Slurm and Kubernetes"
+WHY_HELD = "sunkd: held (foreign drain or cordon, NotReady, DOWN)"
+WHY_UNKNOWN = "sunkd: ownership unknown (stale source or not observed on both sides)"
+
+
+@dataclass(slots=True)
+class _Entry:
+    node: NodeState
+    k8s_name: str
+    encoded: str  # json.dumps(k8s_name), reused when answering
+    verdict: Verdict
+    valid_until: float  # the verdict depends on time (unhealthy grace) until then
 
 
 @dataclass(slots=True)
 class _Index:
     state: ClusterState | None = None
-    built_at: float = -1e18
-    pools_key: tuple[str, ...] = ()
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    pools: tuple[ApiPool, ...] = ()
+    sources: Mapping[str, Any] | None = None
+    entries: dict[str, _Entry] = field(default_factory=dict)  # by Slurm node name
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # by Kubernetes node name
+    encoded: dict[str, str] = field(default_factory=dict)  # k8s name -> its JSON string
+    passing: dict[str, frozenset[str]] = field(default_factory=dict)  # pool -> k8s names
+    no_demand: dict[str, bool] = field(default_factory=dict)  # pool -> no Slurm demand
+    next_expiry: float = float("inf")
 
 
 def _get(mapping: Mapping[str, Any], name: str) -> Any:
@@ -102,38 +124,45 @@ def _slurm_demand(state: ClusterState, spec: PoolSpec) -> int:
     return total
 
 
+def _verdict(state: ClusterState, node: NodeState, pool: str | None, now: float
+             ) -> tuple[Verdict, float]:
+    assessment = assess(state, node, now)
+    phase = assessment.phase
+    valid_until = float("inf")
+    if node.slurm_unhealthy_since is not None:
+        # Becomes HELD once the unhealthy grace has passed: re-judge then.
+        valid_until = node.slurm_unhealthy_since + UNHEALTHY_GRACE_SECONDS
+        if valid_until <= now:
+            valid_until = float("inf")
+    if phase is Phase.KUBERNETES and node.owner == OWNER_KUBERNETES and node.transition is None:
+        return Verdict(pool, True, "", node.since), valid_until
+    if phase is Phase.UNKNOWN:
+        why = WHY_UNKNOWN
+    elif phase is Phase.HELD:
+        why = WHY_HELD
+    elif phase in (Phase.TO_K8S, Phase.TO_SLURM) or node.transition is not None:
+        why = WHY_MOVING
+    else:
+        why = WHY_SLURM
+    return Verdict(pool, False, why), valid_until
+
+
 def build_verdicts(state: ClusterState, pools: Sequence[ApiPool], now: float
                    ) -> dict[str, Verdict]:
-    """Kubernetes node name -> verdict, for every node in the state."""
+    """Kubernetes node name -> verdict, for every node in the state (no cache)."""
     specs = [pool.spec for pool in pools]
     members = membership(state, specs) if specs else {}
-    no_demand = {pool.name: _slurm_demand(state, pool.spec) == 0 for pool in pools}
-    verdicts: dict[str, Verdict] = {}
-    for name, node in state.nodes.items():
-        k8s_name = node.k8s_name or name
-        pool = members.get(name)
-        assessment = assess(state, node, now)
-        phase = assessment.phase
-        if phase is Phase.KUBERNETES and node.owner == OWNER_KUBERNETES and (
-                node.transition is None):
-            hours = 0 if node.since is None else int(max(now - node.since, 0.0) // 3600)
-            score = min(5, hours) + (5 if no_demand.get(pool or "", False) else 0)
-            verdicts[k8s_name] = Verdict(pool, True, "", min(score, MAX_EXTENDER_PRIORITY))
-            continue
-        if phase is Phase.UNKNOWN:
-            why = "sunkd: ownership unknown (" + "; ".join(assessment.unknown_reasons) + ")"
-        elif phase is Phase.HELD:
-            why = "sunkd: node held (" + "; ".join(assessment.hold_reasons) + ")"
-        elif phase in (Phase.TO_K8S, Phase.TO_SLURM):
-            why = f"sunkd: node is moving ({phase.value})"
-        else:
-            why = f"sunkd: not owned by Kubernetes (owner={node.owner}, phase={phase.value})"
-        verdicts[k8s_name] = Verdict(pool, False, why, 0)
-    return verdicts
+    return {node.k8s_name or name: _verdict(state, node, members.get(name), now)[0]
+            for name, node in state.nodes.items()}
 
 
 class Extender:
-    """Filter and prioritize over the live state. `state` and `pools` are read per call."""
+    """Filter and prioritize over the live state. `state` and `pools` are read per call.
+
+    Verdicts are cached per node and recomputed only for nodes whose `NodeState` object
+    changed (the fold is copy-on-write, so unchanged nodes keep their identity), all of
+    them when sources or pools change, and a node's at the end of its unhealthy grace.
+    """
 
     def __init__(self, state: Callable[[], ClusterState], pools: Callable[[], Sequence[ApiPool]],
                  clock: Callable[[], float] = time.time) -> None:
@@ -142,17 +171,50 @@ class Extender:
         self._clock = clock
         self._index = _Index()
 
-    def verdicts(self) -> tuple[dict[str, Verdict], Sequence[ApiPool]]:
+    def _refresh(self) -> tuple[_Index, float]:
         state = self._state()
-        pools = self._pools()
         now = self._clock()
-        key = tuple(f"{pool.name}:{id(pool)}" for pool in pools)
         index = self._index
-        if index.state is not state or index.pools_key != key or (
-                now - index.built_at >= CACHE_SECONDS or now < index.built_at):
-            index = _Index(state, now, key, build_verdicts(state, pools, now))
-            self._index = index
-        return index.verdicts, pools
+        if index.state is state and now < index.next_expiry:
+            return index, now
+        pools = tuple(self._pools())
+        full = index.sources is not state.sources or index.pools != pools
+        old = {} if full else index.entries
+        changed = {name: node for name, node in state.nodes.items()
+                   if (entry := old.get(name)) is None or entry.node is not node
+                   or entry.valid_until <= now}
+        specs = [pool.spec for pool in pools]
+        members = membership(replace(state, nodes=changed), specs) if specs and changed else {}
+        entries: dict[str, _Entry] = {}
+        verdicts: dict[str, Verdict] = {}
+        encoded: dict[str, str] = {}
+        passing: dict[str, set[str]] = {pool.name: set() for pool in pools}
+        next_expiry = float("inf")
+        for name, node in state.nodes.items():
+            if name in changed:
+                verdict, valid_until = _verdict(state, node, members.get(name), now)
+                k8s_name = node.k8s_name or name
+                entry = _Entry(node, k8s_name, json.dumps(k8s_name), verdict, valid_until)
+            else:
+                entry = old[name]
+            entries[name] = entry
+            verdicts[entry.k8s_name] = entry.verdict
+            encoded[entry.k8s_name] = entry.encoded
+            next_expiry = min(next_expiry, entry.valid_until)
+            if entry.verdict.ok and entry.verdict.pool in passing:
+                passing[entry.verdict.pool].add(entry.k8s_name)
+        index = _Index(
+            state=state, pools=pools, sources=state.sources, entries=entries,
+            verdicts=verdicts, encoded=encoded,
+            passing={pool: frozenset(names) for pool, names in passing.items()},
+            no_demand={pool.name: _slurm_demand(state, pool.spec) == 0 for pool in pools},
+            next_expiry=next_expiry)
+        self._index = index
+        return index, now
+
+    def verdicts(self) -> tuple[dict[str, Verdict], Sequence[ApiPool]]:
+        index, _now = self._refresh()
+        return index.verdicts, index.pools
 
     # ----------------------------------------------------------------- parsing
 
@@ -170,7 +232,7 @@ class Extender:
             raise BadRequest("ExtenderArgs.Pod must be a v1.Pod object")
         names = _get(args, "NodeNames")
         if names is not None:
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            if not isinstance(names, list) or not all(map(isinstance, names, repeat(str))):
                 raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
             return pod, names, None
         nodes = _get(args, "Nodes")
@@ -206,53 +268,73 @@ class Extender:
     # ------------------------------------------------------------------- verbs
 
     def filter(self, body: bytes) -> dict[str, Any]:
-        """ExtenderArgs bytes -> ExtenderFilterResult (raises BadRequest)."""
+        """ExtenderArgs bytes -> ExtenderFilterResult as a dict (raises BadRequest)."""
+        result: dict[str, Any] = json.loads(self.filter_bytes(body))
+        return result
+
+    def filter_bytes(self, body: bytes) -> bytes:
+        """ExtenderArgs bytes -> ExtenderFilterResult JSON bytes (raises BadRequest).
+
+        The failed-nodes map is assembled from pre-encoded node names and a handful of
+        reason texts: for a pool pod over 10,000 nodes it is most of the answer, and
+        json.dumps of such a dict would cost more than everything else together."""
         pod, names, items = self.parse(body)
         labels = self.pod_labels(pod)
-        verdicts, pools = self.verdicts()
-        pool = next((p for p in pools if p.matches_pod(labels)), None)
-        failed: dict[str, str] = {}
+        index, _now = self._refresh()
+        pool = next((p for p in index.pools if p.matches_pod(labels)), None)
+        failed_json = "{}"
         if pool is None:
             passing = names
         else:
-            passing = []
-            pool_name = pool.name
-            for name in names:
-                verdict = verdicts.get(name)
-                if verdict is None:
-                    failed[name] = f"sunkd: not a node of pool {pool_name}"
-                elif verdict.pool != pool_name:
-                    failed[name] = f"sunkd: not a node of pool {pool_name}"
-                elif not verdict.ok:
-                    failed[name] = verdict.why
-                else:
-                    passing.append(name)
-        result: dict[str, Any] = {
-            "Nodes": None, "NodeNames": None, "FailedNodes": {},
-            "FailedAndUnresolvableNodes": failed, "Error": "",
-        }
+            ok = index.passing.get(pool.name, frozenset())
+            passing = [name for name in names if name in ok]
+            if len(passing) != len(names):
+                verdicts = index.verdicts
+                encoded = index.encoded
+                pool_name = pool.name
+                not_member = f"sunkd: not a node of pool {pool_name}"
+                reasons: dict[str, str] = {}
+                parts: dict[str, str] = {}  # a dict: duplicate names appear once
+                for name in names:
+                    if name in ok:
+                        continue
+                    verdict = verdicts.get(name)
+                    why = (not_member if verdict is None or verdict.pool != pool_name
+                           else verdict.why)
+                    why_json = reasons.get(why)
+                    if why_json is None:
+                        why_json = reasons[why] = json.dumps(why)
+                    name_json = encoded.get(name)
+                    parts[name] = (name_json or json.dumps(name)) + ":" + why_json
+                failed_json = "{" + ",".join(parts.values()) + "}"
         if items is None:
-            result["NodeNames"] = passing
+            nodes_json, names_json = "null", json.dumps(passing, separators=(",", ":"))
         else:
             keep = set(passing)
-            result["Nodes"] = {
+            nodes_json = json.dumps({
                 "apiVersion": "v1", "kind": "NodeList", "metadata": {},
                 "items": [item for item in items if item["metadata"]["name"] in keep],
-            }
-        return result
+            }, separators=(",", ":"))
+            names_json = "null"
+        return (f'{{"Nodes":{nodes_json},"NodeNames":{names_json},"FailedNodes":{{}},'
+                f'"FailedAndUnresolvableNodes":{failed_json},"Error":""}}').encode()
 
     def prioritize(self, body: bytes) -> list[dict[str, Any]]:
         """ExtenderArgs bytes -> HostPriorityList (raises BadRequest)."""
         pod, names, _items = self.parse(body)
         labels = self.pod_labels(pod)
-        verdicts, pools = self.verdicts()
-        pool = next((p for p in pools if p.matches_pod(labels)), None)
+        index, now = self._refresh()
+        pool = next((p for p in index.pools if p.matches_pod(labels)), None)
         if pool is None:
             return [{"Host": name, "Score": 0} for name in names]
+        ok = index.passing.get(pool.name, frozenset())
+        bonus = 5 if index.no_demand.get(pool.name, False) else 0
         scores: list[dict[str, Any]] = []
         for name in names:
-            verdict = verdicts.get(name)
-            score = verdict.score if verdict is not None and verdict.ok and (
-                verdict.pool == pool.name) else 0
+            score = 0
+            if name in ok:
+                since = index.verdicts[name].k8s_since
+                hours = 0 if since is None else int(max(now - since, 0.0) // 3600)
+                score = min(MAX_EXTENDER_PRIORITY, min(5, hours) + bonus)
             scores.append({"Host": name, "Score": score})
         return scores

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from sunkd.api.app import api_pools, build_app
-from sunkd.api.extender import ApiPool
+from sunkd.api.extender import WHY_HELD, WHY_MOVING, WHY_SLURM, ApiPool
 from sunkd.api.metrics import Metrics
 from sunkd.domain.state import ClusterState, fold
 from sunkd.store.eventlog import EventLog
@@ -211,9 +211,9 @@ async def test_filter_pool_pod_only_on_kubernetes_nodes(
         assert result["Nodes"]["items"][0] == node_list(["k-n1"])["items"][0]
     failed = result["FailedAndUnresolvableNodes"]
     assert set(failed) == {"k-n2", "k-n3", "k-n4", "other-1", "stranger"}
-    assert "owner=slurm" in failed["k-n2"]
-    assert "moving" in failed["k-n3"]
-    assert "held" in failed["k-n4"] and "NotReady" in failed["k-n4"]
+    assert failed["k-n2"] == WHY_SLURM and failed["k-n3"] == WHY_MOVING
+    assert failed["k-n4"] == WHY_HELD
+    assert failed["other-1"] == f"sunkd: not a node of pool {POOL}"
     assert "not a node of pool" in failed["stranger"]
     assert result["Error"] == ""
 
