@@ -570,10 +570,18 @@ def _handle_transition(
 ) -> None:
     transition = node.transition
     assert transition is not None
-    if assessment.held:
-        planner.abort(node, transition, "held: " + "; ".join(assessment.hold_reasons))
-        return
     direction = transition.direction
+    if assessment.held:
+        # Past its point of no return (a lend's taint removal, a reclaim's resume), a
+        # move waits out a passing hold (a kubelet or slurmd blip) instead of flipping
+        # the node back; only a node gone from one side ends it.
+        committed = (direction == "lend" and _unlock_started(node, transition)) or (
+            direction == "reclaim" and _resume_started(node, transition)
+        )
+        missing = node.slurm is None or node.k8s is None
+        if not committed or missing:
+            planner.abort(node, transition, "held: " + "; ".join(assessment.hold_reasons))
+        return
     now = planner.now
     if direction == "lend":
         committed = _unlock_started(node, transition)

@@ -10,6 +10,7 @@ from sunkd.domain.events import (
     ActionSucceeded,
     K8sDemandObserved,
     K8sNodesetObserved,
+    K8sNodeVanished,
     K8sWorkloadObserved,
     NodeJobEnd,
     OperatorPinned,
@@ -404,6 +405,31 @@ def test_pool_pods_on_a_slurm_owned_node_are_evicted_before_resume() -> None:
     assert _actions(_decide(log, T0)) == [("n1", "kubernetes", "evict")]
     log.add(K8sWorkloadObserved(node="n1", pool=POOL, pods=()), 6.0)
     assert _actions(_decide(log, T0)) == [("n1", "slurm", "resume")]
+
+
+def test_a_move_past_its_point_of_no_return_waits_out_a_hold() -> None:
+    log = _cluster(1)
+    _pods(log, 1)
+    first = _decide(log, T0)
+    _record(log, first, T0)
+    drain = first[1]
+    assert isinstance(drain, RequestAction)
+    _succeed(log, drain, T0 + 1)
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=drain.arg("reason")), T0 + 2)
+    unlock_round = _decide(log, T0 + 3)
+    _record(log, unlock_round, T0 + 3)
+    unlock = unlock_round[0]
+    assert isinstance(unlock, RequestAction) and unlock.verb == "unlock"
+    _succeed(log, unlock, T0 + 4)
+    log.add(k8s_obs("n1", tainted=False, ready=False), T0 + 5)  # a kubelet blip
+    assert _only(_decide(log, T0 + 6), AbortTransition) == []
+    log.add(k8s_obs("n1", tainted=False, ready=True), T0 + 7)
+    assert [type(d) for d in _decide(log, T0 + 8)] == [CompleteTransition]
+    # A node that vanished from one side does end it.
+    log.add(K8sNodeVanished(node="n1"), T0 + 9)
+    gone = _decide(log, T0 + 10)
+    assert isinstance(gone[0], AbortTransition)
+    assert gone[0].reason == "held: missing in Kubernetes"
 
 
 def test_lend_drain_removed_while_lent_is_put_back() -> None:
