@@ -190,6 +190,16 @@ async def read_all(database_url: str) -> list[RecordedEvent]:
         await event_log.close()
 
 
+async def current_state(database_url: str) -> ClusterState:
+    from sunkd.operator import load_state
+
+    event_log = await EventLog.open(database_url)
+    try:
+        return await load_state(event_log, from_snapshot=True)
+    finally:
+        await event_log.close()
+
+
 def assert_log_safe(events: list[RecordedEvent]) -> None:
     last_slurm: dict[str, SlurmNodeObserved] = {}
     started: set[str] = set()
@@ -372,7 +382,7 @@ async def test_kill_9_at_random_points_converges(slurm_cluster: Any, tmp_path: P
         config = write_config(tmp_path / "sunkd.toml", database_url, slurm_cluster, kubeconfig)
         stand_in = KubeStandIn(emulator)
         process: asyncio.subprocess.Process | None = None
-        kills = 0
+        kills = kills_moving = 0
         try:
             for round_index in range(20):
                 # Alternate demand so transitions are always in flight.
@@ -382,14 +392,27 @@ async def test_kill_9_at_random_points_converges(slurm_cluster: Any, tmp_path: P
                     for pod in stand_in.pool_pods():
                         emulator.delete("pods", pod["metadata"]["name"], "default")
                     slurm_cluster.sbatch("-N1", "--exclusive", wrap="sleep 4", partition="gpu")
-                process = await spawn(config, slurm_cluster, f"crash-{round_index}")
-                deadline = time.monotonic() + rng.uniform(1.0, 5.0)
+                identity = f"crash-{round_index}"
+                process = await spawn(config, slurm_cluster, identity)
+                # Kill it only once it leads, at a random moment while a transition
+                # (or a requested action) is open.
+                deadline = time.monotonic() + 20
+                moving = False
                 while time.monotonic() < deadline:
                     stand_in.step()
-                    await asyncio.sleep(0.1)
+                    state = await current_state(database_url)
+                    if state.leader_identity == identity:
+                        moving = any(n.transition is not None for n in state.nodes.values()) \
+                            or bool(state.pending_actions())
+                        if moving:
+                            break
+                    await asyncio.sleep(0.05)
+                assert state.leader_identity == identity, f"{identity} never became leader"
+                await asyncio.sleep(rng.uniform(0.0, 0.6))
                 process.send_signal(signal.SIGKILL)
                 await process.wait()
                 kills += 1
+                kills_moving += moving
             # Stable demand, one last daemon: everything must settle.
             for pod in stand_in.pool_pods():
                 emulator.delete("pods", pod["metadata"]["name"], "default")
@@ -400,12 +423,7 @@ async def test_kill_9_at_random_points_converges(slurm_cluster: Any, tmp_path: P
             while time.monotonic() < deadline and not settled:
                 stand_in.step()
                 await asyncio.sleep(1)
-                event_log = await EventLog.open(database_url)
-                try:
-                    from sunkd.operator import load_state
-                    state = await load_state(event_log)
-                finally:
-                    await event_log.close()
+                state = await current_state(database_url)
                 running = [p for p in stand_in.pool_pods() if p["spec"].get("nodeName")]
                 settled = (len(running) == 2 and not state.pending_actions()
                            and all(n.transition is None for n in state.nodes.values()))
@@ -420,9 +438,10 @@ async def test_kill_9_at_random_points_converges(slurm_cluster: Any, tmp_path: P
             await emulator.stop()
         events = await read_all(database_url)
     assert kills == 20
+    assert kills_moving >= 15, kills_moving  # most kills land mid-transition
     assert_log_safe(events)
     epochs = {e.epoch for e in events if e.epoch}
-    assert len(epochs) >= 21  # each restart was a new leadership term
+    assert len(epochs) == 21  # every killed process had led: 20 terms + the final one
 
 
 async def test_two_daemons_one_database_exactly_one_acts(slurm_cluster: Any,
