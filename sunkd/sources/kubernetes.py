@@ -367,6 +367,10 @@ class KubernetesSource:
     `previous` are the last observation payloads sunkd knows (from the fold); only changes
     against them are emitted. Call `run(stop_event)`; tests await `wait_synced()`, then
     `wait_idle()` to know every change received so far has reached the sink.
+
+    A failing sink (e.g. the event log refusing a stale leader's epoch) ends `run()` with that
+    error: payloads are remembered as emitted only once the sink accepted them, so a new
+    source seeded from the log's fold picks up exactly where the log is.
     """
 
     def __init__(
