@@ -46,6 +46,7 @@ from sunkd.store.eventlog import EventLog, Lease, StaleLeaderError
 log = structlog.get_logger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 20.0
+NODESET_STATUS_INTERVAL = 2.0
 
 
 # ------------------------------------------------------------------------ systemd
@@ -139,6 +140,7 @@ class Daemon:
         self._follow_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
+        self._kube_actuator: Any = None
         self.started_at = time.time()
 
     # ----------------------------------------------------------------- DaemonView
@@ -271,6 +273,9 @@ class Daemon:
             for source in await self._build_sources(sink, closers):
                 tasks.append(asyncio.create_task(source.run(sources_stop)))
             tasks.append(asyncio.create_task(self._renew_forever(), name="sunkd-renew"))
+            if self._kube_actuator is not None:
+                tasks.append(asyncio.create_task(self._write_nodeset_status(self._kube_actuator),
+                                                 name="sunkd-nodeset-status"))
             lead_task = asyncio.create_task(self.engine.lead(term), name="sunkd-lead")
             tasks.append(lead_task)
             stop_wait = asyncio.create_task(self.stop_event.wait())
@@ -303,6 +308,33 @@ class Daemon:
                     await self.event_log.release(lease)
             self.leading, self.lease = False, None
             log.info("daemon.stepped_down", epoch=lease.epoch)
+
+    async def _write_nodeset_status(self, actuator: Any) -> None:
+        """Keep every Nodeset's status current (counters, nodes, conditions)."""
+        from sunkd.actuators.nodeset_status import build_nodeset_status
+
+        written: dict[str, dict[str, Any]] = {}
+        while True:
+            await asyncio.sleep(NODESET_STATUS_INTERVAL)
+            if not self.may_act() or self.engine is None:
+                continue
+            state = self.state()
+            pools = self.engine.pools()
+            for pool_name, nodeset in sorted(state.nodesets.items()):
+                if nodeset.deleted or "/" not in pool_name:
+                    continue
+                namespace, name = pool_name.split("/", 1)
+                previous = written.get(pool_name, {})
+                status = build_nodeset_status(
+                    state, pools, pool_name, nodeset.generation, time.time(),
+                    {c["type"]: c for c in previous.get("conditions", [])})
+                if status == previous:
+                    continue
+                try:
+                    await actuator.update_nodeset_status(namespace, name, status)
+                    written[pool_name] = status
+                except Exception as error:  # retried on the next round
+                    log.warning("nodeset.status_failed", pool=pool_name, error=str(error))
 
     async def _renew_forever(self) -> None:
         assert self.event_log is not None
@@ -367,6 +399,7 @@ class Daemon:
             from sunkd.actuators.slurm import SlurmActuator
 
             slurm_actuator = SlurmActuator(slurm_client, scontrol_env=self._slurm_env)
+        self._kube_actuator = None
         kube_actuator = None
         kube_client = await self._kube(closers)
         if kube_client is not None:
@@ -375,7 +408,8 @@ class Daemon:
             kube_actuator = KubernetesActuator(
                 kube_client, event_namespace=self.settings.kubernetes.namespace,
                 instance=self.settings.identity, may_act=term.may_act)
-        return ActuatorExecutor(slurm_actuator, kube_actuator)
+            self._kube_actuator = kube_actuator
+        return ActuatorExecutor(slurm_actuator, kube_actuator, slurm_reader=slurm_client)
 
     async def _build_sources(self, sink: Any,
                              closers: list[Callable[[], Awaitable[None]]]) -> list[Any]:

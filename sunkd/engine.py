@@ -62,6 +62,7 @@ class EngineObserver(Protocol):
 
     def observe_events(self, batch: Sequence[RecordedEvent]) -> None: ...
     def observe_append(self, seconds: float) -> None: ...
+    def set_fold_lag(self, events_behind: int) -> None: ...
 
 
 @dataclass
@@ -139,6 +140,7 @@ class Engine:
         if self.observer is not None:
             try:
                 self.observer.observe_events(batch)
+                self.observer.set_fold_lag(self._appended_upto - self.state.last_seq)
             except Exception:  # metrics must never stop the fold
                 log.exception("engine.observer_failed")
         self._changed.set()
@@ -157,11 +159,12 @@ class Engine:
     async def append(self, events: Sequence[Event], term: LeaderTerm) -> list[int]:
         started = time.perf_counter()
         seqs = await self.event_log.append(events, term.epoch)
+        if seqs:
+            self._appended_upto = max(self._appended_upto, seqs[-1])
         if self.observer is not None:
             with contextlib.suppress(Exception):
                 self.observer.observe_append(time.perf_counter() - started)
-        if seqs:
-            self._appended_upto = max(self._appended_upto, seqs[-1])
+                self.observer.set_fold_lag(self._appended_upto - self.state.last_seq)
         return seqs
 
     async def lead(self, term: LeaderTerm) -> None:

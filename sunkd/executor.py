@@ -7,7 +7,8 @@ them differ). Arguments travel as (key, value) pairs on the `action.requested` e
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from sunkd.actuators import ActionError
 from sunkd.domain.policy import (
@@ -31,6 +32,10 @@ class SlurmActions(Protocol):
     async def resume(self, node: str) -> bool: ...
 
 
+class SlurmReader(Protocol):
+    async def get_nodes(self) -> Sequence[Any]: ...
+
+
 class KubernetesActions(Protocol):
     async def lock(self, node: str) -> bool: ...
     async def unlock(self, node: str) -> bool: ...
@@ -52,17 +57,39 @@ def _arg(action: OpenAction, key: str) -> str | None:
 class ActuatorExecutor:
     """An `ActionExecutor` over the Slurm and Kubernetes actuators."""
 
-    def __init__(self, slurm: SlurmActions | None, kubernetes: KubernetesActions | None) -> None:
+    def __init__(self, slurm: SlurmActions | None, kubernetes: KubernetesActions | None,
+                 slurm_reader: SlurmReader | None = None) -> None:
         self.slurm = slurm
         self.kubernetes = kubernetes
+        self.slurm_reader = slurm_reader
 
     async def execute(self, action: OpenAction, node: NodeState | None) -> bool:
         if action.side == SIDE_SLURM:
             return await self._slurm(action)
         if action.side == SIDE_KUBERNETES:
-            k8s_name = (node.k8s_name if node is not None else None) or action.node
+            k8s_name = (_arg(action, "k8s_node")
+                        or (node.k8s_name if node is not None else None) or action.node)
+            if action.verb == VERB_UNLOCK:
+                await self._check_drained(action.node)
             return await self._kubernetes(action, k8s_name)
         raise ActionError(f"unknown side {action.side!r}", retryable=False)
+
+    async def _check_drained(self, node: str) -> None:
+        """Defence in depth for the one unsafe action: the policy decided to unlock on
+        an observation up to a poll interval old, so ask Slurm again right before
+        handing the node to Kubernetes (DRAIN, nothing allocated, not completing)."""
+        if self.slurm_reader is None:
+            return
+        try:
+            nodes = await self.slurm_reader.get_nodes()
+        except Exception as error:
+            raise ActionError(f"cannot confirm {node} is drained in Slurm: {error}",
+                              retryable=True) from error
+        current = next((item for item in nodes if getattr(item, "name", None) == node), None)
+        if current is None or not getattr(current, "is_drained", False):
+            state = getattr(current, "display_state", "missing")
+            raise ActionError(f"refusing to unlock {node}: Slurm now reports it {state}, "
+                              "not drained", retryable=True)
 
     async def _slurm(self, action: OpenAction) -> bool:
         if self.slurm is None:

@@ -178,3 +178,25 @@ async def rows(engine: AsyncEngine, sql: str, params: Mapping[str, Any] | None =
     async with engine.connect() as connection:
         result = await connection.execute(text(sql), dict(params or {}))
         return [dict(row._mapping) for row in result.all()]
+
+
+async def check_against_state(engine: AsyncEngine, state: Any) -> list[str]:
+    """Differences between the `node_ownership` view and a folded state (node ->
+    owner, and whether a transition is open), for `sunkd replay --check`."""
+    problems: list[str] = []
+    view = {row["node"]: row for row in await rows(engine, "SELECT * FROM node_ownership")}
+    for name, node in sorted(state.nodes.items()):
+        row = view.get(name)
+        if row is None:
+            problems.append(f"node_ownership has no row for {name}")
+            continue
+        if row["owner"] != node.owner:
+            problems.append(f"node_ownership says {name} is owned by {row['owner']!r}, "
+                            f"the fold says {node.owner!r}")
+        moving = str(row["phase"]).upper() in ("TO_K8S", "TO_SLURM")
+        if moving != (node.transition is not None):
+            problems.append(f"node_ownership phase of {name} is {row['phase']!r}, the fold's "
+                            f"open transition is {node.transition}")
+    for name in sorted(set(view) - set(state.nodes)):
+        problems.append(f"node_ownership has {name}, which the fold does not know")
+    return problems

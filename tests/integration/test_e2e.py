@@ -248,6 +248,14 @@ async def test_nodes_move_both_ways_and_pdbs_are_honoured(slurm_cluster: Any) ->
                 # before sunkd records the completed lend.
                 await sunkd.until("the lend is recorded",
                                   lambda: sunkd.owner(lent) == "kubernetes", within=10)
+                # The Nodeset status tells the same story to `kubectl get nds`.
+                await sunkd.until("the Nodeset status counts the lent node", lambda: (
+                    emulator.get("nodesets", "pool", "sunkd").get("status") or {}
+                ).get("counts", {}).get("kubernetes") == 1, within=15)
+                status = emulator.get("nodesets", "pool", "sunkd")["status"]
+                entry = next(e for e in status["nodes"] if e["name"] == lent)
+                assert (entry["owner"], entry["phase"]) == ("Kubernetes", "Kubernetes")
+                assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
                 flags = slurm_cluster.node_flags(lent)
                 assert "DRAIN" in flags.upper()
                 assert "sunkd:" in slurm_cluster.scontrol("show", "node", lent)

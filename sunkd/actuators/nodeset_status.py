@@ -1,0 +1,123 @@
+"""The Nodeset `.status` sunkd writes: counters, per-node entries and conditions.
+
+This is the in-cluster mirror of the Slurm side: `kubectl get nds` shows how many
+nodes each side owns and `kubectl get nds -o yaml` shows every node's phase and why.
+The shape follows the CRD schema (manifests/crds/nodeset.yaml; fields outside it
+would be pruned by the API server). Pure formatting, no I/O: the daemon writes it
+through `KubernetesActuator.update_nodeset_status`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sunkd.domain.ownership import assess
+from sunkd.domain.policy import PoolSpec, membership
+from sunkd.domain.state import ClusterState, Phase
+
+PHASE_NAMES = {
+    Phase.SLURM: "Slurm",
+    Phase.TO_K8S: "ToKubernetes",
+    Phase.KUBERNETES: "Kubernetes",
+    Phase.TO_SLURM: "ToSlurm",
+    Phase.HELD: "Held",
+    Phase.UNKNOWN: "Unknown",
+}
+OWNER_NAMES = {"slurm": "Slurm", "kubernetes": "Kubernetes", "none": "None"}
+MAX_NODE_ENTRIES = 500  # keep the object well under etcd's size limit on huge pools
+
+
+def _rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _slurm_bucket(state: str, flags: tuple[str, ...]) -> str | None:
+    if "DRAIN" in flags:
+        return "drain"
+    lowered = state.lower()
+    if lowered in ("idle", "allocated", "mixed", "down"):
+        return lowered
+    return None
+
+
+def build_nodeset_status(
+    state: ClusterState,
+    pools: tuple[PoolSpec, ...],
+    pool_name: str,
+    generation: int,
+    now: float,
+    previous_conditions: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The status for one pool. `previous_conditions` (by type) keep their
+    `lastTransitionTime` while their status does not change."""
+    members = sorted(name for name, pool in membership(state, pools).items()
+                     if pool == pool_name)
+    counts = {"nodes": len(members), "slurm": 0, "kubernetes": 0, "moving": 0, "held": 0,
+              "unknown": 0}
+    slurm_states = {"idle": 0, "allocated": 0, "mixed": 0, "drain": 0, "down": 0}
+    entries: list[dict[str, Any]] = []
+    failed_actions = 0
+    for name in members:
+        node = state.nodes[name]
+        assessment = assess(state, node, now)
+        phase = assessment.phase
+        if phase in (Phase.TO_K8S, Phase.TO_SLURM) or node.transition is not None:
+            counts["moving"] += 1
+        elif phase == Phase.HELD:
+            counts["held"] += 1
+        elif phase == Phase.UNKNOWN:
+            counts["unknown"] += 1
+        elif node.owner == "slurm":
+            counts["slurm"] += 1
+        elif node.owner == "kubernetes":
+            counts["kubernetes"] += 1
+        slurm_state = None
+        if node.slurm is not None:
+            slurm_state = "+".join([node.slurm.state, *node.slurm.flags])
+            bucket = _slurm_bucket(node.slurm.state, node.slurm.flags)
+            if bucket is not None:
+                slurm_states[bucket] += 1
+        failed_actions += sum(1 for outcome in node.outcomes.values() if not outcome.succeeded)
+        reasons = list(assessment.hold_reasons or assessment.unknown_reasons)
+        if node.transition is not None:
+            reasons.insert(0, node.transition.reason)
+        entry: dict[str, Any] = {"name": name, "owner": OWNER_NAMES.get(node.owner, "None"),
+                                 "phase": PHASE_NAMES[phase]}
+        if slurm_state is not None:
+            entry["slurmState"] = slurm_state
+        if reasons:
+            entry["reason"] = "; ".join(reasons)[:1024]
+        if node.since is not None:
+            entry["since"] = _rfc3339(node.since)
+        entries.append(entry)
+
+    sources_fresh = all(state.source_fresh(source) for source in ("slurm", "kubernetes"))
+    wanted = {
+        "Ready": ("True", "SourcesFresh", "Slurm and Kubernetes observations are fresh")
+        if sources_fresh else
+        ("False", "SourcesStale", "a source is stale or lost: sunkd takes no action"),
+        "Progressing": ("True", "Moving", f"{counts['moving']} node(s) changing owner")
+        if counts["moving"] else ("False", "Settled", "no node is changing owner"),
+        "Degraded": ("True", "NodesHeld", f"{counts['held']} node(s) held, "
+                     f"{failed_actions} failed action(s) pending retry")
+        if counts["held"] or failed_actions else ("False", "AsExpected", "nothing held"),
+    }
+    conditions = []
+    for condition_type, (status, reason, message) in wanted.items():
+        previous = (previous_conditions or {}).get(condition_type)
+        changed_at = (previous.get("lastTransitionTime")
+                      if previous is not None and previous.get("status") == status else None)
+        conditions.append({
+            "type": condition_type, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": changed_at or _rfc3339(now),
+            "observedGeneration": generation,
+        })
+    return {
+        "observedGeneration": generation,
+        "counts": counts,
+        "slurmStates": slurm_states,
+        "nodes": entries[:MAX_NODE_ENTRIES],
+        "conditions": conditions,
+    }
