@@ -4,7 +4,9 @@ taints list, cordon ownership, eviction under a PodDisruptionBudget, Events on t
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from sunkd.actuators import ActionError, RefusedError
 from sunkd.actuators.kubernetes import API_CALLS, KubernetesActuator
 from sunkd.clients.kube import EVENTS, NODES, PDBS, PODS, KubeApiError, KubeClient
 
+from ..conftest import require
 from .kube_helpers import (
     create_node,
     create_pod,
@@ -264,3 +267,37 @@ def test_api_calls_cover_the_verbs_used() -> None:
     for needed in [("patch", "nodes"), ("create", "pods/eviction"), ("create", "events"),
                    ("watch", "pods"), ("patch", "nodesets/status"), ("update", "leases")]:
         assert needed in verbs
+
+
+async def test_repeated_event_bumps_count(kube: tuple[Any, KubeClient]) -> None:
+    _, client = kube
+    await create_node(client, "n1")
+    actuator = KubernetesActuator(client)
+    assert await actuator.record_event("n1", "SunkdTest", "same words", "Warning")
+    assert await actuator.record_event("n1", "SunkdTest", "same words", "Warning")
+    events = [e for e in await node_events(client, "n1") if e["reason"] == "SunkdTest"]
+    assert len(events) == 1
+    assert events[0]["count"] == 2 and events[0]["type"] == "Warning"
+
+
+@pytest.mark.kubectl
+async def test_kubectl_describe_node_tells_the_story(
+    kube: tuple[Any, KubeClient], tmp_path: Path
+) -> None:
+    require(shutil.which("kubectl") is not None, "kubectl is not installed")
+    emulator, client = kube
+    await create_node(client, "n1")
+    actuator = KubernetesActuator(client)
+    await actuator.lock("n1")
+    await actuator.cordon("n1", "lent to kubernetes [tx 42]")
+    config = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+    process = await asyncio.create_subprocess_exec(
+        "kubectl", "--kubeconfig", str(config), "describe", "node", "n1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    text = out.decode()
+    assert process.returncode == 0, err.decode()
+    assert "SunkdLocked" in text and "SunkdCordoned" in text
+    assert "lent to kubernetes [tx 42]" in text
+    assert "sunkd.io/owner=slurm:NoSchedule" in text
