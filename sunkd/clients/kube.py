@@ -291,6 +291,7 @@ class KubeClient:
         context: str | None = None,
         in_cluster: bool | None = None,
         timeouts: Timeouts | None = None,
+        service_account_dir: str = "/var/run/secrets/kubernetes.io/serviceaccount",
     ) -> KubeClient:
         """Build a client from a kubeconfig file or the pod's service account.
 
@@ -308,7 +309,9 @@ class KubeClient:
             configuration = k8s_client.Configuration()
             # Re-reads the projected service-account token periodically (bound tokens expire).
             k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
+                client_configuration=configuration,
+                token_filename=os.path.join(service_account_dir, "token"),
+                cert_filename=os.path.join(service_account_dir, "ca.crt"),
             )
             api_client = k8s_client.ApiClient(configuration=configuration)
         else:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import certifi
+import pytest
 import yaml
 
 from sunkd.clients.kube import NODES, PODS, KubeClient
@@ -39,3 +42,20 @@ async def test_token_user_sends_bearer_header(tmp_path: Path) -> None:
         headers = {k.lower(): v for k, v in request.headers.items()}
         assert headers.get("authorization") == "Bearer s3cret-token"
         assert request.query.get("limit") == "500"
+
+
+async def test_in_cluster_service_account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a pod: KUBERNETES_SERVICE_HOST/PORT plus the mounted token and CA bundle."""
+    (tmp_path / "token").write_text("projected-token")
+    shutil.copy(certifi.where(), tmp_path / "ca.crt")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    client = await KubeClient.connect(service_account_dir=str(tmp_path))
+    try:
+        configuration = client.api_client.configuration
+        assert client.host == "https://10.96.0.1:443"
+        auth = await configuration.auth_settings()
+        assert auth["BearerToken"]["value"] == "Bearer projected-token"
+    finally:
+        await client.close()
