@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
+from sunkd.domain.events import Label, OwnershipSpec
+from sunkd.domain.policy import PoolSpec
+
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///sunkd.db"
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -72,6 +75,21 @@ class PoolSettings:
     max_in_flight: int = 1
     drain_timeout_seconds: float = 1800.0
     reclaim_grace_seconds: float = 300.0
+
+
+def pool_spec(pool: PoolSettings) -> PoolSpec:
+    """The domain's PoolSpec for a config-file pool (the same shape a Nodeset gives)."""
+    return PoolSpec(
+        name=pool.name,
+        partitions=pool.partitions,
+        node_selector=tuple(Label(k, v) for k, v in sorted(pool.node_selector.items())),
+        ownership=OwnershipSpec(
+            mode=pool.mode, min_slurm=pool.min_slurm, min_kubernetes=pool.min_kubernetes,
+            max_kubernetes=pool.max_kubernetes, prefer=pool.prefer,
+            dwell_seconds=pool.dwell_seconds, max_in_flight=pool.max_in_flight,
+            drain_timeout_seconds=pool.drain_timeout_seconds,
+            reclaim_grace_seconds=pool.reclaim_grace_seconds),
+    )
 
 
 @dataclass(frozen=True)

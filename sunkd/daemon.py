@@ -34,9 +34,8 @@ from aiohttp import web
 from sunkd.api.app import api_pools, build_app
 from sunkd.api.extender import ApiPool
 from sunkd.api.metrics import Metrics
-from sunkd.config import PoolSettings, Settings, load_settings, parse_listen
-from sunkd.domain.events import Label, OwnershipSpec, Payload
-from sunkd.domain.policy import PoolSpec
+from sunkd.config import Settings, load_settings, parse_listen, pool_spec
+from sunkd.domain.events import Payload
 from sunkd.domain.state import ClusterState
 from sunkd.engine import Engine, LeaderTerm, leader_sink
 from sunkd.executor import ActuatorExecutor
@@ -82,20 +81,6 @@ def watchdog_interval() -> float | None:
 
 
 # -------------------------------------------------------------------------- pools
-
-
-def pool_spec(pool: PoolSettings) -> PoolSpec:
-    return PoolSpec(
-        name=pool.name,
-        partitions=pool.partitions,
-        node_selector=tuple(Label(key, value) for key, value in sorted(pool.node_selector.items())),
-        ownership=OwnershipSpec(
-            mode=pool.mode, min_slurm=pool.min_slurm, min_kubernetes=pool.min_kubernetes,
-            max_kubernetes=pool.max_kubernetes, prefer=pool.prefer,
-            dwell_seconds=pool.dwell_seconds, max_in_flight=pool.max_in_flight,
-            drain_timeout_seconds=pool.drain_timeout_seconds,
-            reclaim_grace_seconds=pool.reclaim_grace_seconds),
-    )
 
 
 def kubernetes_seed(state: ClusterState) -> list[Payload]:

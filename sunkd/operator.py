@@ -14,7 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sunkd.config import Settings
+from sunkd.config import Settings, pool_spec
 from sunkd.domain.events import Event, OperatorPinned
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import effective_pools, membership
@@ -42,8 +42,6 @@ def _when(moment: float | None) -> str:
 
 
 def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dict[str, Any]]:
-    from sunkd.daemon import pool_spec
-
     pools = effective_pools(state, [pool_spec(pool) for pool in settings.pools])
     pool_of = membership(state, pools)
     rows = []

@@ -25,8 +25,8 @@ from aiohttp import web
 
 from sunkd.api.extender import ApiPool, BadRequest, Extender
 from sunkd.api.metrics import CONTENT_TYPE, NO_POOL, Metrics
-from sunkd.config import PoolSettings
-from sunkd.domain.events import Label, OwnershipSpec
+from sunkd.config import PoolSettings, pool_spec
+from sunkd.domain.events import Label
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import PoolSpec, effective_pools, membership
 from sunkd.domain.state import ClusterState, NodeState
@@ -78,20 +78,6 @@ class DaemonView(Protocol):
 # ------------------------------------------------------------------------- pools
 
 
-def pool_spec_from_settings(pool: PoolSettings) -> PoolSpec:
-    return PoolSpec(
-        name=pool.name,
-        partitions=pool.partitions,
-        node_selector=tuple(Label(k, v) for k, v in sorted(pool.node_selector.items())),
-        ownership=OwnershipSpec(
-            mode=pool.mode, min_slurm=pool.min_slurm, min_kubernetes=pool.min_kubernetes,
-            max_kubernetes=pool.max_kubernetes, prefer=pool.prefer,
-            dwell_seconds=pool.dwell_seconds, max_in_flight=pool.max_in_flight,
-            drain_timeout_seconds=pool.drain_timeout_seconds,
-            reclaim_grace_seconds=pool.reclaim_grace_seconds),
-    )
-
-
 def api_pools(state: ClusterState, config_pools: Sequence[PoolSettings] = ()
               ) -> tuple[ApiPool, ...]:
     """Pools from Nodesets in the state plus config-file pools (a Nodeset wins a name
@@ -101,7 +87,7 @@ def api_pools(state: ClusterState, config_pools: Sequence[PoolSettings] = ()
         for pool in config_pools}
     for nodeset in state.nodesets.values():
         selectors[nodeset.pool] = nodeset.workload_selector
-    specs = effective_pools(state, [pool_spec_from_settings(p) for p in config_pools])
+    specs = effective_pools(state, [pool_spec(p) for p in config_pools])
     return tuple(ApiPool(spec, selectors.get(spec.name, ())) for spec in specs)
 
 
