@@ -146,3 +146,59 @@ def test_parameters_validated() -> None:
     with pytest.raises(ValueError):
         LeaseElector(None, namespace="x", name="y", identity="z",  # type: ignore[arg-type]
                      lease_duration=5, renew_deadline=6, retry_period=1)
+
+
+async def test_two_running_candidates_hand_over_on_stop(kube: tuple[Any, KubeClient]) -> None:
+    """Real clocks: two `run()` loops; never two leaders at once; stopping the leader releases
+    the lease and the other takes over without waiting for expiry."""
+    _, client = kube
+    leading: set[str] = set()
+    overlaps = 0
+    started = {"a": asyncio.Event(), "b": asyncio.Event()}
+    stops = {"a": asyncio.Event(), "b": asyncio.Event()}
+
+    def callbacks(name: str) -> tuple[Any, Any]:
+        async def on_started() -> None:
+            nonlocal overlaps
+            leading.add(name)
+            overlaps += len(leading) > 1
+            started[name].set()
+            await asyncio.Event().wait()
+
+        async def on_stopped() -> None:
+            leading.discard(name)
+
+        return on_started, on_stopped
+
+    electors = {
+        name: LeaseElector(client, namespace="sunkd", name="pair", identity=name,
+                           lease_duration=3, renew_deadline=2, retry_period=1)
+        for name in ("a", "b")
+    }
+    tasks = {name: asyncio.create_task(electors[name].run(*callbacks(name), stops[name]))
+             for name in electors}
+    try:
+        waiters = [asyncio.create_task(e.wait()) for e in started.values()]
+        done, pending = await asyncio.wait(waiters, timeout=5,
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for waiter in pending:
+            waiter.cancel()
+        assert done
+        first = next(iter(leading))
+        second = "b" if first == "a" else "a"
+        await asyncio.sleep(1.5)  # a renewal round: still one leader
+        assert leading == {first}
+        loop = asyncio.get_running_loop()
+        handover_started = loop.time()
+        stops[first].set()
+        await asyncio.wait_for(tasks[first], 5)
+        await asyncio.wait_for(started[second].wait(), 5)
+        # Released (empty holder) means no 3 s expiry wait: only a retry period or so.
+        assert loop.time() - handover_started < 2.6
+        spec = (await client.get(LEASES, "pair", "sunkd"))["spec"]
+        assert spec["holderIdentity"] == second and spec["leaseTransitions"] == 1
+        assert overlaps == 0
+    finally:
+        for name in stops:
+            stops[name].set()
+        await asyncio.wait_for(asyncio.gather(*tasks.values()), 10)
