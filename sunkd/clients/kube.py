@@ -793,6 +793,11 @@ class ListWatch:
                         yield WatchRecovered(failures)
                         troubled = False
                     async for raw in stream:
+                        if failures:
+                            # Data is flowing again: the consecutive-failure count (what
+                            # makes the source stale) measures time without progress.
+                            failures = 0
+                            self.backoff.reset()
                         kind = str(raw.get("type") or "")
                         obj = raw.get("object")
                         if not isinstance(obj, dict):
