@@ -21,6 +21,8 @@ The last line of output is one JSON object (see `report`).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import gc
 import json
 import random
@@ -270,10 +272,125 @@ def report(figures: dict[str, Any], targets: dict[str, Any]) -> None:
                      sort_keys=True))
 
 
+async def measure_reaction(cycles: int, poll_interval: float) -> dict[str, Any]:
+    """Reaction times in the demo setup: a real Slurm cluster (Debian packages), the
+    Kubernetes API emulator and sunkd's daemon in-process on SQLite.
+
+    kubernetes_to_slurm: a pending pool pod is created (wall clock T0) -> the Slurm
+      drain that lends a node has been carried out (its action.succeeded event).
+    slurm_to_kubernetes: jobs that need every node are submitted (T0) -> the taint
+      that reclaims the lent node has been applied (its action.succeeded event).
+    Slurm is polled every `poll_interval` seconds, so the second includes up to one
+    poll interval by construction."""
+    import tempfile
+    from dataclasses import replace
+
+    import yaml
+
+    from sunkd.clients.kube import KubeClient
+    from sunkd.clients.slurmrestd import SlurmRestClient
+    from sunkd.config import KubernetesSettings, Settings, SlurmSettings
+    from sunkd.daemon import Daemon
+    from sunkd.demo import MANIFESTS, KubeStandIn, node_object, nodeset_object, pod_object
+    from sunkd.harness.slurm import SlurmCluster
+    from sunkd.sim.kubeapi import KubeAPIEmulator
+
+    hostlist = "react[1-3]"
+    cluster = SlurmCluster(hostlist, partitions={"gpu": hostlist})
+    await asyncio.to_thread(cluster.start)
+    emulator = KubeAPIEmulator()
+    await emulator.start()
+    workdir = tempfile.TemporaryDirectory()
+    k8s_to_slurm: list[float] = []
+    slurm_to_k8s: list[float] = []
+    try:
+        emulator.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "sunkd"}})
+        emulator.create(yaml.safe_load((MANIFESTS / "crds" / "nodeset.yaml").read_text()))
+        for name in cluster.node_names:
+            emulator.create(node_object(name))
+        nodeset = nodeset_object(len(cluster.node_names), dwell=0.0)
+        nodeset["spec"]["slurm"]["partitions"] = ["gpu"]
+        nodeset["spec"]["ownership"]["reclaimGraceSeconds"] = 0
+        emulator.create(nodeset)
+        settings = replace(
+            Settings(database_url=f"sqlite+aiosqlite:///{workdir.name}/sunkd.db",
+                     listen="127.0.0.1:0"),
+            slurm=SlurmSettings(url=cluster.rest_unix_url, poll_interval=poll_interval),
+            kubernetes=KubernetesSettings(namespace="sunkd"))
+        slurm_client = SlurmRestClient.from_settings(settings.slurm)
+        kube_client = KubeClient.for_url(emulator.url)
+        daemon = Daemon(settings, slurm_client=slurm_client, kube_client=kube_client,
+                        slurm_env=cluster.env)
+        task = asyncio.create_task(daemon.run())
+        stand_in = KubeStandIn(emulator)
+
+        def succeeded_after(verb: str, moment: float) -> float | None:
+            for node in daemon.state().nodes.values():
+                outcome = node.outcomes.get(verb)
+                if outcome is not None and outcome.succeeded and outcome.at >= moment:
+                    return outcome.at
+            return None
+
+        async def wait_for(predicate: Callable[[], Any], within: float = 30.0) -> Any:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline:
+                stand_in.step()
+                value = predicate()
+                if value:
+                    return value
+                await asyncio.sleep(0.01)
+            raise TimeoutError("the demo setup did not react in time")
+
+        await wait_for(lambda: len(daemon.state().nodes) == 3 and all(
+            n.owner == "slurm" and n.transition is None for n in daemon.state().nodes.values()))
+        for cycle in range(cycles):
+            started = time.time()
+            emulator.create(pod_object(f"react-{cycle}"), "default")
+            done = await wait_for(lambda t=started: succeeded_after("slurm/drain", t))
+            k8s_to_slurm.append((done - started) * 1000)
+            await wait_for(lambda: any(n.owner == "kubernetes" and n.transition is None
+                                       for n in daemon.state().nodes.values()))
+            started = time.time()
+            jobs = [cluster.sbatch("-N1", "--exclusive", wrap="sleep 1", partition="gpu")
+                    for _ in cluster.node_names]
+            done = await wait_for(lambda t=started: succeeded_after("kubernetes/lock", t))
+            slurm_to_k8s.append((done - started) * 1000)
+            await wait_for(lambda: all(n.owner == "slurm" and n.transition is None
+                                       for n in daemon.state().nodes.values()), within=60)
+            cluster.scancel(*jobs)
+            with contextlib.suppress(Exception):
+                emulator.delete("pods", f"react-{cycle}", "default")
+        daemon.stop_event.set()
+        await task
+        await slurm_client.close()
+        await kube_client.close()
+    finally:
+        await emulator.stop()
+        await asyncio.to_thread(cluster.stop)
+        workdir.cleanup()
+
+    def pct(values: list[float], fraction: float) -> float:
+        ordered = sorted(values)
+        return round(ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))], 1)
+
+    return {
+        "reaction_cycles": cycles,
+        "slurm_poll_interval_s": poll_interval,
+        "k8s_to_slurm_p50_ms": pct(k8s_to_slurm, 0.5),
+        "k8s_to_slurm_p99_ms": pct(k8s_to_slurm, 0.99),
+        "slurm_to_k8s_p50_ms": pct(slurm_to_k8s, 0.5),
+        "slurm_to_k8s_p99_ms": pct(slurm_to_k8s, 0.99),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200,000 events instead of 1M")
     parser.add_argument("--events", type=int, default=None)
+    parser.add_argument("--no-reaction", action="store_true",
+                        help="skip the reaction-time part (needs Slurm's Debian packages)")
+    parser.add_argument("--poll-interval", type=float, default=1.0,
+                        help="Slurm poll interval for the reaction part (seconds)")
     args = parser.parse_args(argv)
     count = args.events or (200_000 if args.quick else 1_000_000)
 
@@ -313,7 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     from_json_seconds, restored = timed(lambda: state_from_json(json.loads(snapshot)))
     assert restored == state
 
+    reaction: dict[str, Any] = {}
+    if not args.no_reaction:
+        reaction = asyncio.run(measure_reaction(3 if args.quick else 15, args.poll_interval))
+        print(f"reaction: {reaction}", file=sys.stderr)
+
     figures = {
+        **reaction,
         "events": len(events),
         "baseline_events_per_second": round(baseline_rate),
         "fold_events_per_second": round(fold_rate),
@@ -336,6 +459,12 @@ def main(argv: list[str] | None = None) -> int:
         # second per round at 10,000 nodes is the most a reaction may spend deciding.
         "decide_seconds": {"value": round(decide_seconds, 4), "target": 1.0, "better": "lower"},
     }
+    if reaction:
+        targets["k8s_to_slurm_p99_ms"] = {"value": reaction["k8s_to_slurm_p99_ms"],
+                                          "target": 500, "better": "lower"}
+        targets["slurm_to_k8s_p99_ms"] = {"value": reaction["slurm_to_k8s_p99_ms"],
+                                          "target": args.poll_interval * 1000 + 500,
+                                          "better": "lower"}
     report(figures, targets)
     return 0
 
