@@ -126,6 +126,7 @@ class Daemon:
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self._kube_actuator: Any = None
+        self._kube_elector: Any = None
         self.started_at = time.time()
 
     # ----------------------------------------------------------------- DaemonView
@@ -159,9 +160,12 @@ class Daemon:
         return sources
 
     def may_act(self) -> bool:
-        """Stop acting with a third of the lease left: before anyone can take over."""
+        """Stop acting with a third of the lease left: before anyone can take over.
+        With `kubernetes.lease` the Kubernetes Lease must be held too."""
         lease = self.lease
         if lease is None or self._stepping_down:
+            return False
+        if self._kube_elector is not None and not self._kube_elector.holds_lease():
             return False
         return lease.remaining() > lease.lease_seconds / 3
 
@@ -254,10 +258,15 @@ class Daemon:
             # Fold up to our own leader.elected first: sources are seeded from the state.
             await self.engine.wait_folded(await self.event_log.latest_seq())
             self.engine.executor = await self._build_executor(term, closers)
+            tasks.append(asyncio.create_task(self._renew_forever(), name="sunkd-renew"))
+            if self.settings.kubernetes.lease and self._kube_client is not None:
+                # In-cluster HA belt and braces: also hold a coordination.k8s.io Lease,
+                # so that Kubernetes-side tooling sees one leader; acting needs both.
+                if not await self._acquire_kube_lease(sources_stop, tasks):
+                    return
             sink = leader_sink(self.engine, term)
             for source in await self._build_sources(sink, closers):
                 tasks.append(asyncio.create_task(source.run(sources_stop)))
-            tasks.append(asyncio.create_task(self._renew_forever(), name="sunkd-renew"))
             if self._kube_actuator is not None:
                 tasks.append(asyncio.create_task(self._write_nodeset_status(self._kube_actuator),
                                                  name="sunkd-nodeset-status"))
@@ -273,18 +282,23 @@ class Daemon:
                         log.warning("daemon.deposed", error=str(error))
                     else:
                         log.error("daemon.task_failed", task=task.get_name(), error=repr(error))
-            graceful = self.stop_event.is_set()
             sources_stop.set()
+            if self.stop_event.is_set():
+                # Graceful stop: no new decisions or actions, let running ones finish.
+                self.engine.quiesce()
+                await self.engine.drain_in_flight(SHUTDOWN_GRACE_SECONDS)
             lead_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await lead_task
-            if graceful:
-                await self.engine.drain_in_flight(SHUTDOWN_GRACE_SECONDS)
         finally:
             self._stepping_down = True
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self._kube_elector is not None:
+                with contextlib.suppress(Exception):
+                    await self._kube_elector.release()
+                self._kube_elector = None
             for close in closers:
                 with contextlib.suppress(Exception):
                     await close()
@@ -320,6 +334,28 @@ class Daemon:
                     written[pool_name] = status
                 except Exception as error:  # retried on the next round
                     log.warning("nodeset.status_failed", pool=pool_name, error=str(error))
+
+    async def _acquire_kube_lease(self, stop: asyncio.Event,
+                                  tasks: list[asyncio.Task[Any]]) -> bool:
+        from sunkd.clients.kube_lease import LeaseElector
+
+        duration = max(self.settings.lease_seconds, 3.0)
+        elector = LeaseElector(
+            self._kube_client, namespace=self.settings.kubernetes.namespace,
+            name="sunkd-leader", identity=self.settings.identity, lease_duration=duration,
+            renew_deadline=duration * 2 / 3, retry_period=max(duration / 5, 1.0))
+        acquiring = asyncio.create_task(elector.acquire(stop))
+        waiting = asyncio.create_task(self.stop_event.wait())
+        await asyncio.wait([acquiring, waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if not acquiring.done() or not acquiring.result():
+            acquiring.cancel()
+            return False
+        self._kube_elector = elector
+        tasks.append(asyncio.create_task(elector.renew_until_lost(stop),
+                                         name="sunkd-kube-lease"))
+        log.info("daemon.kube_lease_acquired", identity=self.settings.identity)
+        return True
 
     async def _renew_forever(self) -> None:
         assert self.event_log is not None

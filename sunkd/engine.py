@@ -103,6 +103,7 @@ class Engine:
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         self._finished: set[str] = set()  # outcome appended, maybe not folded yet
         self._appended_upto = 0  # highest seq this process appended
+        self._quiesced = False
         self.decisions_made = 0
 
     # ------------------------------------------------------------------ following
@@ -167,16 +168,21 @@ class Engine:
                 self.observer.set_fold_lag(self._appended_upto - self.state.last_seq)
         return seqs
 
+    def quiesce(self) -> None:
+        """Stop deciding and starting actions (graceful shutdown); running ones go on."""
+        self._quiesced = True
+
     async def lead(self, term: LeaderTerm) -> None:
         """Decide and execute until cancelled or the term ends (StaleLeaderError)."""
         decided_at_seq = -1
+        self._quiesced = False
         try:
-            while term.may_act():
+            while term.may_act() and not self._quiesced:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.tick_seconds):
                         await self._changed.wait()
                 self._changed.clear()
-                if not term.may_act():
+                if not term.may_act() or self._quiesced:
                     break
                 state = self.state
                 if state.last_seq < self._appended_upto:
@@ -194,7 +200,11 @@ class Engine:
                 self._dispatch(state, term)
                 await self._maybe_snapshot(state)
         finally:
-            await self.drain_in_flight(grace_seconds=0)
+            if not self._quiesced:
+                # The term ended (deposed, lease running out): stop acting at once.
+                # A quiesced engine is being shut down gracefully by its owner, who
+                # lets in-flight actions finish first.
+                await self.drain_in_flight(grace_seconds=0)
 
     def _dispatch(self, state: ClusterState, term: LeaderTerm) -> None:
         pending = state.pending_actions()
