@@ -277,9 +277,11 @@ class EventLog:
     # ---------------------------------------------------------------------- reads
 
     async def read(self, after_seq: int = 0, limit: int = 1000, kinds: Iterable[str] | None = None,
-                   subject: str | None = None) -> list[RecordedEvent]:
-        """Events with seq > after_seq in seq order, at most `limit`."""
+                   subject: str | None = None, upto: int | None = None) -> list[RecordedEvent]:
+        """Events with after_seq < seq (<= upto) in seq order, at most `limit`."""
         query = select(events).where(events.c.seq > after_seq).order_by(events.c.seq).limit(limit)
+        if upto is not None:
+            query = query.where(events.c.seq <= upto)
         if kinds is not None:
             query = query.where(events.c.kind.in_(list(kinds)))
         if subject is not None:
@@ -318,7 +320,12 @@ class EventLog:
         while not self._closed:
             generation = self._bus.generation
             try:
-                batch = await self.read(position, batch_size, kinds=kind_list)
+                # With a kind filter, an empty answer must still advance the position,
+                # but only up to what existed *before* the read: an event appended in
+                # between would otherwise be skipped. (Seqs commit in order, so every
+                # event up to `latest` is visible to the read that follows.)
+                latest = await self.latest_seq() if kind_list is not None else None
+                batch = await self.read(position, batch_size, kinds=kind_list, upto=latest)
             except (TimeoutError, OSError, DBAPIError, OperationalError) as error:
                 log.warning("eventlog.subscribe.read_failed", error=str(error), retry_in=backoff)
                 await asyncio.sleep(backoff)
@@ -329,17 +336,10 @@ class EventLog:
                 position = batch[-1].seq
                 yield batch
                 continue
-            if kind_list is not None:
-                # Filtered reads may skip over other kinds; move past what exists so
-                # the next read does not rescan it.
-                position = max(position, await self._safe_latest(position))
+            if latest is not None and latest > position:
+                position = latest  # nothing of the wanted kinds up to here
+                continue
             await self._bus.wait(generation, self._fallback_interval)
-
-    async def _safe_latest(self, default: int) -> int:
-        try:
-            return await self.latest_seq()
-        except (OSError, DBAPIError, OperationalError):
-            return default
 
     def _ensure_listener(self) -> None:
         if self._listener_task is None or self._listener_task.done():

@@ -351,3 +351,33 @@ async def test_snapshots(database_url: str) -> None:
         assert await event_log.latest_snapshot() == (9, {"nodes": {}})
     finally:
         await event_log.close()
+
+
+async def test_filtered_subscribe_misses_nothing_while_other_kinds_flow(
+        database_url: str) -> None:
+    """A kind-filtered subscriber skips over other kinds without skipping its own, even
+    when they are appended between its read and its next position update."""
+    event_log, epoch = await open_leader(database_url)
+    reader = await EventLog.open(database_url)
+    wanted: list[str] = []
+
+    async def consume() -> None:
+        async for recorded in reader.subscribe(0, kinds=["operator.pinned"]):
+            assert isinstance(recorded.payload, OperatorPinned)
+            wanted.append(recorded.payload.why)
+            if len(wanted) == 40:
+                return
+
+    consumer = asyncio.create_task(consume())
+    try:
+        for index in range(40):
+            await event_log.append([observed(f"n{index}")] * 3, epoch)
+            await event_log.append([Event(subject="n", payload=OperatorPinned(
+                node="n", to="auto", who="t", why=str(index)))], epoch)
+            await asyncio.sleep(0)
+        await asyncio.wait_for(consumer, 30)
+        assert wanted == [str(index) for index in range(40)]
+    finally:
+        consumer.cancel()
+        await reader.close()
+        await event_log.close()
