@@ -14,8 +14,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from sunkd.clients.slurmrestd import (
     SlurmAuthError,
@@ -24,28 +23,9 @@ from sunkd.clients.slurmrestd import (
     SlurmPayloadError,
     SlurmRestClient,
 )
+from sunkd.config import Settings
 
 __all__ = ["doctor", "slurm_report"]
-
-
-class _SlurmSettings(Protocol):
-    @property
-    def url(self) -> str | None: ...
-    @property
-    def user(self) -> str: ...
-    @property
-    def token(self) -> str | None: ...
-    @property
-    def token_file(self) -> Path | None: ...
-    @property
-    def jwt_key_file(self) -> Path | None: ...
-    @property
-    def partitions(self) -> tuple[str, ...]: ...
-
-
-class _Settings(Protocol):
-    @property
-    def slurm(self) -> _SlurmSettings: ...
 
 
 @dataclass
@@ -96,7 +76,7 @@ def _update_path(client: SlurmRestClient) -> str:
     return f"scontrol ({scontrol}, SLURM_CONF={conf}; {client.version} has no REST node update)"
 
 
-async def slurm_report(settings: _Settings) -> SlurmReport:
+async def slurm_report(settings: Settings) -> SlurmReport:
     """Negotiate, read all nodes, describe. Raises SlurmError/ValueError on failure."""
     client = SlurmRestClient.from_settings(settings.slurm)
     try:
@@ -138,7 +118,7 @@ def _table(nodes: list[SlurmNode]) -> list[str]:
     ]
 
 
-async def doctor(settings: _Settings, *, as_json: bool, out: TextIO) -> int:
+async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
     """Print the Slurm check; 0 when Slurm is reachable and understood, else 1 (2 when
     Slurm is not configured)."""
     if not settings.slurm.url:

@@ -8,6 +8,7 @@ replicas starting at once) run one after the other instead of racing on DDL.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -54,12 +55,15 @@ async def current_revision(engine: AsyncEngine) -> str | None:
         return await connection.run_sync(_current)
 
 
-async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+async def _run(engine: AsyncEngine, action: Callable[[Config, str], None],
+               revision: str) -> None:
+    """Run an Alembic command on one connection, in one transaction, serialized against
+    other migrators."""
     config = alembic_config()
 
     def run(connection: Connection) -> None:
         config.attributes["connection"] = connection
-        command.upgrade(config, revision)
+        action(config, revision)
 
     async with engine.connect() as connection:
         if connection.dialect.name == "sqlite":
@@ -67,21 +71,14 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
         async with connection.begin():
             await _lock(connection)
             await connection.run_sync(run)
+
+
+async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    await _run(engine, command.upgrade, revision)
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:
-    config = alembic_config()
-
-    def run(connection: Connection) -> None:
-        config.attributes["connection"] = connection
-        command.downgrade(config, revision)
-
-    async with engine.connect() as connection:
-        if connection.dialect.name == "sqlite":
-            await connection.execution_options(sqlite_begin="IMMEDIATE")
-        async with connection.begin():
-            await _lock(connection)
-            await connection.run_sync(run)
+    await _run(engine, command.downgrade, revision)
 
 
 async def ensure_schema(engine: AsyncEngine, *, migrate: bool) -> None:

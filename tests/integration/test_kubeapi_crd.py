@@ -8,15 +8,13 @@ subresource rules, and 422 for PUT without resourceVersion.
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from sunkd.sim.kubeapi import KubeAPIEmulator
-from tests.integration.kubeapi_support import MERGE, Raw, emulator, raw_client
+from tests.integration.kubeapi_support import MERGE, Raw
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "manifests" / "crds" / "nodeset.yaml").read_text())
@@ -24,18 +22,6 @@ EXAMPLE = [d for d in yaml.safe_load_all((ROOT / "manifests" / "examples" / "nod
                                          .read_text()) if d]
 BASE = "/apis/sunkd.io/v1alpha1/namespaces/default/nodesets"
 TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[KubeAPIEmulator]:
-    async for emu in emulator():
-        yield emu
-
-
-@pytest.fixture
-async def raw(api: KubeAPIEmulator) -> AsyncIterator[Raw]:
-    async for client in raw_client(api):
-        yield client
 
 
 def nodeset(name: str = "gpu-a", **spec: Any) -> dict[str, Any]:

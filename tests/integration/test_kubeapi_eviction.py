@@ -7,25 +7,12 @@ Retry-After header) with a DisruptionBudget cause when the budget allows no disr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from sunkd.sim.kubeapi import KubeAPIEmulator, KubeAPIError
-from tests.integration.kubeapi_support import Raw, emulator, pod, raw_client
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[KubeAPIEmulator]:
-    async for emu in emulator():
-        yield emu
-
-
-@pytest.fixture
-async def raw(api: KubeAPIEmulator) -> AsyncIterator[Raw]:
-    async for client in raw_client(api):
-        yield client
+from tests.integration.kubeapi_support import Raw, pod
 
 
 def pdb(name: str, **spec: Any) -> dict[str, Any]:

@@ -7,25 +7,10 @@ status subresource rules, pod graceful deletion, selectors and paging.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
 from sunkd.sim.kubeapi import KubeAPIEmulator
-from tests.integration.kubeapi_support import Raw, emulator, node, pod, raw_client
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[KubeAPIEmulator]:
-    async for emu in emulator():
-        yield emu
-
-
-@pytest.fixture
-async def raw(api: KubeAPIEmulator) -> AsyncIterator[Raw]:
-    async for client in raw_client(api):
-        yield client
+from tests.integration.kubeapi_support import Raw, node, pod
 
 
 async def test_create_sets_bookkeeping_and_one_global_resource_version(raw: Raw) -> None:

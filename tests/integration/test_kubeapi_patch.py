@@ -8,11 +8,9 @@ custom resources and for unknown media types, server-side apply basics.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from sunkd.sim.kubeapi import KubeAPIEmulator
@@ -21,25 +19,11 @@ from tests.integration.kubeapi_support import (
     MERGE,
     SMP,
     Raw,
-    emulator,
     node,
     pod,
-    raw_client,
 )
 
 CRD = Path(__file__).resolve().parents[2] / "manifests" / "crds" / "nodeset.yaml"
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[KubeAPIEmulator]:
-    async for emu in emulator():
-        yield emu
-
-
-@pytest.fixture
-async def raw(api: KubeAPIEmulator) -> AsyncIterator[Raw]:
-    async for client in raw_client(api):
-        yield client
 
 
 def tainted_node() -> dict[str, object]:

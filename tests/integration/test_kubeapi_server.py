@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -20,22 +19,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sunkd.sim.kubeapi import KubeAPIEmulator, running_emulator
 from sunkd.sim.kubeapi.cli import serve
-from tests.integration.kubeapi_support import Raw, emulator, node, pod, raw_client
+from tests.integration.kubeapi_support import Raw, node, pod
 
 TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[KubeAPIEmulator]:
-    async for emu in emulator():
-        yield emu
-
-
-@pytest.fixture
-async def raw(api: KubeAPIEmulator) -> AsyncIterator[Raw]:
-    async for http in raw_client(api):
-        yield http
 
 
 async def test_version_reports_1_32(raw: Raw) -> None:

@@ -16,19 +16,13 @@ import aiohttp
 import pytest
 
 from sunkd.sim.kubeapi import KubeAPIEmulator
-from tests.integration.kubeapi_support import Raw, emulator, node, pod, raw_client
+from tests.integration.kubeapi_support import Raw, emulator, node, pod
 
 
 @pytest.fixture
 async def api() -> AsyncIterator[KubeAPIEmulator]:
     async for emu in emulator(bookmark_interval=0.3, history_size=50):
         yield emu
-
-
-@pytest.fixture
-async def raw(api: KubeAPIEmulator) -> AsyncIterator[Raw]:
-    async for client in raw_client(api):
-        yield client
 
 
 async def test_watch_without_version_sends_synthetic_added(api: KubeAPIEmulator,
