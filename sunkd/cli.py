@@ -218,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, help="seconds; run until Ctrl-C without it")
     demo.add_argument("--nodes", type=int, default=4)
     demo.add_argument("--summary-json", type=Path)
+    demo.add_argument("--phase-seconds", type=float, default=30.0,
+                      help="how long each demand phase lasts (default 30)")
     demo.add_argument("--listen", metavar="HOST:PORT")
 
     sim = commands.add_parser("sim", help="simulators for tests and demos")

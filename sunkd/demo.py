@@ -311,7 +311,8 @@ def render_table(state: ClusterState, generator: Generator, elapsed: float,
 
 
 async def run_demo(settings: Settings, *, duration: float | None, node_count: int,
-                   summary_json: Path | None, listen: str | None) -> int:
+                   summary_json: Path | None, listen: str | None,
+                   phase_seconds: float = 30.0) -> int:
     from sunkd.clients.kube import KubeClient
     from sunkd.clients.slurmrestd import SlurmRestClient
     from sunkd.daemon import Daemon
@@ -322,7 +323,6 @@ async def run_demo(settings: Settings, *, duration: float | None, node_count: in
         print("sunkd demo: --nodes must be at least 2", file=sys.stderr)
         return 2
     poll_interval = 2.0
-    phase_seconds = 30.0
     hostlist = f"gpu-a[001-{node_count:03d}]"
     print(f"starting a real Slurm cluster ({hostlist}), the Kubernetes API emulator and "
           f"sunkd on {settings.database_url} ...", flush=True)
@@ -366,7 +366,8 @@ async def run_demo(settings: Settings, *, duration: float | None, node_count: in
         await asyncio.sleep(poll_interval * 2)
         generator_task = asyncio.create_task(generator.run(stop), name="sunkd-demo-load")
         started = time.time()
-        print(f"sunkd serves http://{daemon_settings.listen}/ ; kubectl --kubeconfig "
+        host = parse_listen(daemon_settings.listen)[0]
+        print(f"sunkd serves http://{host}:{daemon.http_port}/ ; kubectl --kubeconfig "
               f"{kubeconfig} get nodes,nds -A", flush=True)
         interactive = sys.stdout.isatty()
         last_print = 0.0
@@ -428,7 +429,8 @@ def cmd_demo(args: Any, settings: Settings) -> int:
     configure_logging(os.environ.get("SUNKD_LOG_LEVEL", "warning"), settings.log_format)
     try:
         return asyncio.run(run_demo(settings, duration=args.duration, node_count=args.nodes,
-                                    summary_json=args.summary_json, listen=args.listen))
+                                    summary_json=args.summary_json, listen=args.listen,
+                                    phase_seconds=args.phase_seconds))
     except KeyboardInterrupt:
         return 130
 
