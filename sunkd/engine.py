@@ -187,6 +187,9 @@ class Engine:
                 state = self.state
                 if state.last_seq < self._appended_upto:
                     continue  # our own decisions are not folded yet
+                # Actions already requested run whatever else is being decided, so a
+                # busy cluster that always has something to decide never starves them.
+                self._dispatch(state, term)
                 now = self.clock()
                 decisions = decide(state, self.pools(), now)
                 if decisions and state.last_seq != decided_at_seq:
@@ -196,8 +199,6 @@ class Engine:
                         log.info("engine.decision", kind=type(decision).__name__,
                                  node=decision.node, reason=decision.reason)
                     await self.append([decision_to_event(d) for d in decisions], term)
-                    continue
-                self._dispatch(state, term)
                 await self._maybe_snapshot(state)
         finally:
             if not self._quiesced:
