@@ -102,6 +102,28 @@ class _Index:
     passing: dict[str, frozenset[str]] = field(default_factory=dict)  # pool -> k8s names
     no_demand: dict[str, bool] = field(default_factory=dict)  # pool -> no Slurm demand
     next_expiry: float = float("inf")
+    # pool -> k8s name -> its pre-encoded `"name":"why"` entry of the failed-nodes map,
+    # built on the first filter for that pool after each state change.
+    failed_parts: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def failed_parts_for(self, pool_name: str) -> dict[str, str]:
+        parts = self.failed_parts.get(pool_name)
+        if parts is None:
+            not_member = json.dumps(f"sunkd: not a node of pool {pool_name}")
+            reasons: dict[str, str] = {}
+            ok = self.passing.get(pool_name, frozenset())
+            parts = {}
+            for name, verdict in self.verdicts.items():
+                if name in ok:
+                    continue
+                if verdict.pool != pool_name:
+                    why_json = not_member
+                else:
+                    why_json = reasons.get(verdict.why) or reasons.setdefault(
+                        verdict.why, json.dumps(verdict.why))
+                parts[name] = self.encoded[name] + ":" + why_json
+            self.failed_parts[pool_name] = parts
+        return parts
 
 
 def _get(mapping: Mapping[str, Any], name: str) -> Any:
@@ -289,24 +311,13 @@ class Extender:
             ok = index.passing.get(pool.name, frozenset())
             passing = [name for name in names if name in ok]
             if len(passing) != len(names):
-                verdicts = index.verdicts
-                encoded = index.encoded
-                pool_name = pool.name
-                not_member = f"sunkd: not a node of pool {pool_name}"
-                reasons: dict[str, str] = {}
-                parts: dict[str, str] = {}  # a dict: duplicate names appear once
-                for name in names:
-                    if name in ok:
-                        continue
-                    verdict = verdicts.get(name)
-                    why = (not_member if verdict is None or verdict.pool != pool_name
-                           else verdict.why)
-                    why_json = reasons.get(why)
-                    if why_json is None:
-                        why_json = reasons[why] = json.dumps(why)
-                    name_json = encoded.get(name)
-                    parts[name] = (name_json or json.dumps(name)) + ":" + why_json
-                failed_json = "{" + ",".join(parts.values()) + "}"
+                known = index.failed_parts_for(pool.name)
+                not_member = json.dumps(f"sunkd: not a node of pool {pool.name}")
+                # dict.fromkeys: a name listed twice appears once in the map.
+                failing = dict.fromkeys(name for name in names if name not in ok)
+                failed_json = "{" + ",".join(
+                    known.get(name) or (json.dumps(name) + ":" + not_member)
+                    for name in failing) + "}"
         if items is None:
             nodes_json, names_json = "null", json.dumps(passing, separators=(",", ":"))
         else:
