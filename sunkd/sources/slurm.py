@@ -49,7 +49,12 @@ SOURCE = "slurm"
 ACTIVE_RUNNING = frozenset({"RUNNING", "CONFIGURING"})
 # Pending reasons that mean "waiting for nodes" (squeue's Resources/Priority; a job
 # whose required nodes are drained or down waits with ReqNodeNotAvail...).
-RESOURCE_REASONS = ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required")
+# Pending reasons that mean "waiting for nodes". "None" is what a job carries from its
+# submission until the scheduler first looks at it (which can take a scheduling cycle
+# or more): counting it avoids waiting a whole extra poll for the reason to appear.
+# If idle nodes exist the job simply starts there, and the policy subtracts idle
+# Slurm-owned nodes from the demand, so this never moves a node needlessly.
+RESOURCE_REASONS = ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required", "None")
 
 __all__ = ["SlurmSource", "compute_demand"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -337,3 +338,14 @@ async def test_source_survives_malformed_payload(replay: tuple[Replay, str]) -> 
         assert [e.payload for e in events] == [
             SourceHealth(source="slurm", status="fresh", cause=None, detail=None)
         ]
+
+
+def test_demand_counts_jobs_the_scheduler_has_not_looked_at_yet() -> None:
+    """A job right after submission pends with reason "None" until the scheduler runs;
+    it waits for nodes all the same. A job held by its user does not."""
+    jobs = normalize_jobs(load("v0.0.42_jobs_constructed.json"))
+    pending = next(job for job in jobs if job.state == "PENDING")
+    fresh = dataclasses.replace(pending, job_id=1, state_reason="None", node_count=2)
+    held = dataclasses.replace(pending, job_id=2, state_reason="JobHeldUser", node_count=3)
+    demand = compute_demand([fresh, held], ("standard",))["standard"]
+    assert (demand.pending_jobs, demand.pending_nodes) == (2, 2)
