@@ -381,3 +381,17 @@ async def test_filtered_subscribe_misses_nothing_while_other_kinds_flow(
         consumer.cancel()
         await reader.close()
         await event_log.close()
+
+
+async def test_payload_values_survive_exactly(database_url: str) -> None:
+    """Big integers, unicode and floats come back exactly as written (no lossy codec)."""
+    event_log, epoch = await open_leader(database_url)
+    try:
+        data = {"v": 2, "big": 2**70, "text": "naïve ✓ \u2028", "ratio": 0.1, "neg": -0.0}
+        await event_log.append([Event(subject="n", payload=UnknownPayload(
+            unknown_kind="future.kind", data=data))], epoch)
+        stored = (await event_log.read(1, 1))[0].payload
+        assert isinstance(stored, UnknownPayload)
+        assert stored.data == data and isinstance(stored.data["big"], int)
+    finally:
+        await event_log.close()
