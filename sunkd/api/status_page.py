@@ -90,7 +90,6 @@ async def render_status(view: DaemonView, *, hours: float, offset: int) -> str:
     parts.append("</table>")
 
     # ------------------------------------------------------------- timeline
-    parts.append(f"<h2>Ownership, last {hours:g} hours</h2>")
     event_log = view.event_log
     intervals: list[projections.Interval] = []
     if event_log is not None and page:
@@ -99,14 +98,22 @@ async def render_status(view: DaemonView, *, hours: float, offset: int) -> str:
     by_node: dict[str, list[projections.Interval]] = {}
     for interval in intervals:
         by_node.setdefault(interval.node, []).append(interval)
+    if intervals:
+        # A history younger than the window is zoomed in on (at least 5 minutes shown):
+        # a demo's first minute would otherwise be a sliver at the right edge.
+        earliest = min(interval.from_at for interval in intervals)
+        start_dt = max(start_dt, min(earliest, now_dt - timedelta(minutes=5)))
     span = max((now_dt - start_dt).total_seconds(), 1.0)
+    parts.append(f"<h2>Ownership since {start_dt:%Y-%m-%d %H:%M:%S} UTC "
+                 f"(at most the last {hours:g} hours)</h2>")
     scale = (_WIDTH - _LABEL - 10) / span
     height = _ROW * (len(page) + 1) + 10
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
            f'role="img" aria-label="ownership timeline">']
     for tick in range(5):
         x = _LABEL + (_WIDTH - _LABEL - 10) * tick / 4
-        label = (start_dt + timedelta(seconds=span * tick / 4)).strftime("%H:%M")
+        label = (start_dt + timedelta(seconds=span * tick / 4)).strftime(
+            "%H:%M" if span > 3600 else "%H:%M:%S")
         svg.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height - 14}" '
                    f'stroke="#e2e8f0"/><text x="{x:.1f}" y="{height - 2}" font-size="10" '
                    f'text-anchor="middle">{label}</text>')

@@ -108,7 +108,7 @@ async def test_status_page_in_headless_chromium(sqlite_url: str, tmp_path: Path)
         assert code == 0, err.decode(errors="replace")[-2000:]
         text = dom.decode()
         assert "sunkd status" in text and "leader" in text
-        assert "default/gpu" in text and "Ownership, last 5 hours" in text
+        assert "default/gpu" in text and "at most the last 5 hours" in text
         for node in ("n1", "n2", "n3", "n4", "n5", "other-1"):
             assert f"<td>{node}</td>" in text
         assert text.count("<rect") >= 15  # intervals of six nodes over 5 hours
