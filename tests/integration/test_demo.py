@@ -77,7 +77,16 @@ async def test_demo_moves_nodes_both_ways_and_serves_everything(tmp_path: Path) 
                       "extender rejects garbage": True}, served
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["lent"] >= 1 and summary["reclaimed"] >= 1, summary
-    assert summary["actions_failed"] == 0, summary
+    # A retried failure (a PDB's 429 during a reclaim) is normal; a refusal is not.
+    from sunkd.store.eventlog import EventLog
+
+    event_log = await EventLog.open(f"sqlite+aiosqlite:///{tmp_path / 'sunkd.db'}")
+    try:
+        failures = [e.payload for e in await event_log.read(0, 100_000, kinds=["action.failed"])]
+    finally:
+        await event_log.close()
+    assert len(failures) == summary["actions_failed"]
+    assert all(getattr(f, "retryable", False) for f in failures), failures
     for key in ("aborted", "reaction_ms"):
         assert key in summary
     code, replay = await sunkd("replay", "--check", cwd=tmp_path)
