@@ -35,7 +35,7 @@ from sunkd.api.app import api_pools, build_app
 from sunkd.api.extender import ApiPool
 from sunkd.api.metrics import Metrics
 from sunkd.config import Settings, load_settings, parse_listen, pool_spec
-from sunkd.domain.events import Payload
+from sunkd.domain.events import EventDecodeError, Payload
 from sunkd.domain.state import ClusterState
 from sunkd.engine import Engine, LeaderTerm, leader_sink
 from sunkd.executor import ActuatorExecutor
@@ -127,6 +127,7 @@ class Daemon:
         self.http_port: int | None = None
         self._kube_actuator: Any = None
         self._kube_elector: Any = None
+        self.fatal_error: str | None = None
         self.started_at = time.time()
 
     # ----------------------------------------------------------------- DaemonView
@@ -187,8 +188,12 @@ class Daemon:
                 snapshot_every=self.settings.snapshot_every,
                 observer=self.metrics,
             )
-            await self.engine.load()
+            try:
+                await self.engine.load()
+            except EventDecodeError as error:
+                return self._fatal(f"the event log has an undecodable event: {error}")
             self._follow_task = asyncio.create_task(self.engine.follow(), name="sunkd-follow")
+            self._follow_task.add_done_callback(self._follow_ended)
             await self._start_http()
             sd_notify("READY=1\nSTATUS=following the event log")
             watchdog = asyncio.create_task(self._watchdog(), name="sunkd-watchdog")
@@ -199,7 +204,24 @@ class Daemon:
                 sd_notify("STOPPING=1")
         finally:
             await self._shutdown()
-        return 0
+        return 1 if self.fatal_error else 0
+
+    def _fatal(self, why: str) -> int:
+        """Stop, loudly: state can no longer be trusted, so nothing may be decided."""
+        self.fatal_error = why
+        log.critical("daemon.fatal", error=why,
+                     hint="inspect with `sunkd events --after <seq>`; the log is untouched")
+        self.metrics.set_leader(False, self.lease.epoch if self.lease else 0)
+        self.stop_event.set()
+        return 1
+
+    def _follow_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self.stop_event.is_set():
+            return
+        error = task.exception()
+        if error is not None:
+            self._fatal(f"following the event log failed after seq "
+                        f"{self.state().last_seq}: {error!r}")
 
     def reload(self) -> None:
         if self.config_path is None:
