@@ -118,43 +118,86 @@ def _table(nodes: list[SlurmNode]) -> list[str]:
     ]
 
 
+async def kubernetes_report(settings: Settings) -> dict[str, Any]:
+    """Reach the API server with sunkd's own credentials: its version, the nodes sunkd
+    would watch, and whether the Nodeset CRD is installed."""
+    from sunkd.clients.kube import NODES, NODESETS, KubeApiError, KubeClient
+
+    kubeconfig = settings.kubernetes.kubeconfig
+    client = await KubeClient.connect(str(kubeconfig) if kubeconfig else None,
+                                      context=settings.kubernetes.context)
+    try:
+        version = await client.request("GET", "/version")
+        nodes, _ = await client.list(NODES)
+        try:
+            nodesets: int | None = len((await client.list(NODESETS))[0])
+        except KubeApiError as error:
+            if error.status != 404:
+                raise
+            nodesets = None
+        return {"server": client.host, "version": (version or {}).get("gitVersion"),
+                "nodes": len(nodes), "nodesets": nodesets}
+    finally:
+        await client.close()
+
+
 async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
-    """Print the Slurm check; 0 when Slurm is reachable and understood, else 1 (2 when
-    Slurm is not configured)."""
+    """Check Slurm and (when enabled) Kubernetes. 0 when everything configured is
+    reachable and understood, 1 on any failure, 2 when nothing is configured."""
+    result: dict[str, Any] = {}
+    failed = False
+    lines: list[str] = []
     if not settings.slurm.url:
         message = "slurm.url is not set: nothing to check (http://host:port or unix:/path)"
-        if as_json:
-            out.write(json.dumps({"ok": False, "error": message}) + "\n")
+        result["slurm"] = {"ok": False, "error": message}
+        lines.append(f"slurm: {message}\n")
+    else:
+        try:
+            report = await slurm_report(settings)
+        except (SlurmError, ValueError) as error:
+            kind = (
+                "auth"
+                if isinstance(error, SlurmAuthError)
+                else "bad_payload"
+                if isinstance(error, SlurmPayloadError)
+                else "error"
+            )
+            failed = True
+            result["slurm"] = {"ok": False, "cause": kind, "error": str(error)}
+            lines.append(f"slurm: FAILED ({kind}): {error}\n")
         else:
-            out.write(f"slurm: {message}\n")
-        return 2
-    try:
-        report = await slurm_report(settings)
-    except (SlurmError, ValueError) as error:
-        kind = (
-            "auth"
-            if isinstance(error, SlurmAuthError)
-            else "bad_payload"
-            if isinstance(error, SlurmPayloadError)
-            else "error"
-        )
-        if as_json:
-            out.write(json.dumps({"ok": False, "cause": kind, "error": str(error)}) + "\n")
+            result["slurm"] = report.as_dict()
+            lines.append(
+                f"slurm: OK\n"
+                f"  url:            {report.url}\n"
+                f"  slurm release:  {report.slurm_release or 'unknown'}\n"
+                f"  REST version:   {report.api_version}\n"
+                f"  auth:           {report.auth} (user {settings.slurm.user})\n"
+                f"  node updates:   {report.node_updates}\n"
+                f"  nodes:          {len(report.nodes)}\n\n"
+            )
+            lines.extend(line + "\n" for line in _table(report.nodes))
+    if settings.kubernetes.enabled:
+        try:
+            kube = await kubernetes_report(settings)
+        except Exception as error:  # config, TLS, auth, network: all are findings here
+            failed = True
+            result["kubernetes"] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+            lines.append(f"\nkubernetes: FAILED: {type(error).__name__}: {error}\n")
         else:
-            out.write(f"slurm: FAILED ({kind}): {error}\n")
-        return 1
+            result["kubernetes"] = kube
+            crd = (f"{kube['nodesets']}" if kube["nodesets"] is not None else
+                   "the Nodeset CRD is not installed (kubectl apply -f manifests/crds/)")
+            lines.append(f"\nkubernetes: OK\n"
+                         f"  server:         {kube['server']} ({kube['version']})\n"
+                         f"  nodes:          {kube['nodes']}\n"
+                         f"  nodesets:       {crd}\n")
+    configured = bool(settings.slurm.url) or settings.kubernetes.enabled
     if as_json:
-        out.write(json.dumps({"ok": True, "slurm": report.as_dict()}, indent=2) + "\n")
-        return 0
-    out.write(
-        f"slurm: OK\n"
-        f"  url:            {report.url}\n"
-        f"  slurm release:  {report.slurm_release or 'unknown'}\n"
-        f"  REST version:   {report.api_version}\n"
-        f"  auth:           {report.auth} (user {settings.slurm.user})\n"
-        f"  node updates:   {report.node_updates}\n"
-        f"  nodes:          {len(report.nodes)}\n\n"
-    )
-    for line in _table(report.nodes):
-        out.write(line + "\n")
-    return 0
+        out.write(json.dumps({"ok": configured and not failed and bool(settings.slurm.url),
+                              **result}, indent=2) + "\n")
+    else:
+        out.write("".join(lines))
+    if failed:
+        return 1
+    return 0 if settings.slurm.url else 2

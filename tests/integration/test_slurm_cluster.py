@@ -281,28 +281,20 @@ async def test_doctor_prints_the_normalized_table(
 ) -> None:
     import io
     import json
-    from dataclasses import dataclass
 
+    from sunkd.config import KubernetesSettings, Settings, SlurmSettings
     from sunkd.doctor import doctor
 
-    @dataclass(frozen=True)
-    class Slurm:
-        url: str | None
-        user: str = "root"
-        token: str | None = None
-        token_file: Path | None = None
-        jwt_key_file: Path | None = None
-        partitions: tuple[str, ...] = ()
-
-    @dataclass(frozen=True)
-    class Settings:
-        slurm: Slurm
+    def settings_for(key: Path) -> Settings:
+        # The Kubernetes half is checked in test_doctor_kubernetes.py.
+        return Settings(slurm=SlurmSettings(url=cluster.rest_url, jwt_key_file=key),
+                        kubernetes=KubernetesSettings(enabled=False))
 
     cluster.scontrol("update", "nodename=sc5", "state=drain", "reason=admin: doctor")
     try:
         await wait_node(client, "sc5", lambda n: n.is_drain)
         out = io.StringIO()
-        settings = Settings(Slurm(cluster.rest_url, jwt_key_file=cluster.jwt_key_path))
+        settings = settings_for(cluster.jwt_key_path)
         assert await doctor(settings, as_json=False, out=out) == 0
         text = out.getvalue()
         assert f"REST version:   {cluster.rest_version}" in text
@@ -324,7 +316,7 @@ async def test_doctor_prints_the_normalized_table(
         wrong_key = Path(cluster.base / "jobs" / "wrong.key")
         wrong_key.write_bytes(os.urandom(32))
         out = io.StringIO()
-        bad = Settings(Slurm(cluster.rest_url, jwt_key_file=wrong_key))
+        bad = settings_for(wrong_key)
         assert await doctor(bad, as_json=False, out=out) == 1
         assert out.getvalue().startswith("slurm: FAILED (auth)")
     finally:
