@@ -310,6 +310,26 @@ def render_table(state: ClusterState, generator: Generator, elapsed: float,
 # -------------------------------------------------------------------------- main
 
 
+def set_aside_previous_log(database_url: str) -> None:
+    """Each demo starts a new cluster, so it starts a new log: an earlier demo's SQLite
+    log is renamed (never deleted) so `sunkd status` shows this run."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if not url.drivername.startswith("sqlite") or not url.database:
+        return
+    path = Path(url.database)
+    if not path.exists():
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for suffix in ("", "-wal", "-shm"):
+        old = Path(f"{path}{suffix}")
+        if old.exists():
+            old.rename(f"{path}.previous-{stamp}{suffix}")
+    print(f"an earlier demo's log was kept as {path}.previous-{stamp}", flush=True)
+
+
+
 async def run_demo(settings: Settings, *, duration: float | None, node_count: int,
                    summary_json: Path | None, listen: str | None,
                    phase_seconds: float = 30.0) -> int:
@@ -323,6 +343,7 @@ async def run_demo(settings: Settings, *, duration: float | None, node_count: in
         print("sunkd demo: --nodes must be at least 2", file=sys.stderr)
         return 2
     poll_interval = 2.0
+    set_aside_previous_log(settings.database_url)
     hostlist = f"gpu-a[001-{node_count:03d}]"
     print(f"starting a real Slurm cluster ({hostlist}), the Kubernetes API emulator and "
           f"sunkd on {settings.database_url} ...", flush=True)

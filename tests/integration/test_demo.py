@@ -100,3 +100,16 @@ async def test_demo_moves_nodes_both_ways_and_serves_everything(tmp_path: Path) 
     intervals = json.loads(history)
     rows = intervals if isinstance(intervals, list) else intervals["intervals"]
     assert {row["owner"] for row in rows} >= {"slurm", "kubernetes"}, rows
+
+
+def test_a_new_demo_keeps_the_previous_log_aside(tmp_path: Path) -> None:
+    from sunkd.demo import set_aside_previous_log
+
+    (tmp_path / "sunkd.db").write_text("earlier run")
+    (tmp_path / "sunkd.db-wal").write_text("wal")
+    set_aside_previous_log(f"sqlite+aiosqlite:///{tmp_path / 'sunkd.db'}")
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert not (tmp_path / "sunkd.db").exists()
+    assert len(kept) == 2 and all(name.startswith("sunkd.db.previous-") for name in kept)
+    assert any(name.endswith("-wal") for name in kept)
+    set_aside_previous_log("postgresql+asyncpg://u@db/sunkd")  # never touches PostgreSQL
