@@ -624,3 +624,15 @@ def test_demand_an_idle_node_already_covers_moves_nothing() -> None:
     log = _cluster(3, kubernetes=("n3",))
     _jobs(log, 2)
     assert _only(_decide(log, T0), StartTransition) == []
+
+
+def test_a_pending_pod_already_seen_on_a_node_is_not_demand() -> None:
+    """Workload (pod bound to n3) and the pool's pending list are separate observations;
+    until the pending list is re-observed it still names the bound pod."""
+    log = _cluster(3, kubernetes=("n3",))
+    log.add(K8sWorkloadObserved(node="n3", pool=POOL, pods=(PodRef("serving", "p0", "Running"),)),
+            3.0)
+    _pods(log, 2)  # names p0 (bound on n3 already) and p1
+    assert [s.node for s in _only(_decide(log, T0), StartTransition)] == ["n1"]
+    _pods(log, 1)  # only p0: nothing is needed
+    assert _only(_decide(log, T0), StartTransition) == []
