@@ -298,6 +298,7 @@ class _Planner:
         self.action_count = 0
         self.touched: set[str] = set()  # nodes that got a decision in this round
         self.ended: set[str] = set()  # transition ids completed or aborted this round
+        self.aborted: set[str] = set()  # the aborted ones among them
         self.busy_sides: set[tuple[str, str]] = set()
 
     # ids: unique per log position, identical on replay
@@ -395,6 +396,7 @@ class _Planner:
 
     def abort(self, node: NodeState, transition: OpenTransition, reason: str) -> None:
         self.ended.add(transition.transition_id)
+        self.aborted.add(transition.transition_id)
         self.decisions.append(
             AbortTransition(
                 transition.transition_id,
@@ -961,7 +963,12 @@ def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> N
         return
 
     forced = {n.name for n in forced_lends} | {n.name for n in forced_reclaims}
-    lend_more = lend_target - lends_open
+    # A lend completed in this very round still covers demand (its node is now an idle
+    # Kubernetes node, which `idle_k8s` only sees from the next round on); only lends
+    # aborted now stop counting. Otherwise every completion would start one more lend.
+    lends_covering = sum(1 for n in lends if n.transition
+                         and n.transition.transition_id not in planner.aborted)
+    lend_more = lend_target - lends_covering
     lend_more = min(lend_more, owned_slurm - spec.min_slurm)
     if spec.max_kubernetes is not None:
         lend_more = min(lend_more, spec.max_kubernetes - owned_k8s - len(lends))

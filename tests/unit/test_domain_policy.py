@@ -636,3 +636,24 @@ def test_a_pending_pod_already_seen_on_a_node_is_not_demand() -> None:
     assert [s.node for s in _only(_decide(log, T0), StartTransition)] == ["n1"]
     _pods(log, 1)  # only p0: nothing is needed
     assert _only(_decide(log, T0), StartTransition) == []
+
+
+def test_completing_a_lend_does_not_start_another_for_the_same_pod() -> None:
+    """The round that completes a lend still sees the pod pending (it lands on the node
+    only afterwards): that lend covers it, no second node moves."""
+    log = _cluster(3)
+    _pods(log, 1)
+    first = _decide(log, T0)
+    start, drain = first
+    assert isinstance(start, StartTransition) and isinstance(drain, RequestAction)
+    _record(log, first, T0)
+    _succeed(log, drain, T0 + 1)
+    log.add(slurm_obs(start.node, "IDLE", ("DRAIN",), drain.arg("reason")), T0 + 2)
+    unlock_round = _decide(log, T0 + 3)
+    _record(log, unlock_round, T0 + 3)
+    unlock = unlock_round[0]
+    assert isinstance(unlock, RequestAction) and unlock.verb == "unlock"
+    _succeed(log, unlock, T0 + 4)
+    log.add(k8s_obs(start.node, tainted=False), T0 + 5)
+    completing = _decide(log, T0 + 6)
+    assert [type(d) for d in completing] == [CompleteTransition]
