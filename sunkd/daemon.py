@@ -287,8 +287,10 @@ class Daemon:
                 if not await self._acquire_kube_lease(sources_stop, tasks):
                     return
             sink = leader_sink(self.engine, term)
-            for source in await self._build_sources(sink, closers):
+            sources = await self._build_sources(sink, closers)
+            for source in sources:
                 tasks.append(asyncio.create_task(source.run(sources_stop)))
+            tasks.append(asyncio.create_task(self._mark_polls(sources), name="sunkd-polls"))
             if self._kube_actuator is not None:
                 tasks.append(asyncio.create_task(self._write_nodeset_status(self._kube_actuator),
                                                  name="sunkd-nodeset-status"))
@@ -329,6 +331,18 @@ class Daemon:
                     await self.event_log.release(lease)
             self.leading, self.lease = False, None
             log.info("daemon.stepped_down", epoch=lease.epoch)
+
+    async def _mark_polls(self, sources: list[Any]) -> None:
+        """Feed `sunkd_source_seconds_since_success` from the poller's last good poll
+        (a poller that silently stopped would otherwise look fresh: its last health
+        event said so). Watch-based sources report trouble themselves."""
+        from sunkd.sources.slurm import SlurmSource
+
+        while True:
+            for source in sources:
+                if isinstance(source, SlurmSource) and source.last_good_at is not None:
+                    self.metrics.mark_source_good("slurm", source.last_good_at)
+            await asyncio.sleep(1.0)
 
     async def _write_nodeset_status(self, actuator: Any) -> None:
         """Keep every Nodeset's status current (counters, nodes, conditions)."""

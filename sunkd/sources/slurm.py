@@ -154,6 +154,7 @@ class SlurmSource:
         self._nr_grace = not_responding_grace
         self._clock = clock
         self._last_success = clock()
+        self.last_good_at: float | None = None  # wall clock of the last good poll
         self._nr_since: dict[str, float] = {}
         # Last raw SlurmNode per name whose observation is in `_nodes`: an unchanged
         # node then costs one comparison, not a new payload (10k-node polls).
@@ -202,6 +203,7 @@ class SlurmSource:
             await self._sink(events)
         self._commit(events)
         self._last_success = self._clock()
+        self.last_good_at = time.time()
         return events
 
     # ----------------------------------------------------------------- internals

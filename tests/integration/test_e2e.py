@@ -248,6 +248,16 @@ async def test_nodes_move_both_ways_and_pdbs_are_honoured(slurm_cluster: Any) ->
                 # before sunkd records the completed lend.
                 await sunkd.until("the lend is recorded",
                                   lambda: sunkd.owner(lent) == "kubernetes", within=10)
+                # /metrics: the Slurm poller's last good poll is recent, the lend counted.
+                import aiohttp
+
+                async with aiohttp.ClientSession() as session, session.get(
+                        f"http://127.0.0.1:{sunkd.daemon.http_port}/metrics") as response:
+                    metrics = await response.text()
+                since = [line for line in metrics.splitlines() if line.startswith(
+                    'sunkd_source_seconds_since_success{source="slurm"}')]
+                assert since and float(since[0].split()[-1]) < 5, since
+                assert "sunkd_leader 1.0" in metrics
                 # The Nodeset status tells the same story to `kubectl get nds`.
                 await sunkd.until("the Nodeset status counts the lent node", lambda: (
                     emulator.get("nodesets", "pool", "sunkd").get("status") or {}
