@@ -75,12 +75,9 @@ async def timed_sunkd(url: str, items: list[Event], batch: int) -> tuple[float, 
             await event_log.append(chunk, lease.epoch)
         append_seconds = time.perf_counter() - started
         started = time.perf_counter()
-        position, total = 0, 0
-        while True:
-            page = await event_log.read(position, 5000)
-            if not page:
-                break
-            position, total = page[-1].seq, total + len(page)
+        total = 0
+        async for page in event_log.read_range():
+            total += len(page)
         read_seconds = time.perf_counter() - started
         assert total == len(items) + 1, total  # + leader.elected
         return append_seconds, read_seconds

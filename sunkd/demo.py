@@ -415,11 +415,8 @@ async def run_demo(settings: Settings, *, duration: float | None, node_count: in
 
         event_log = await EventLog.open(settings.database_url)
         try:
-            everything: list[RecordedEvent] = []
-            position = 0
-            while batch := await event_log.read(position, 5000):
-                everything.extend(batch)
-                position = batch[-1].seq
+            everything = [event async for batch in event_log.read_range()
+                          for event in batch]
         finally:
             await event_log.close()
         summary = summarize(everything, stimuli, poll_interval, elapsed)

@@ -110,25 +110,8 @@ class Engine:
 
     async def load(self) -> None:
         """Latest snapshot plus the tail: restart is O(tail), not O(log)."""
-        snapshot = await self.event_log.latest_snapshot()
-        state = EMPTY
-        if snapshot is not None:
-            seq, body = snapshot
-            try:
-                state = state_from_json(body)
-                self._last_snapshot_seq = seq
-            except (KeyError, ValueError, TypeError) as error:
-                # A snapshot is only a cache: an unreadable one (older format) costs a
-                # full replay, never correctness.
-                log.warning("engine.snapshot_unreadable", seq=seq, error=str(error))
-                state = EMPTY
-        while True:
-            batch = await self.event_log.read(state.last_seq, 5000)
-            if not batch:
-                break
-            state = fold(batch, state)
-        self.state = state
-        log.info("engine.loaded", last_seq=state.last_seq, nodes=len(state.nodes),
+        self.state, self._last_snapshot_seq = await load_state(self.event_log)
+        log.info("engine.loaded", last_seq=self.state.last_seq, nodes=len(self.state.nodes),
                  from_snapshot=self._last_snapshot_seq)
 
     async def follow(self) -> None:
@@ -286,6 +269,25 @@ class Engine:
         await self.event_log.save_snapshot(state.last_seq, state_to_json(state))
         self._last_snapshot_seq = state.last_seq
         log.info("engine.snapshot", seq=state.last_seq)
+
+
+async def load_state(event_log: EventLog, *, from_snapshot: bool = True
+                     ) -> tuple[ClusterState, int]:
+    """The state folded from the log (from the latest snapshot, when asked and readable,
+    plus the tail) and the seq of the snapshot used (0: none)."""
+    state, snapshot_seq = EMPTY, 0
+    snapshot = await event_log.latest_snapshot() if from_snapshot else None
+    if snapshot is not None:
+        seq, body = snapshot
+        try:
+            state, snapshot_seq = state_from_json(body), seq
+        except (KeyError, ValueError, TypeError) as error:
+            # A snapshot is only a cache: an unreadable one (older format) costs a
+            # full replay, never correctness.
+            log.warning("engine.snapshot_unreadable", seq=seq, error=str(error))
+    async for batch in event_log.read_range(state.last_seq):
+        state = fold(batch, state)
+    return state, snapshot_seq
 
 
 Sink = Callable[[Sequence[Event]], Awaitable[object]]

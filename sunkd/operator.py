@@ -19,20 +19,9 @@ from sunkd.domain.events import Event, OperatorPinned
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import effective_pools, membership
 from sunkd.domain.state import EMPTY, ClusterState, fold, state_from_json, state_to_json
+from sunkd.engine import load_state
+from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
-
-
-async def load_state(event_log: EventLog, *, from_snapshot: bool = True) -> ClusterState:
-    state = EMPTY
-    if from_snapshot:
-        snapshot = await event_log.latest_snapshot()
-        if snapshot is not None:
-            state = state_from_json(snapshot[1])
-    while True:
-        batch = await event_log.read(state.last_seq, 5000)
-        if not batch:
-            return state
-        state = fold(batch, state)
 
 
 def _when(moment: float | None) -> str:
@@ -81,7 +70,7 @@ def cmd_status(args: Any, settings: Settings) -> int:
     async def run() -> ClusterState:
         event_log = await EventLog.open(settings.database_url)
         try:
-            return await load_state(event_log)
+            return (await load_state(event_log))[0]
         finally:
             await event_log.close()
 
@@ -112,7 +101,7 @@ def cmd_pin(args: Any, settings: Settings) -> int:
     async def run() -> int:
         event_log = await EventLog.open(settings.database_url)
         try:
-            state = await load_state(event_log)
+            state, _ = await load_state(event_log)
             if args.node not in state.nodes and args.node not in state.k8s_names:
                 print(f"sunkd: warning: {args.node} has not been observed yet; the pin is "
                       "recorded and applies once it is", file=sys.stderr)
@@ -148,29 +137,19 @@ async def replay_check(event_log: EventLog) -> list[str]:
     """Rebuild from the whole log and compare with the snapshot-based state, and with
     the latest snapshot itself at its own position."""
     problems: list[str] = []
-    full = await load_state(event_log, from_snapshot=False)
-    incremental = await load_state(event_log, from_snapshot=True)
+    full, _ = await load_state(event_log, from_snapshot=False)
+    incremental, _ = await load_state(event_log, from_snapshot=True)
     problems += [f"snapshot+tail vs full replay: {d}" for d in compare_states(full, incremental)]
     snapshot = await event_log.latest_snapshot()
     if snapshot is not None:
         seq, body = snapshot
         at_snapshot = EMPTY
-        position = 0
-        while position < seq:
-            batch = await event_log.read(position, min(5000, seq - position))
-            if not batch:
-                break
+        async for batch in event_log.read_range(0, upto=seq):
             at_snapshot = fold(batch, at_snapshot)
-            position = batch[-1].seq
         problems += [f"snapshot {seq} vs replay to {seq}: {d}"
                      for d in compare_states(at_snapshot, state_from_json(body))]
-    try:
-        from sunkd.store import projections
-    except ImportError:
-        return problems
-    check = getattr(projections, "check_against_state", None)
-    if check is not None:
-        problems += [f"read models: {d}" for d in await check(event_log.engine, full)]
+    problems += [f"read models: {d}"
+                 for d in await projections.check_against_state(event_log.engine, full)]
     return problems
 
 

@@ -290,6 +290,19 @@ class EventLog:
             rows = (await connection.execute(query)).all()
         return [_to_recorded(row._mapping) for row in rows]
 
+    async def read_range(self, after_seq: int = 0, upto: int | None = None, *,
+                         batch_size: int = 5000) -> AsyncIterator[list[RecordedEvent]]:
+        """The events after `after_seq` (up to `upto`, else up to what exists now),
+        page by page: for replays, reports and checks that read a finite stretch."""
+        position = after_seq
+        while upto is None or position < upto:
+            limit = batch_size if upto is None else min(batch_size, upto - position)
+            batch = await self.read(position, limit)
+            if not batch:
+                return
+            yield batch
+            position = batch[-1].seq
+
     async def latest_seq(self) -> int:
         async with self.engine.connect() as connection:
             result = await connection.execute(select(func.coalesce(func.max(events.c.seq), 0)))

@@ -395,3 +395,16 @@ async def test_payload_values_survive_exactly(database_url: str) -> None:
         assert stored.data == data and isinstance(stored.data["big"], int)
     finally:
         await event_log.close()
+
+
+async def test_read_range_pages_a_finite_stretch(database_url: str) -> None:
+    event_log, epoch = await open_leader(database_url)
+    try:
+        await event_log.append([observed(f"n{i}") for i in range(9)], epoch)  # seqs 2..10
+        pages = [[e.seq for e in batch]
+                 async for batch in event_log.read_range(1, upto=8, batch_size=3)]
+        assert pages == [[2, 3, 4], [5, 6, 7], [8]]
+        everything = [e.seq async for batch in event_log.read_range() for e in batch]
+        assert everything == list(range(1, 11))
+    finally:
+        await event_log.close()

@@ -182,20 +182,17 @@ async def running_sunkd(database_url: str, cluster: Any, emulator: KubeAPIEmulat
 async def read_all(database_url: str) -> list[RecordedEvent]:
     event_log = await EventLog.open(database_url)
     try:
-        events: list[RecordedEvent] = []
-        while batch := await event_log.read(events[-1].seq if events else 0, 5000):
-            events.extend(batch)
-        return events
+        return [event async for batch in event_log.read_range() for event in batch]
     finally:
         await event_log.close()
 
 
 async def current_state(database_url: str) -> ClusterState:
-    from sunkd.operator import load_state
+    from sunkd.engine import load_state
 
     event_log = await EventLog.open(database_url)
     try:
-        return await load_state(event_log, from_snapshot=True)
+        return (await load_state(event_log, from_snapshot=True))[0]
     finally:
         await event_log.close()
 
