@@ -80,7 +80,7 @@ def watchdog_interval() -> float | None:
         return None
 
 
-# -------------------------------------------------------------------------- pools
+# ---------------------------------------------------------------------- sources
 
 
 def kubernetes_seed(state: ClusterState) -> list[Payload]:
@@ -99,9 +99,6 @@ def kubernetes_seed(state: ClusterState) -> list[Payload]:
 
 
 # ------------------------------------------------------------------------- daemon
-
-SourceFactory = Callable[[Callable[..., Awaitable[object]], ClusterState], Any]
-
 
 class Daemon:
     """One sunkd process. `slurm_client`/`kube_client` may be injected (demo, tests);
@@ -128,7 +125,6 @@ class Daemon:
         self._kube_actuator: Any = None
         self._kube_elector: Any = None
         self.fatal_error: str | None = None
-        self.started_at = time.time()
 
     # ----------------------------------------------------------------- DaemonView
 
@@ -181,7 +177,6 @@ class Daemon:
             loop.add_signal_handler(signal.SIGHUP, self.reload)
         self.event_log = await EventLog.open(self.settings.database_url)
         try:
-            self.metrics = Metrics()
             self.engine = Engine(
                 self.event_log,
                 config_pools=[pool_spec(pool) for pool in self.settings.pools],

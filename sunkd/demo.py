@@ -43,7 +43,7 @@ from sunkd.domain.events import (
     TransitionAborted,
     TransitionCompleted,
 )
-from sunkd.domain.ownership import assess
+from sunkd.domain.ownership import assess, slurm_state_text
 from sunkd.domain.state import ClusterState
 
 log = structlog.get_logger(__name__)
@@ -296,7 +296,7 @@ def render_table(state: ClusterState, generator: Generator, elapsed: float,
     for name in sorted(state.nodes):
         node = state.nodes[name]
         phase = assess(state, node, now).phase if node.slurm and node.k8s else node.phase
-        slurm = "-" if node.slurm is None else "+".join([node.slurm.state, *node.slurm.flags])
+        slurm = slurm_state_text(node.slurm)
         k8s = "-"
         if node.k8s is not None:
             tainted = any(t.key == "sunkd.io/owner" for t in node.k8s.taints)

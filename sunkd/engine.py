@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -104,7 +105,6 @@ class Engine:
         self._finished: set[str] = set()  # outcome appended, maybe not folded yet
         self._appended_upto = 0  # highest seq this process appended
         self._quiesced = False
-        self.decisions_made = 0
 
     # ------------------------------------------------------------------ following
 
@@ -177,7 +177,6 @@ class Engine:
                 decisions = decide(state, self.pools(), now)
                 if decisions and state.last_seq != decided_at_seq:
                     decided_at_seq = state.last_seq
-                    self.decisions_made += len(decisions)
                     for decision in decisions:
                         log.info("engine.decision", kind=type(decision).__name__,
                                  node=decision.node, reason=decision.reason)
@@ -202,12 +201,10 @@ class Engine:
             task = asyncio.create_task(self._run_action(action, term),
                                        name=f"sunkd-action-{action.action_id}")
             self._in_flight[action.action_id] = task
-            task.add_done_callback(self._forget_task)
+            task.add_done_callback(functools.partial(self._forget_task, action.action_id))
 
-    def _forget_task(self, task: asyncio.Task[None]) -> None:
-        for action_id, running in list(self._in_flight.items()):
-            if running is task:
-                del self._in_flight[action_id]
+    def _forget_task(self, action_id: str, _task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(action_id, None)
 
     async def _run_action(self, action: OpenAction, term: LeaderTerm) -> None:
         if not term.may_act():
@@ -217,6 +214,12 @@ class Engine:
             return
         node = self.state.nodes.get(action.node)
         started = time.perf_counter()
+        def failed(error: str, retryable: bool) -> ActionFailed:
+            return ActionFailed(
+                action_id=action.action_id, transition_id=action.transition_id,
+                side=action.side, verb=action.verb, node=action.node, attempt=action.attempt,
+                error=error, retryable=retryable)
+
         outcome: ActionSucceeded | ActionFailed
         try:
             changed = await executor.execute(action, node)
@@ -226,18 +229,12 @@ class Engine:
                 changed=changed)
             result = "succeeded"
         except ActionError as error:
-            outcome = ActionFailed(
-                action_id=action.action_id, transition_id=action.transition_id,
-                side=action.side, verb=action.verb, node=action.node, attempt=action.attempt,
-                error=str(error), retryable=error.retryable)
+            outcome = failed(str(error), error.retryable)
             result = "refused" if isinstance(error, RefusedError) else "failed"
             log.warning("engine.action_failed", action=action.action_id, verb=action.verb,
                         node=action.node, error=str(error), retryable=error.retryable)
         except Exception as error:  # an adapter bug must not kill the outbox
-            outcome = ActionFailed(
-                action_id=action.action_id, transition_id=action.transition_id,
-                side=action.side, verb=action.verb, node=action.node, attempt=action.attempt,
-                error=f"unexpected {type(error).__name__}: {error}", retryable=True)
+            outcome = failed(f"unexpected {type(error).__name__}: {error}", True)
             result = "failed"
             log.exception("engine.action_crashed", action=action.action_id)
         log.info("engine.action_done", action=action.action_id, verb=action.verb,

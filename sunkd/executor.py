@@ -7,10 +7,10 @@ them differ). Arguments travel as (key, value) pairs on the `action.requested` e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from sunkd.actuators import ActionError
+from sunkd.clients.slurmrestd import SlurmNode
 from sunkd.domain.policy import (
     VERB_CORDON,
     VERB_DRAIN,
@@ -33,7 +33,7 @@ class SlurmActions(Protocol):
 
 
 class SlurmReader(Protocol):
-    async def get_nodes(self) -> Sequence[Any]: ...
+    async def get_nodes(self) -> list[SlurmNode]: ...
 
 
 class KubernetesActions(Protocol):
@@ -85,9 +85,9 @@ class ActuatorExecutor:
         except Exception as error:
             raise ActionError(f"cannot confirm {node} is drained in Slurm: {error}",
                               retryable=True) from error
-        current = next((item for item in nodes if getattr(item, "name", None) == node), None)
-        if current is None or not getattr(current, "is_drained", False):
-            state = getattr(current, "display_state", "missing")
+        current = next((item for item in nodes if item.name == node), None)
+        if current is None or not current.is_drained:
+            state = current.display_state if current is not None else "missing"
             raise ActionError(f"refusing to unlock {node}: Slurm now reports it {state}, "
                               "not drained", retryable=True)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from sunkd.config import Settings, pool_spec
 from sunkd.domain.events import Event, OperatorPinned
-from sunkd.domain.ownership import assess
+from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership
 from sunkd.domain.state import EMPTY, ClusterState, fold, state_from_json, state_to_json
 from sunkd.engine import load_state
@@ -39,16 +39,14 @@ def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dic
         assessment = assess(state, node, now)
         slurm = node.slurm
         k8s = node.k8s
-        slurm_state = "-" if slurm is None else "+".join([slurm.state, *slurm.flags])
+        slurm_state = slurm_state_text(slurm)
         if k8s is None:
             k8s_state = "-"
         else:
             k8s_state = {True: "Ready", False: "NotReady", None: "Unknown"}[k8s.ready]
             if k8s.unschedulable:
                 k8s_state += ",SchedulingDisabled"
-        reasons = list(assessment.hold_reasons or assessment.unknown_reasons)
-        if node.transition is not None:
-            reasons.insert(0, node.transition.reason)
+        reasons = explain(node, assessment)
         if node.pin is not None:
             reasons.append(f"pinned to {node.pin.to} by {node.pin.who}: {node.pin.why}")
         rows.append({

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sunkd.domain.ownership import assess
+from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import PoolSpec, membership
 from sunkd.domain.state import ClusterState, Phase
 
@@ -75,14 +75,12 @@ def build_nodeset_status(
             counts["kubernetes"] += 1
         slurm_state = None
         if node.slurm is not None:
-            slurm_state = "+".join([node.slurm.state, *node.slurm.flags])
+            slurm_state = slurm_state_text(node.slurm)
             bucket = _slurm_bucket(node.slurm.state, node.slurm.flags)
             if bucket is not None:
                 slurm_states[bucket] += 1
         failed_actions += sum(1 for outcome in node.outcomes.values() if not outcome.succeeded)
-        reasons = list(assessment.hold_reasons or assessment.unknown_reasons)
-        if node.transition is not None:
-            reasons.insert(0, node.transition.reason)
+        reasons = explain(node, assessment)
         entry: dict[str, Any] = {"name": name, "owner": OWNER_NAMES.get(node.owner, "None"),
                                  "phase": PHASE_NAMES[phase]}
         if slurm_state is not None:

@@ -218,3 +218,19 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
 def assess_all(state: ClusterState, now: float) -> dict[str, Assessment]:
     """Every node's assessment at `now` (for status, metrics and the read API)."""
     return {name: assess(state, node, now) for name, node in state.nodes.items()}
+
+
+def slurm_state_text(observation: SlurmNodeObserved | None, missing: str = "-") -> str:
+    """`IDLE+DRAIN`-style text of a Slurm observation, for people and annotations."""
+    if observation is None:
+        return missing
+    return "+".join([observation.state.upper(), *observation.flags])
+
+
+def explain(node: NodeState, assessment: Assessment) -> list[str]:
+    """Why a node is where it is, most important first: the open transition's reason,
+    then its holds (or why sunkd cannot judge it)."""
+    reasons = list(assessment.hold_reasons or assessment.unknown_reasons)
+    if node.transition is not None:
+        reasons.insert(0, node.transition.reason)
+    return reasons

@@ -48,6 +48,7 @@ from sunkd.domain.ownership import (
     is_ours,
     slurm_busy,
     slurm_drained,
+    slurm_state_text,
     slurm_usable,
 )
 from sunkd.domain.state import (
@@ -662,7 +663,7 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
                 VERB_CORDON,
                 "mirror Slurm hold: " + "; ".join(assessment.slurm_holds),
                 (
-                    Label("slurm_state", _slurm_state_text(node)),
+                    Label("slurm_state", slurm_state_text(node.slurm, missing="MISSING")),
                     Label("slurm_reason", (slurm.reason or "") if slurm else "missing"),
                 ),
             )
@@ -700,13 +701,6 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
                 "Kubernetes hold cleared: resume our mirror drain",
                 (Label("expect_reason", slurm.reason or ""),),
             )
-
-
-def _slurm_state_text(node: NodeState) -> str:
-    slurm = node.slurm
-    if slurm is None:
-        return "MISSING"
-    return "+".join([slurm.state.upper(), *slurm.flags])
 
 
 def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
