@@ -38,7 +38,13 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from sunkd.domain.events import Event, RecordedEvent, decode_payload, encode_payload
+from sunkd.domain.events import (
+    Event,
+    LeaderElected,
+    RecordedEvent,
+    decode_payload,
+    encode_payload,
+)
 from sunkd.store.migrations_api import ensure_schema
 from sunkd.store.models import LEADERSHIP_ROW, events, leadership, snapshots
 
@@ -97,17 +103,6 @@ class _WakeBus:
         condition = self._cond()
         async with condition:
             condition.notify_all()
-
-    def notify_threadsafe(self) -> None:
-        self.generation += 1
-        if self._loop is not None and self._condition is not None:
-            condition = self._condition
-
-            async def wake() -> None:
-                async with condition:
-                    condition.notify_all()
-
-            asyncio.run_coroutine_threadsafe(wake(), self._loop)
 
     async def wait(self, seen_generation: int, wait_seconds: float) -> None:
         condition = self._cond()
@@ -398,16 +393,11 @@ class EventLog:
 
     async def acquire(self, identity: str, lease_seconds: float = 15.0) -> Lease | None:
         """Become leader if nobody holds a live lease. A takeover (and any new
-        acquisition) increments the epoch and records `leader.elected` in the same
-        transaction. Returns None when someone else holds a live lease."""
-        from sunkd.domain.events import LeaderElected
-
+        acquisition) increments the epoch; the new leader's first append is its
+        `leader.elected` event. Returns None when someone else holds a live lease."""
         started = time.monotonic()
         async with self._write_transaction() as connection:
-            query = select(leadership).where(leadership.c.id == LEADERSHIP_ROW)
-            if self.dialect == "postgresql":
-                query = query.with_for_update()
-            row = (await connection.execute(query)).one()._mapping
+            row = await self._locked_leadership_row(connection)
             now = await self._db_now(connection)
             holder = row["holder"]
             renewed_at = _as_utc(row["renewed_at"]) if row["renewed_at"] is not None else None
@@ -431,14 +421,19 @@ class EventLog:
                  previous_holder=holder)
         return lease
 
+    async def _locked_leadership_row(self, connection: AsyncConnection) -> Any:
+        """The leadership row, locked until the transaction ends (SQLite: BEGIN
+        IMMEDIATE already holds the write lock)."""
+        query = select(leadership).where(leadership.c.id == LEADERSHIP_ROW)
+        if self.dialect == "postgresql":
+            query = query.with_for_update()
+        return (await connection.execute(query)).one()._mapping
+
     async def renew(self, lease: Lease) -> Lease:
         """Extend the lease; raises StaleLeaderError if it was taken over."""
         started = time.monotonic()
         async with self._write_transaction() as connection:
-            query = select(leadership).where(leadership.c.id == LEADERSHIP_ROW)
-            if self.dialect == "postgresql":
-                query = query.with_for_update()
-            row = (await connection.execute(query)).one()._mapping
+            row = await self._locked_leadership_row(connection)
             if row["holder"] != lease.identity or int(row["epoch"]) != lease.epoch:
                 raise StaleLeaderError(
                     f"lease epoch {lease.epoch} lost: now held by {row['holder']!r} "
