@@ -285,13 +285,11 @@ async def measure_reaction(cycles: int, poll_interval: float) -> dict[str, Any]:
     import tempfile
     from dataclasses import replace
 
-    import yaml
-
     from sunkd.clients.kube import KubeClient
     from sunkd.clients.slurmrestd import SlurmRestClient
     from sunkd.config import KubernetesSettings, Settings, SlurmSettings
     from sunkd.daemon import Daemon
-    from sunkd.demo import MANIFESTS, KubeStandIn, node_object, nodeset_object, pod_object
+    from sunkd.demo import KubeStandIn, nodeset_object, pod_object, populate
     from sunkd.harness.slurm import SlurmCluster
     from sunkd.sim.kubeapi import KubeAPIEmulator
 
@@ -304,14 +302,10 @@ async def measure_reaction(cycles: int, poll_interval: float) -> dict[str, Any]:
     k8s_to_slurm: list[float] = []
     slurm_to_k8s: list[float] = []
     try:
-        emulator.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "sunkd"}})
-        emulator.create(yaml.safe_load((MANIFESTS / "crds" / "nodeset.yaml").read_text()))
-        for name in cluster.node_names:
-            emulator.create(node_object(name))
-        nodeset = nodeset_object(len(cluster.node_names), dwell=0.0)
-        nodeset["spec"]["slurm"]["partitions"] = ["gpu"]
-        nodeset["spec"]["ownership"]["reclaimGraceSeconds"] = 0
-        emulator.create(nodeset)
+        count = len(cluster.node_names)
+        populate(emulator, cluster.node_names, nodeset_object(
+            maxKubernetes=count, dwellSeconds=0.0, maxInFlight=max(1, count // 2),
+            drainTimeoutSeconds=60, reclaimGraceSeconds=0))
         settings = replace(
             Settings(database_url=f"sqlite+aiosqlite:///{workdir.name}/sunkd.db",
                      listen="127.0.0.1:0"),

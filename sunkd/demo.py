@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -80,20 +81,30 @@ def node_object(name: str) -> dict[str, Any]:
     }
 
 
-def nodeset_object(node_count: int, dwell: float) -> dict[str, Any]:
+def nodeset_object(name: str = POOL, **ownership: Any) -> dict[str, Any]:
+    """The pool's Nodeset: its nodes by label, Slurm partition and inference pods;
+    `ownership` knobs (CRD spelling) over Auto mode with no minimums, Slurm preferred."""
     return {
         "apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset",
-        "metadata": {"name": POOL, "namespace": "sunkd"},
+        "metadata": {"name": name, "namespace": "sunkd"},
         "spec": {
             "nodeSelector": {POOL_LABEL: POOL},
             "slurm": {"partitions": [PARTITION]},
             "workloadSelector": {"matchLabels": {APP_LABEL: APP}},
             "ownership": {"mode": "Auto", "minSlurm": 0, "minKubernetes": 0,
-                          "maxKubernetes": node_count, "prefer": "Slurm",
-                          "dwellSeconds": dwell, "maxInFlight": max(1, node_count // 2),
-                          "drainTimeoutSeconds": 60, "reclaimGraceSeconds": 10},
+                          "prefer": "Slurm", **ownership},
         },
     }
+
+
+def populate(emulator: Any, node_names: Sequence[str], nodeset: dict[str, Any]) -> None:
+    """What a cluster with sunkd installed has: the namespace, the Nodeset CRD, one
+    Ready Node per Slurm node, and the pool's Nodeset."""
+    emulator.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "sunkd"}})
+    emulator.create(yaml.safe_load((MANIFESTS / "crds" / "nodeset.yaml").read_text()))
+    for name in node_names:
+        emulator.create(node_object(name))
+    emulator.create(nodeset)
 
 
 def pod_object(name: str) -> dict[str, Any]:
@@ -355,12 +366,9 @@ async def run_demo(settings: Settings, *, duration: float | None, node_count: in
     slurm_client = None
     stop = asyncio.Event()
     try:
-        emulator.create({"apiVersion": "v1", "kind": "Namespace",
-                         "metadata": {"name": "sunkd"}})
-        emulator.create(yaml.safe_load((MANIFESTS / "crds" / "nodeset.yaml").read_text()))
-        for name in cluster.node_names:
-            emulator.create(node_object(name))
-        emulator.create(nodeset_object(node_count, dwell=5.0))
+        populate(emulator, cluster.node_names, nodeset_object(
+            maxKubernetes=node_count, dwellSeconds=5.0, maxInFlight=max(1, node_count // 2),
+            drainTimeoutSeconds=60, reclaimGraceSeconds=10))
         emulator.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                          "metadata": {"name": APP, "namespace": NAMESPACE},
                          "spec": {"maxUnavailable": 1,

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from sunkd.clients.kube import KubeClient
 from sunkd.clients.slurmrestd import SlurmRestClient
 from sunkd.config import KubernetesSettings, Settings, SlurmSettings
 from sunkd.daemon import Daemon
-from sunkd.demo import MANIFESTS, KubeStandIn, node_object, pod_object
+from sunkd.demo import KubeStandIn, nodeset_object, pod_object, populate
 from sunkd.domain.events import (
     ActionRequested,
     K8sNodeObserved,
@@ -47,7 +46,6 @@ from tests.conftest import fresh_postgres_database, require
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 NODES = "e2e[1-4]"
-POOL_LABEL = "sunkd.io/pool"
 
 
 @pytest.fixture(scope="module")
@@ -78,25 +76,12 @@ def reset_slurm(cluster: Any) -> None:
         time.sleep(0.2)
 
 
-def nodeset(dwell: float = 1.0, **ownership: Any) -> dict[str, Any]:
-    spec = {"mode": "Auto", "minSlurm": 0, "minKubernetes": 0, "prefer": "Slurm",
-            "dwellSeconds": dwell, "maxInFlight": 2, "drainTimeoutSeconds": 120,
-            "reclaimGraceSeconds": 2, **ownership}
-    return {"apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset",
-            "metadata": {"name": "pool", "namespace": "sunkd"},
-            "spec": {"nodeSelector": {POOL_LABEL: "gpu-a"}, "slurm": {"partitions": ["gpu"]},
-                     "workloadSelector": {"matchLabels": {"app": "inference"}},
-                     "ownership": spec}}
-
-
-async def start_emulator(cluster: Any, **ownership: Any) -> KubeAPIEmulator:
+async def start_emulator(cluster: Any) -> KubeAPIEmulator:
     emulator = KubeAPIEmulator()
     await emulator.start()
-    emulator.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "sunkd"}})
-    emulator.create(yaml.safe_load((MANIFESTS / "crds" / "nodeset.yaml").read_text()))
-    for name in cluster.node_names:
-        emulator.create(node_object(name))
-    emulator.create(nodeset(**ownership))
+    populate(emulator, cluster.node_names, nodeset_object(
+        "pool", dwellSeconds=1.0, maxInFlight=2, drainTimeoutSeconds=120,
+        reclaimGraceSeconds=2))
     return emulator
 
 
