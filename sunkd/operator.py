@@ -132,20 +132,22 @@ def compare_states(expected: ClusterState, actual: ClusterState) -> list[str]:
 
 
 async def replay_check(event_log: EventLog) -> list[str]:
-    """Rebuild from the whole log and compare with the snapshot-based state, and with
-    the latest snapshot itself at its own position."""
+    """Rebuild from the whole log (one pass, stopping by the latest snapshot's position
+    on the way) and compare: the snapshot with the replay up to its seq, the daemon's way
+    of loading (snapshot + tail) with the full replay, and the read models with it."""
     problems: list[str] = []
-    full, _ = await load_state(event_log, from_snapshot=False)
-    incremental, _ = await load_state(event_log, from_snapshot=True)
-    problems += [f"snapshot+tail vs full replay: {d}" for d in compare_states(full, incremental)]
     snapshot = await event_log.latest_snapshot()
+    full = EMPTY
     if snapshot is not None:
         seq, body = snapshot
-        at_snapshot = EMPTY
         async for batch in event_log.read_range(0, upto=seq):
-            at_snapshot = fold(batch, at_snapshot)
+            full = fold(batch, full)
         problems += [f"snapshot {seq} vs replay to {seq}: {d}"
-                     for d in compare_states(at_snapshot, state_from_json(body))]
+                     for d in compare_states(full, state_from_json(body))]
+    async for batch in event_log.read_range(full.last_seq):
+        full = fold(batch, full)
+    incremental, _ = await load_state(event_log, from_snapshot=True)
+    problems += [f"snapshot+tail vs full replay: {d}" for d in compare_states(full, incremental)]
     problems += [f"read models: {d}"
                  for d in await projections.check_against_state(event_log.engine, full)]
     return problems
