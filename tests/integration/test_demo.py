@@ -54,8 +54,12 @@ async def test_demo_moves_nodes_both_ways_and_serves_everything(tmp_path: Path) 
                         body = await nodes.json()
                         if len(body.get("items", body.get("nodes", []))) < 3:
                             continue
+                    # Nodes can be listed from one source before the other has
+                    # reported fresh: readiness comes a moment later.
                     async with session.get(f"http://127.0.0.1:{port}/readyz") as ready:
                         served["readyz"] = ready.status == 200
+                        if not served["readyz"]:
+                            continue
                     async with session.get(f"http://127.0.0.1:{port}/metrics") as metrics:
                         served["metrics"] = "sunkd_nodes" in await metrics.text()
                     async with session.get(f"http://127.0.0.1:{port}/") as page:
