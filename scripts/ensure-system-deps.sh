@@ -40,22 +40,27 @@ if ! command -v chromium >/dev/null 2>&1; then
   apt_install chromium || echo "ensure-system-deps: could not install chromium" >&2
 fi
 
-# PostgreSQL: only when the default test URL is used and nothing answers there.
+# PostgreSQL: only when the default test URL is used and nothing answers there. The
+# server may be missing (install it), installed but stopped (the polyglot machine kind),
+# or running; in every case the test URL connects as postgres without a password from
+# loopback, so the cluster gets one trust line for exactly that (Debian's default asks
+# for a scram password on TCP).
 if [ -z "${SUNKD_TEST_DATABASE_URL:-}" ]; then
   if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
     if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
       echo "ensure-system-deps: installing postgresql"
       apt_install postgresql || true
-      # A fresh Debian cluster asks for a password on TCP; the test URL connects as
-      # postgres without one, from loopback only.
-      for hba in /etc/postgresql/*/main/pg_hba.conf; do
-        grep -q '^host all postgres 127.0.0.1/32 trust' "$hba" \
-          || sed -i '1i host all postgres 127.0.0.1/32 trust' "$hba"
-      done
     fi
+    for hba in /etc/postgresql/*/main/pg_hba.conf; do
+      [ -f "$hba" ] || continue
+      grep -q '^host all postgres 127.0.0.1/32 trust' "$hba" \
+        || sed -i '1i host all postgres 127.0.0.1/32 trust' "$hba"
+    done
     for version_dir in /etc/postgresql/*; do
       [ -d "$version_dir/main" ] || continue
-      pg_ctlcluster --skip-systemctl-redirect "$(basename "$version_dir")" main start || true
+      echo "ensure-system-deps: starting PostgreSQL $(basename "$version_dir")/main"
+      pg_ctlcluster --skip-systemctl-redirect "$(basename "$version_dir")" main start \
+        || echo "ensure-system-deps: could not start PostgreSQL $(basename "$version_dir")" >&2
     done
     for _ in $(seq 1 50); do
       (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null && break
@@ -64,6 +69,22 @@ if [ -z "${SUNKD_TEST_DATABASE_URL:-}" ]; then
     # The default URL connects as postgres without a password to database "test".
     su postgres -c "psql -qtAc \"SELECT 1 FROM pg_database WHERE datname='test'\"" 2>/dev/null | grep -q 1 \
       || su postgres -c "createdb test" 2>/dev/null || true
+  fi
+  if ! psql -h 127.0.0.1 -U postgres -d test -qtAc 'SELECT 1' >/dev/null 2>&1; then
+    # Running already, but without the trust line: add it and reload.
+    for version_dir in /etc/postgresql/*; do
+      hba="$version_dir/main/pg_hba.conf"
+      [ -f "$hba" ] || continue
+      grep -q '^host all postgres 127.0.0.1/32 trust' "$hba" \
+        || sed -i '1i host all postgres 127.0.0.1/32 trust' "$hba"
+      pg_ctlcluster --skip-systemctl-redirect "$(basename "$version_dir")" main reload || true
+    done
+    sleep 0.5
+    su postgres -c "createdb test" 2>/dev/null || true
+  fi
+  if ! psql -h 127.0.0.1 -U postgres -d test -qtAc 'SELECT 1' >/dev/null 2>&1; then
+    echo "ensure-system-deps: PostgreSQL at 127.0.0.1:5432 does not let postgres into" \
+         "database test without a password (see pg_hba.conf)" >&2
   fi
 fi
 exit 0
