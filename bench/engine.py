@@ -285,13 +285,13 @@ async def measure_reaction(cycles: int, poll_interval: float) -> dict[str, Any]:
     import tempfile
     from dataclasses import replace
 
-    from sunkd.clients.kube import KubeClient
-    from sunkd.clients.slurmrestd import SlurmRestClient
-    from sunkd.config import KubernetesSettings, Settings, SlurmSettings
-    from sunkd.daemon import Daemon
-    from sunkd.demo import KubeStandIn, nodeset_object, pod_object, populate
-    from sunkd.harness.slurm import SlurmCluster
-    from sunkd.sim.kubeapi import KubeAPIEmulator
+    from sunkd.kubernetes.client import KubeClient
+    from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
+    from sunkd.runtime.daemon import Daemon
+    from sunkd.slurm.client import SlurmRestClient
+    from sunkd.testbed.demo import KubeStandIn, nodeset_object, pod_object, populate
+    from sunkd.testbed.kubeapi import KubeAPIEmulator
+    from sunkd.testbed.slurm import SlurmCluster
 
     hostlist = "react[1-3]"
     cluster = SlurmCluster(hostlist, partitions={"gpu": hostlist})

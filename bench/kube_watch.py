@@ -38,10 +38,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sunkd.clients.kube import PODS, KubeClient, ListWatch, Relisted, gc_paused, nodesets
 from sunkd.domain.events import Event
-from sunkd.sim.kubeapi import KubeAPIEmulator
-from sunkd.sources.kubernetes import KubernetesSource, slim_pod
+from sunkd.kubernetes.client import PODS, KubeClient, ListWatch, Relisted, gc_paused, nodesets
+from sunkd.kubernetes.source import KubernetesSource, slim_pod
+from sunkd.testbed.kubeapi import KubeAPIEmulator
 
 CRD = Path(__file__).resolve().parent.parent / "manifests" / "crds" / "nodeset.yaml"
 # LIST page size. The emulator builds every page by scanning and sorting the whole collection

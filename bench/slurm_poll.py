@@ -10,7 +10,7 @@ payload (node shapes as in tests/fixtures/slurm), then times, in the same run:
   cycle (`SlurmSource`'s diff, 1% of the nodes changed), i.e. what the daemon does.
 
 Target: cycle <= 2x parse floor. Peak memory of a cycle comes from tracemalloc (in a
-separate, untimed run). Then, on a real private cluster (sunkd.harness.slurm), the
+separate, untimed run). Then, on a real private cluster (sunkd.testbed.slurm), the
 median drain and resume round trip through `SlurmActuator` (REST or scontrol).
 
 Usage: python bench/slurm_poll.py [--quick]. Last line: one JSON object.
@@ -31,9 +31,9 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any, cast
 
-from sunkd.clients.slurmrestd import SlurmRestClient, normalize_nodes
 from sunkd.domain.events import Event
-from sunkd.sources.slurm import SlurmSource
+from sunkd.slurm.client import SlurmRestClient, normalize_nodes
+from sunkd.slurm.source import SlurmSource
 
 NODES = 10_000
 
@@ -154,8 +154,8 @@ def bench_family(family: str, repeats: int) -> dict[str, float]:
 
 
 async def bench_actuator(rounds: int) -> dict[str, float] | None:
-    from sunkd.actuators.slurm import SlurmActuator
-    from sunkd.harness.slurm import SlurmCluster, available
+    from sunkd.slurm.actuator import SlurmActuator
+    from sunkd.testbed.slurm import SlurmCluster, available
 
     ok, why = available()
     if not ok:

@@ -2,6 +2,6 @@
 
 import sys
 
-from sunkd.cli import main
+from sunkd.cli.main import main
 
 sys.exit(main())

@@ -25,11 +25,11 @@ from aiohttp import web
 
 from sunkd.api.extender import ApiPool, BadRequest, Extender
 from sunkd.api.metrics import CONTENT_TYPE, NO_POOL, Metrics
-from sunkd.config import PoolSettings, pool_spec
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import PoolSpec, effective_pools, membership
 from sunkd.domain.state import ClusterState, NodeState
+from sunkd.runtime.config import PoolSettings, pool_spec
 from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
 

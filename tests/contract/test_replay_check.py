@@ -3,9 +3,9 @@ not match the events before it."""
 
 from __future__ import annotations
 
+from sunkd.cli.operator import replay_check
 from sunkd.domain.events import Event, SlurmNodeObserved
 from sunkd.domain.state import fold, state_to_json
-from sunkd.operator import replay_check
 from sunkd.store.eventlog import EventLog
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sunkd.sim.kubeapi import KubeAPIEmulator
+from sunkd.testbed.kubeapi import KubeAPIEmulator
 from tests.integration.kubeapi_support import Raw, emulator, raw_client
 
 

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sunkd.clients.kube import NODES, PODS, KubeApiError, KubeClient, ResourceType
 from sunkd.domain.events import (
     Event,
     K8sDemandObserved,
@@ -21,6 +20,7 @@ from sunkd.domain.events import (
     Payload,
     SourceHealth,
 )
+from sunkd.kubernetes.client import NODES, PODS, KubeApiError, KubeClient, ResourceType
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crds" / "nodeset.yaml"
 
@@ -256,7 +256,7 @@ async def install_crd(client: KubeClient) -> ResourceType:
 
 @contextlib.asynccontextmanager
 async def running_emulator(**options: Any) -> AsyncIterator[Any]:
-    from sunkd.sim.kubeapi import KubeAPIEmulator
+    from sunkd.testbed.kubeapi import KubeAPIEmulator
 
     emulator = KubeAPIEmulator(**options)
     await emulator.start("127.0.0.1")

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sunkd.clients.slurmrestd import SlurmNode, SlurmRestClient
-from sunkd.harness.slurm import SlurmCluster, SlurmClusterError, available
+from sunkd.slurm.client import SlurmNode, SlurmRestClient
+from sunkd.testbed.slurm import SlurmCluster, SlurmClusterError, available
 from tests.conftest import require
 
 

@@ -155,7 +155,7 @@ def test_volumes(compose: dict[str, Any]) -> None:
 
 
 def test_sunkd_wiring(compose: dict[str, Any]) -> None:
-    from sunkd.config import load_settings
+    from sunkd.runtime.config import load_settings
 
     all_services = services(compose)
     sunkd = all_services["sunkd"]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from sunkd.config import KubernetesSettings, Settings
-from sunkd.daemon import Daemon
+from sunkd.runtime.config import KubernetesSettings, Settings
+from sunkd.runtime.daemon import Daemon
 from sunkd.store.eventlog import EventLog
 
 

@@ -8,10 +8,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from sunkd.clients.kube import KubeClient
-from sunkd.config import KubernetesSettings, Settings
-from sunkd.daemon import Daemon
-from sunkd.sim.kubeapi import KubeAPIEmulator
+from sunkd.kubernetes.client import KubeClient
+from sunkd.runtime.config import KubernetesSettings, Settings
+from sunkd.runtime.daemon import Daemon
+from sunkd.testbed.kubeapi import KubeAPIEmulator
 
 
 async def test_daemon_holds_and_releases_the_kubernetes_lease(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ import signal
 import time
 from pathlib import Path
 
-from sunkd.config import load_settings
-from sunkd.daemon import Daemon
+from sunkd.runtime.config import load_settings
+from sunkd.runtime.daemon import Daemon
 
 
 async def test_sighup_reloads_pools_and_survives_a_broken_file(tmp_path: Path) -> None:

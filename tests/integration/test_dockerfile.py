@@ -209,7 +209,7 @@ def context_files() -> list[Path]:
 def test_build_context_builds_the_wheel(tmp_path: Path) -> None:
     files = context_files()
     rels = {p.relative_to(ROOT).as_posix() for p in files}
-    assert {"pyproject.toml", "README.md", "sunkd/cli.py"} <= rels
+    assert {"pyproject.toml", "README.md", "sunkd/cli/main.py"} <= rels
     assert not [r for r in rels if r.startswith(("tests/", ".venv", "manifests/"))
                 or r.endswith(".db")], "the context carries more than the wheel needs"
     context = tmp_path / "context"
@@ -229,7 +229,7 @@ def test_build_context_builds_the_wheel(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "sunkd = sunkd.cli:main" in archive.read(entry_points).decode()
-    assert "sunkd/cli.py" in names
+        assert "sunkd = sunkd.cli.main:main" in archive.read(entry_points).decode()
+    assert "sunkd/cli/main.py" in names
     assert any(n.startswith("sunkd/store/migrations/versions/") for n in names), \
         "the migrations ship in the wheel (`sunkd migrate` runs in the image)"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from sunkd.sim.kubeapi import KubeAPIEmulator
+from sunkd.testbed.kubeapi import KubeAPIEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 

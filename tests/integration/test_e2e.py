@@ -23,11 +23,6 @@ from typing import Any
 
 import pytest
 
-from sunkd.clients.kube import KubeClient
-from sunkd.clients.slurmrestd import SlurmRestClient
-from sunkd.config import KubernetesSettings, Settings, SlurmSettings
-from sunkd.daemon import Daemon
-from sunkd.demo import KubeStandIn, nodeset_object, pod_object, populate
 from sunkd.domain.events import (
     ActionRequested,
     K8sNodeObserved,
@@ -39,8 +34,13 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import slurm_drained
 from sunkd.domain.state import ClusterState
-from sunkd.sim.kubeapi import KubeAPIEmulator
+from sunkd.kubernetes.client import KubeClient
+from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
+from sunkd.runtime.daemon import Daemon
+from sunkd.slurm.client import SlurmRestClient
 from sunkd.store.eventlog import EventLog
+from sunkd.testbed.demo import KubeStandIn, nodeset_object, pod_object, populate
+from sunkd.testbed.kubeapi import KubeAPIEmulator
 from tests.conftest import fresh_postgres_database, require
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -50,7 +50,7 @@ NODES = "e2e[1-4]"
 
 @pytest.fixture(scope="module")
 def slurm_cluster() -> Any:
-    from sunkd.harness.slurm import SlurmCluster
+    from sunkd.testbed.slurm import SlurmCluster
 
     cluster = SlurmCluster(NODES, partitions={"gpu": NODES}, slurmd_timeout=5)
     try:
@@ -173,7 +173,7 @@ async def read_all(database_url: str) -> list[RecordedEvent]:
 
 
 async def current_state(database_url: str) -> ClusterState:
-    from sunkd.engine import load_state
+    from sunkd.runtime.engine import load_state
 
     event_log = await EventLog.open(database_url)
     try:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from sunkd.actuators import ActionError, RefusedError
-from sunkd.actuators.kubernetes import API_CALLS, KubernetesActuator
-from sunkd.clients.kube import EVENTS, NODES, PDBS, PODS, KubeApiError, KubeClient
+from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.kubernetes.actuator import API_CALLS, KubernetesActuator
+from sunkd.kubernetes.client import EVENTS, NODES, PDBS, PODS, KubeApiError, KubeClient
 
 from ..conftest import require
 from .kube_helpers import (

@@ -9,7 +9,7 @@ import certifi
 import pytest
 import yaml
 
-from sunkd.clients.kube import NODES, PODS, KubeClient
+from sunkd.kubernetes.client import NODES, PODS, KubeClient
 
 from .kube_helpers import node_body, running_emulator
 

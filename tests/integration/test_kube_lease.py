@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from sunkd.clients.kube import LEASES, KubeClient
-from sunkd.clients.kube_lease import LeaseElector
+from sunkd.kubernetes.client import LEASES, KubeClient
+from sunkd.kubernetes.lease import LeaseElector
 
 from .kube_helpers import ensure_namespace, running_emulator
 

@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 
-from sunkd.actuators.kubernetes import KubernetesActuator
-from sunkd.clients.kube import NODES, PODS, KubeClient, ResourceType
 from sunkd.domain.events import (
     K8sDemandObserved,
     K8sNodeObserved,
@@ -24,7 +22,9 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
-from sunkd.sources.kubernetes import KubernetesSource
+from sunkd.kubernetes.actuator import KubernetesActuator
+from sunkd.kubernetes.client import NODES, PODS, KubeClient, ResourceType
+from sunkd.kubernetes.source import KubernetesSource
 
 from .kube_helpers import (
     ListSink,

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from sunkd.clients.kube import (
+from sunkd.kubernetes.client import (
     NODES,
     Backoff,
     KubeClient,

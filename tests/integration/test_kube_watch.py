@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from sunkd.clients.kube import (
+from sunkd.domain.events import Payload
+from sunkd.kubernetes.client import (
     NODES,
     PODS,
     Backoff,
@@ -27,8 +28,7 @@ from sunkd.clients.kube import (
     WatchRecovered,
     WatchTrouble,
 )
-from sunkd.domain.events import Payload
-from sunkd.sources.kubernetes import KubernetesSource
+from sunkd.kubernetes.source import KubernetesSource
 from sunkd.store.eventlog import EventLog
 
 from .kube_helpers import (

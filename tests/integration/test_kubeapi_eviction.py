@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sunkd.sim.kubeapi import KubeAPIEmulator, KubeAPIError
+from sunkd.testbed.kubeapi import KubeAPIEmulator, KubeAPIError
 from tests.integration.kubeapi_support import Raw, pod
 
 

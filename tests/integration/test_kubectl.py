@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sunkd.sim.kubeapi import KubeAPIEmulator
+from sunkd.testbed.kubeapi import KubeAPIEmulator
 from tests.conftest import require
 from tests.integration.kubeapi_support import node, pod
 

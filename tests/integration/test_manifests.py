@@ -2,7 +2,7 @@
 object validated against the Kubernetes 1.32 OpenAPI schemas (kubernetes-validate, bundled
 schemas, offline), the example Nodeset against the CRD's own schema, the CRD and example
 applied with kubectl to the API emulator, and the RBAC rules checked against every API call
-sunkd's code makes (`sunkd.actuators.kubernetes.API_CALLS`, cross-checked by a scan of the
+sunkd's code makes (`sunkd.kubernetes.actuator.API_CALLS`, cross-checked by a scan of the
 code), in both directions.
 
 ServiceMonitor and PrometheusRule have no schema here (the Prometheus Operator CRDs are not
@@ -246,8 +246,8 @@ def test_command_line_and_config_are_valid_for_sunkd(rendered: dict[str, list[Ob
                                                      variant: str, tmp_path: Path) -> None:
     """The container arguments parse with sunkd's own CLI parser, and the mounted TOML
     loads with sunkd's own settings loader under the environment the pod gets."""
-    from sunkd.cli import build_parser
-    from sunkd.config import load_settings, parse_listen
+    from sunkd.cli.main import build_parser
+    from sunkd.runtime.config import load_settings, parse_listen
 
     docs = rendered[variant]
     pod = deployment(docs)["spec"]["template"]["spec"]
@@ -434,7 +434,7 @@ def scan_code_for_api_calls() -> set[tuple[str, str, str]]:
     found: set[tuple[str, str, str]] = set()
     for path in sorted((ROOT / "sunkd").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("sunkd/sim/") or rel == "sunkd/clients/kube.py":
+        if rel.startswith("sunkd/sim/") or rel == "sunkd/kubernetes/client.py":
             continue
         tree = ast.parse(path.read_text())
         for function in ast.walk(tree):
@@ -477,7 +477,7 @@ def scan_code_for_api_calls() -> set[tuple[str, str, str]]:
 
 
 def api_calls() -> set[tuple[str, str, str]]:
-    from sunkd.actuators.kubernetes import API_CALLS
+    from sunkd.kubernetes.actuator import API_CALLS
 
     return {(call.verb, call.group, call.resource) for call in API_CALLS}
 
@@ -547,7 +547,7 @@ def test_kubectl_applies_crd_and_example_to_emulator(rendered: dict[str, list[Ob
     (tmp_path / "example.yaml").write_text(yaml.safe_dump_all(nodesets))
 
     async def scenario() -> None:
-        from sunkd.sim.kubeapi import KubeAPIEmulator
+        from sunkd.testbed.kubeapi import KubeAPIEmulator
 
         api = KubeAPIEmulator()
         await api.start("127.0.0.1", 0)

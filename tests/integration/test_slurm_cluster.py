@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sunkd.actuators import ActionError, RefusedError
-from sunkd.actuators.slurm import SlurmActuator
-from sunkd.clients.slurmrestd import SlurmAuthError, SlurmRestClient, mint_jwt
-from sunkd.harness.slurm import SlurmCluster
+from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.slurm.actuator import SlurmActuator
+from sunkd.slurm.client import SlurmAuthError, SlurmRestClient, mint_jwt
+from sunkd.testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import jwt_client, start_cluster, wait_node
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
@@ -282,8 +282,8 @@ async def test_doctor_prints_the_normalized_table(
     import io
     import json
 
-    from sunkd.config import KubernetesSettings, Settings, SlurmSettings
-    from sunkd.doctor import doctor
+    from sunkd.cli.doctor import doctor
+    from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
 
     def settings_for(key: Path) -> Settings:
         # The Kubernetes half is checked in test_doctor_kubernetes.py.

@@ -10,8 +10,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pytest
 
-from sunkd.actuators.slurm import SlurmActuator
-from sunkd.clients.slurmrestd import SlurmRestClient, mint_jwt
 from sunkd.domain.events import (
     Event,
     SlurmDemandObserved,
@@ -19,8 +17,10 @@ from sunkd.domain.events import (
     SlurmNodeVanished,
     SourceHealth,
 )
-from sunkd.harness.slurm import SlurmCluster
-from sunkd.sources.slurm import SlurmSource
+from sunkd.slurm.actuator import SlurmActuator
+from sunkd.slurm.client import SlurmRestClient, mint_jwt
+from sunkd.slurm.source import SlurmSource
+from sunkd.testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import jwt_client, start_cluster, wait_node
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]

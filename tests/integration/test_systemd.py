@@ -96,7 +96,7 @@ def test_migrations_before_the_daemon(unit: Unit) -> None:
     pre, start = last(unit, "ExecStartPre").split(), last(unit, "ExecStart").split()
     assert pre[0] == start[0] and pre[0].startswith("/")
     assert pre[-1] == "migrate" and start[-1] == "run"
-    from sunkd.cli import build_parser
+    from sunkd.cli.main import build_parser
 
     parser = build_parser()
     assert parser.parse_args(pre[1:]).command == "migrate"
@@ -162,7 +162,7 @@ def test_sysusers_file_is_valid(tmp_path: Path) -> None:
 
 
 def test_example_config_loads(unit: Unit) -> None:
-    from sunkd.config import load_settings
+    from sunkd.runtime.config import load_settings
 
     env = dict(e.split("=", 1) for e in unit["Service"]["Environment"])
     settings = load_settings(UNIT_DIR / "sunkd.toml", env=env)

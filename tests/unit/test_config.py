@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sunkd.config import DEFAULT_DATABASE_URL, ConfigError, load_settings
+from sunkd.runtime.config import DEFAULT_DATABASE_URL, ConfigError, load_settings
 
 
 def test_defaults_are_the_embedded_setup() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sunkd.domain.names import HostlistError, compress, expand
+from sunkd.domain.hostlist import HostlistError, compress, expand
 
 
 @pytest.mark.parametrize(

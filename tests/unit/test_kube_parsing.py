@@ -7,7 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from sunkd.clients.kube import (
+from sunkd.domain.events import Label, OwnershipSpec
+from sunkd.kubernetes.client import (
     NODES,
     PODS,
     format_micro_time,
@@ -16,8 +17,7 @@ from sunkd.clients.kube import (
     parse_quantity,
     parse_time,
 )
-from sunkd.domain.events import Label, OwnershipSpec
-from sunkd.sources.kubernetes import (
+from sunkd.kubernetes.source import (
     parse_duration,
     parse_nodeset,
     pod_is_pending_unschedulable,

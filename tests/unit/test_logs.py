@@ -7,7 +7,7 @@ import json
 
 import structlog
 
-from sunkd.logs import configure_logging, redact_text
+from sunkd.runtime.logs import configure_logging, redact_text
 
 
 def test_url_passwords_and_tokens_are_redacted() -> None:

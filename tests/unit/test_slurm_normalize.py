@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from sunkd.clients.slurmrestd import (
+from sunkd.domain.events import Event, SlurmNodeObserved, SourceHealth
+from sunkd.slurm.client import (
     SlurmApiError,
     SlurmPayloadError,
     SlurmRestClient,
@@ -31,8 +32,7 @@ from sunkd.clients.slurmrestd import (
     normalize_nodes,
     slurm_release,
 )
-from sunkd.domain.events import Event, SlurmNodeObserved, SourceHealth
-from sunkd.sources.slurm import SlurmSource, compute_demand
+from sunkd.slurm.source import SlurmSource, compute_demand
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 

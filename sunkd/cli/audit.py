@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sunkd.config import Settings
+from sunkd.runtime.config import Settings
 from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
 

@@ -44,7 +44,7 @@ async def serve(port: int, kubeconfig_out: Path | None, load: list[Path], listen
 
 
 def run_cli(port: int, kubeconfig_out: Path | None, load: list[Path], listen_host: str) -> int:
-    """Entry point used by `sunkd sim kubeapi` in sunkd/cli.py; blocks until SIGINT/SIGTERM."""
+    """Entry point used by `sunkd sim kubeapi` in sunkd/cli/main.py; blocks until SIGINT/SIGTERM."""
     return asyncio.run(serve(port, kubeconfig_out, load, listen_host))
 
 

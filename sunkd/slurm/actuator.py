@@ -17,8 +17,8 @@ from collections.abc import Mapping
 
 import structlog
 
-from sunkd.actuators import ActionError, RefusedError
-from sunkd.clients.slurmrestd import (
+from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.slurm.client import (
     SlurmApiError,
     SlurmAuthError,
     SlurmError,

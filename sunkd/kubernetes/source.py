@@ -1,6 +1,6 @@
 """Kubernetes source: Nodes, Pods and Nodesets in, normalized observation events out.
 
-Three list-then-watch loops (`sunkd.clients.kube.ListWatch`) keep caches of stripped-down
+Three list-then-watch loops (`sunkd.kubernetes.client.ListWatch`) keep caches of stripped-down
 objects; after every change the source recomputes the payloads that can depend on it and hands
 the ones whose normalized content changed to the `EventSink`. Comparing normalized payloads
 (not resourceVersions) is what keeps the log quiet: a kubelet heartbeat bumps a Node's
@@ -25,21 +25,6 @@ from typing import Any
 
 import structlog
 
-from sunkd.clients.kube import (
-    JSON,
-    NODES,
-    NODESETS,
-    PODS,
-    KubeClient,
-    ListWatch,
-    Relisted,
-    ResourceType,
-    WatchEvent,
-    WatchItem,
-    WatchRecovered,
-    WatchTrouble,
-    parse_quantity,
-)
 from sunkd.domain.events import (
     Event,
     K8sDemandObserved,
@@ -55,9 +40,24 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
-from sunkd.sources import EventSink
+from sunkd.domain.ports import EventSink
+from sunkd.kubernetes.client import (
+    JSON,
+    NODES,
+    NODESETS,
+    PODS,
+    KubeClient,
+    ListWatch,
+    Relisted,
+    ResourceType,
+    WatchEvent,
+    WatchItem,
+    WatchRecovered,
+    WatchTrouble,
+    parse_quantity,
+)
 
-log = structlog.get_logger("sunkd.sources.kubernetes")
+log = structlog.get_logger("sunkd.kubernetes.source")
 
 SOURCE = "kubernetes"
 ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"

@@ -28,7 +28,7 @@ import aiohttp
 import structlog
 
 from sunkd.domain.events import SlurmNodeObserved
-from sunkd.domain.names import HostlistError, expand
+from sunkd.domain.hostlist import HostlistError, expand
 
 log = structlog.get_logger(__name__)
 
@@ -740,7 +740,7 @@ class _TokenSource:
 
 
 class SlurmSettingsLike(Protocol):
-    """The slice of `sunkd.config` settings.slurm this module needs (duck typed)."""
+    """The slice of `sunkd.runtime.config` settings.slurm this module needs (duck typed)."""
 
     @property
     def url(self) -> str | None: ...

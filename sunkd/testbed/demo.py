@@ -1,9 +1,9 @@
 """`sunkd demo`: the whole system on one machine, on embedded defaults.
 
 What runs:
-  * a real Slurm cluster from Debian's packages (sunkd.harness.slurm): slurmctld,
+  * a real Slurm cluster from Debian's packages (sunkd.testbed.slurm): slurmctld,
     one slurmd per node, slurmrestd on a unix socket;
-  * the Kubernetes API emulator (sunkd.sim.kubeapi; not a real API server) with one
+  * the Kubernetes API emulator (sunkd.testbed.kubeapi; not a real API server) with one
     Node per Slurm node, the Nodeset CRD and a Nodeset for the pool, and a PDB;
   * sunkd itself (`Daemon`, exactly what `sunkd run` runs) on an SQLite log
     (`SUNKD_DATABASE_URL`, default ./sunkd.db) serving HTTP on --listen;
@@ -36,7 +36,6 @@ from typing import Any
 import structlog
 import yaml
 
-from sunkd.config import KubernetesSettings, Settings, SlurmSettings, parse_listen
 from sunkd.domain.events import (
     ActionFailed,
     ActionSucceeded,
@@ -46,6 +45,7 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import assess, slurm_state_text
 from sunkd.domain.state import ClusterState
+from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings, parse_listen
 
 log = structlog.get_logger(__name__)
 
@@ -344,11 +344,11 @@ def set_aside_previous_log(database_url: str) -> None:
 async def run_demo(settings: Settings, *, duration: float | None, node_count: int,
                    summary_json: Path | None, listen: str | None,
                    phase_seconds: float = 30.0) -> int:
-    from sunkd.clients.kube import KubeClient
-    from sunkd.clients.slurmrestd import SlurmRestClient
-    from sunkd.daemon import Daemon
-    from sunkd.harness.slurm import SlurmCluster
-    from sunkd.sim.kubeapi import KubeAPIEmulator
+    from sunkd.kubernetes.client import KubeClient
+    from sunkd.runtime.daemon import Daemon
+    from sunkd.slurm.client import SlurmRestClient
+    from sunkd.testbed.kubeapi import KubeAPIEmulator
+    from sunkd.testbed.slurm import SlurmCluster
 
     if node_count < 2:
         print("sunkd demo: --nodes must be at least 2", file=sys.stderr)
@@ -450,7 +450,7 @@ async def run_demo(settings: Settings, *, duration: float | None, node_count: in
 
 def cmd_demo(args: Any, settings: Settings) -> int:
     # The demo's own output is the live table; keep the logs to warnings.
-    from sunkd.logs import configure_logging
+    from sunkd.runtime.logs import configure_logging
 
     configure_logging(os.environ.get("SUNKD_LOG_LEVEL", "warning"), settings.log_format)
     try:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sunkd.actuators import ActionError
-from sunkd.clients.slurmrestd import SlurmNode
 from sunkd.domain.policy import (
     VERB_CORDON,
     VERB_DRAIN,
@@ -20,7 +18,9 @@ from sunkd.domain.policy import (
     VERB_UNCORDON,
     VERB_UNLOCK,
 )
+from sunkd.domain.ports import ActionError
 from sunkd.domain.state import SIDE_KUBERNETES, SIDE_SLURM, NodeState, OpenAction
+from sunkd.slurm.client import SlurmNode
 
 # Annotations mirroring a Slurm-side hold onto the Kubernetes node.
 ANNOTATION_SLURM_STATE = "sunkd.io/slurm-state"

@@ -1,7 +1,7 @@
 """Kubernetes actuator: the side effects sunkd has on the cluster, each idempotent.
 
 Every method returns whether it changed anything and raises `ActionError` / `RefusedError`
-(sunkd.actuators). The outbox may re-run any of them after a crash, so "already done" is a
+(sunkd.domain.ports). The outbox may re-run any of them after a crash, so "already done" is a
 normal outcome (`False`), never an error.
 
 Concurrency rules, with the Kubernetes behaviour they guard against:
@@ -32,8 +32,8 @@ from typing import Any
 import aiohttp
 import structlog
 
-from sunkd.actuators import ActionError, RefusedError
-from sunkd.clients.kube import (
+from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.kubernetes.client import (
     EVENTS,
     JSON,
     NODES,
@@ -46,7 +46,7 @@ from sunkd.clients.kube import (
     utcnow,
 )
 
-log = structlog.get_logger("sunkd.actuators.kubernetes")
+log = structlog.get_logger("sunkd.kubernetes.actuator")
 
 OWNER_KEY = "sunkd.io/owner"
 OWNER_TAINT = {"key": OWNER_KEY, "value": "slurm", "effect": "NoSchedule"}

@@ -28,7 +28,6 @@ from typing import Protocol
 
 import structlog
 
-from sunkd.actuators import ActionError, RefusedError
 from sunkd.domain.events import (
     ActionFailed,
     ActionSucceeded,
@@ -36,6 +35,7 @@ from sunkd.domain.events import (
     RecordedEvent,
 )
 from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_pools
+from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.state import (
     EMPTY,
     ClusterState,

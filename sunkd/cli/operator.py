@@ -14,12 +14,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sunkd.config import Settings, pool_spec
 from sunkd.domain.events import Event, OperatorPinned
 from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership
 from sunkd.domain.state import EMPTY, ClusterState, fold, state_from_json, state_to_json
-from sunkd.engine import load_state
+from sunkd.runtime.config import Settings, pool_spec
+from sunkd.runtime.engine import load_state
 from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
 

@@ -18,8 +18,8 @@ from typing import Any, TextIO
 import structlog
 
 from sunkd import __version__
-from sunkd.config import ConfigError, Settings, load_settings
-from sunkd.logs import configure_logging, redact_text
+from sunkd.runtime.config import ConfigError, Settings, load_settings
+from sunkd.runtime.logs import configure_logging, redact_text
 
 log = structlog.get_logger(__name__)
 
@@ -114,14 +114,14 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
-    from sunkd.doctor import doctor
+    from sunkd.cli.doctor import doctor
 
     exit_code: int = asyncio.run(doctor(settings, as_json=args.json, out=sys.stdout))
     return exit_code
 
 
 def cmd_sim_kubeapi(args: argparse.Namespace, settings: Settings) -> int:
-    from sunkd.sim.kubeapi import run_cli
+    from sunkd.testbed.kubeapi import run_cli
 
     exit_code: int = run_cli(port=args.port, kubeconfig_out=args.kubeconfig_out,
                              load=args.load or [], listen_host=args.host)
@@ -175,16 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = add("doctor", cmd_doctor, "check the connections to Slurm (and Kubernetes)")
     doctor.add_argument("--json", action="store_true")
 
-    run = add("run", _optional("sunkd.daemon", "cmd_run"), "run the daemon")
+    run = add("run", _optional("sunkd.runtime.daemon", "cmd_run"), "run the daemon")
     database(run)
     run.add_argument("--listen", metavar="HOST:PORT", help="HTTP address (default 127.0.0.1:8080)")
 
-    status = add("status", _optional("sunkd.operator", "cmd_status"),
+    status = add("status", _optional("sunkd.cli.operator", "cmd_status"),
                  "where every node is, and why")
     database(status)
     status.add_argument("--json", action="store_true")
 
-    pin = add("pin", _optional("sunkd.operator", "cmd_pin"),
+    pin = add("pin", _optional("sunkd.cli.operator", "cmd_pin"),
               "pin a node to one side (or back to auto)")
     database(pin)
     pin.add_argument("node")
@@ -192,27 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
     pin.add_argument("--reason", required=True)
     pin.add_argument("--who", help="defaults to the login name")
 
-    replay = add("replay", _optional("sunkd.operator", "cmd_replay"),
+    replay = add("replay", _optional("sunkd.cli.operator", "cmd_replay"),
                  "rebuild state from the whole log and compare")
     database(replay)
     replay.add_argument("--check", action="store_true",
                         help="exit non-zero on any difference with the snapshot/read models")
     replay.add_argument("--rebuild", action="store_true", help="rebuild the SQL read models")
 
-    history = add("history", _optional("sunkd.audit", "cmd_history"),
+    history = add("history", _optional("sunkd.cli.audit", "cmd_history"),
                   "ownership intervals of a node, with who and why")
     database(history)
     history.add_argument("node")
     history.add_argument("--since", help="ISO time or a duration like 24h")
     history.add_argument("--json", action="store_true")
 
-    audit = add("audit", _optional("sunkd.audit", "cmd_audit"),
+    audit = add("audit", _optional("sunkd.cli.audit", "cmd_audit"),
                 "utilization per owner, transitions, aborts, slowest drains")
     database(audit)
     audit.add_argument("--since", help="ISO time or a duration like 30d")
     audit.add_argument("--json", action="store_true")
 
-    demo = add("demo", _optional("sunkd.demo", "cmd_demo"),
+    demo = add("demo", _optional("sunkd.testbed.demo", "cmd_demo"),
                "run the whole system locally: real Slurm, the Kubernetes emulator, SQLite")
     database(demo)
     demo.add_argument("--duration", type=float, help="seconds; run until Ctrl-C without it")

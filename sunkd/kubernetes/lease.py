@@ -31,7 +31,14 @@ from typing import Any
 import aiohttp
 import structlog
 
-from sunkd.clients.kube import JSON, LEASES, KubeApiError, KubeClient, format_micro_time, utcnow
+from sunkd.kubernetes.client import (
+    JSON,
+    LEASES,
+    KubeApiError,
+    KubeClient,
+    format_micro_time,
+    utcnow,
+)
 
 log = structlog.get_logger("sunkd.lease")
 

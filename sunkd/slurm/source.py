@@ -22,7 +22,16 @@ from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
-from sunkd.clients.slurmrestd import (
+from sunkd.domain.events import (
+    Event,
+    NodeJobEnd,
+    SlurmDemandObserved,
+    SlurmNodeObserved,
+    SlurmNodeVanished,
+    SourceHealth,
+)
+from sunkd.domain.ports import EventSink
+from sunkd.slurm.client import (
     SlurmApiError,
     SlurmAuthError,
     SlurmError,
@@ -33,15 +42,6 @@ from sunkd.clients.slurmrestd import (
     SlurmTimeoutError,
     SlurmUnavailableError,
 )
-from sunkd.domain.events import (
-    Event,
-    NodeJobEnd,
-    SlurmDemandObserved,
-    SlurmNodeObserved,
-    SlurmNodeVanished,
-    SourceHealth,
-)
-from sunkd.sources import EventSink
 
 log = structlog.get_logger(__name__)
 

@@ -34,12 +34,12 @@ from aiohttp import web
 from sunkd.api.app import api_pools, build_app
 from sunkd.api.extender import ApiPool
 from sunkd.api.metrics import Metrics
-from sunkd.config import Settings, load_settings, parse_listen, pool_spec
 from sunkd.domain.events import EventDecodeError, Payload
 from sunkd.domain.state import ClusterState
-from sunkd.engine import Engine, LeaderTerm, leader_sink
-from sunkd.executor import ActuatorExecutor
-from sunkd.logs import configure_logging
+from sunkd.runtime.config import Settings, load_settings, parse_listen, pool_spec
+from sunkd.runtime.engine import Engine, LeaderTerm, leader_sink
+from sunkd.runtime.executor import ActuatorExecutor
+from sunkd.runtime.logs import configure_logging
 from sunkd.store.eventlog import EventLog, Lease, StaleLeaderError
 
 log = structlog.get_logger(__name__)
@@ -331,7 +331,7 @@ class Daemon:
         """Feed `sunkd_source_seconds_since_success` from the poller's last good poll
         (a poller that silently stopped would otherwise look fresh: its last health
         event said so). Watch-based sources report trouble themselves."""
-        from sunkd.sources.slurm import SlurmSource
+        from sunkd.slurm.source import SlurmSource
 
         while True:
             for source in sources:
@@ -341,7 +341,7 @@ class Daemon:
 
     async def _write_nodeset_status(self, actuator: Any) -> None:
         """Keep every Nodeset's status current (counters, nodes, conditions)."""
-        from sunkd.actuators.nodeset_status import build_nodeset_status
+        from sunkd.kubernetes.nodeset_status import build_nodeset_status
 
         written: dict[str, dict[str, Any]] = {}
         while True:
@@ -368,7 +368,7 @@ class Daemon:
 
     async def _acquire_kube_lease(self, stop: asyncio.Event,
                                   tasks: list[asyncio.Task[Any]]) -> bool:
-        from sunkd.clients.kube_lease import LeaseElector
+        from sunkd.kubernetes.lease import LeaseElector
 
         duration = max(self.settings.lease_seconds, 3.0)
         elector = LeaseElector(
@@ -412,7 +412,7 @@ class Daemon:
             return self._slurm_client
         if not self.settings.slurm.url:
             return None
-        from sunkd.clients.slurmrestd import SlurmRestClient
+        from sunkd.slurm.client import SlurmRestClient
 
         client = SlurmRestClient.from_settings(self.settings.slurm)
         self._slurm_client = client
@@ -429,7 +429,7 @@ class Daemon:
             return None
         if self._kube_client is not None:
             return self._kube_client
-        from sunkd.clients.kube import KubeClient
+        from sunkd.kubernetes.client import KubeClient
 
         kubeconfig = self.settings.kubernetes.kubeconfig
         client = await KubeClient.connect(str(kubeconfig) if kubeconfig else None,
@@ -448,14 +448,14 @@ class Daemon:
         slurm_actuator = None
         slurm_client = await self._slurm(closers)
         if slurm_client is not None:
-            from sunkd.actuators.slurm import SlurmActuator
+            from sunkd.slurm.actuator import SlurmActuator
 
             slurm_actuator = SlurmActuator(slurm_client, scontrol_env=self._slurm_env)
         self._kube_actuator = None
         kube_actuator = None
         kube_client = await self._kube(closers)
         if kube_client is not None:
-            from sunkd.actuators.kubernetes import KubernetesActuator
+            from sunkd.kubernetes.actuator import KubernetesActuator
 
             kube_actuator = KubernetesActuator(
                 kube_client, event_namespace=self.settings.kubernetes.namespace,
@@ -470,7 +470,7 @@ class Daemon:
         slurm_client = await self._slurm(closers)
         if slurm_client is not None:
             from sunkd.domain.events import SourceHealth
-            from sunkd.sources.slurm import SlurmSource
+            from sunkd.slurm.source import SlurmSource
 
             health = state.sources.get("slurm")
             sources.append(SlurmSource(
@@ -484,7 +484,7 @@ class Daemon:
                 if health is not None else None))
         kube_client = await self._kube(closers)
         if kube_client is not None:
-            from sunkd.sources.kubernetes import KubernetesSource
+            from sunkd.kubernetes.source import KubernetesSource
 
             sources.append(KubernetesSource(kube_client, sink, previous=kubernetes_seed(state)))
         return sources

@@ -16,14 +16,14 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from sunkd.clients.slurmrestd import (
+from sunkd.runtime.config import Settings
+from sunkd.slurm.client import (
     SlurmAuthError,
     SlurmError,
     SlurmNode,
     SlurmPayloadError,
     SlurmRestClient,
 )
-from sunkd.config import Settings
 
 __all__ = ["doctor", "slurm_report"]
 
@@ -121,7 +121,7 @@ def _table(nodes: list[SlurmNode]) -> list[str]:
 async def kubernetes_report(settings: Settings) -> dict[str, Any]:
     """Reach the API server with sunkd's own credentials: its version, the nodes sunkd
     would watch, and whether the Nodeset CRD is installed."""
-    from sunkd.clients.kube import NODES, NODESETS, KubeApiError, KubeClient
+    from sunkd.kubernetes.client import NODES, NODESETS, KubeApiError, KubeClient
 
     kubeconfig = settings.kubernetes.kubeconfig
     client = await KubeClient.connect(str(kubeconfig) if kubeconfig else None,

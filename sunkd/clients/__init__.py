@@ -1,2 +1,0 @@
-"""API clients: slurmrestd (version negotiation, auth, normalization) and Kubernetes
-(list+watch)."""

@@ -1,1 +1,0 @@
-"""Simulators used by tests, benchmarks and the demo (never by the daemon in production)."""
