@@ -39,7 +39,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sunkd.domain.events import Event
-from sunkd.kubernetes.client import PODS, KubeClient, ListWatch, Relisted, gc_paused, nodesets
+from sunkd.kubernetes.client import PODS, KubeClient, gc_paused, nodesets
+from sunkd.kubernetes.listwatch import ListWatch, Relisted
 from sunkd.kubernetes.source import KubernetesSource, slim_pod
 from sunkd.testbed.kubeapi import KubeAPIEmulator
 

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from sunkd.domain.events import Event
-from sunkd.slurm.client import SlurmRestClient, normalize_nodes
+from sunkd.slurm.client import SlurmRestClient
+from sunkd.slurm.normalize import normalize_nodes
 from sunkd.slurm.source import SlurmSource
 
 NODES = 10_000

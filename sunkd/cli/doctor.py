@@ -17,13 +17,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sunkd.runtime.config import Settings
-from sunkd.slurm.client import (
-    SlurmAuthError,
-    SlurmError,
-    SlurmNode,
-    SlurmPayloadError,
-    SlurmRestClient,
-)
+from sunkd.slurm.client import SlurmRestClient
+from sunkd.slurm.model import SlurmAuthError, SlurmError, SlurmNode, SlurmPayloadError
 
 __all__ = ["doctor", "slurm_report"]
 

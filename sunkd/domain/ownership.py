@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodeObserved, SlurmNodeObserved
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
@@ -60,10 +61,10 @@ __all__ = [
     "slurm_usable",
 ]
 
-OUR_REASON_PREFIX = "sunkd:"
-LEND_REASON_PREFIX = "sunkd: lent to kubernetes"
-MIRROR_REASON_PREFIX = "sunkd: k8s "
-OWNER_TAINT_KEY = "sunkd.io/owner"
+OUR_REASON_PREFIX = wk.REASON_PREFIX
+LEND_REASON_PREFIX = wk.REASON_LEND
+MIRROR_REASON_PREFIX = wk.REASON_MIRROR
+OWNER_TAINT_KEY = wk.TAINT_OWNER
 UNHEALTHY_GRACE_SECONDS = 30.0
 
 _BUSY_STATES = frozenset({"ALLOCATED", "MIXED"})

@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.kubernetes.client import (
     EVENTS,
@@ -48,14 +49,15 @@ from sunkd.kubernetes.client import (
 
 log = structlog.get_logger("sunkd.kubernetes.actuator")
 
-OWNER_KEY = "sunkd.io/owner"
-OWNER_TAINT = {"key": OWNER_KEY, "value": "slurm", "effect": "NoSchedule"}
-ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"
-ANNOTATION_CORDON_REASON = "sunkd.io/cordon-reason"
-SUNKD = "sunkd"
-ANNOTATION_PREFIX = "sunkd.io/"
-EVENT_SOURCE_COMPONENT = "sunkd"
-REPORTING_COMPONENT = "sunkd.io/sunkd"
+OWNER_KEY = wk.LABEL_OWNER
+OWNER_TAINT = {"key": wk.TAINT_OWNER, "value": wk.OWNER_SLURM,
+               "effect": wk.TAINT_OWNER_EFFECT}
+ANNOTATION_CORDONED_BY = wk.ANNOTATION_CORDONED_BY
+ANNOTATION_CORDON_REASON = wk.ANNOTATION_CORDON_REASON
+SUNKD = wk.CORDONED_BY_SUNKD
+ANNOTATION_PREFIX = wk.PREFIX
+EVENT_SOURCE_COMPONENT = wk.EVENT_COMPONENT
+REPORTING_COMPONENT = wk.EVENT_REPORTING_COMPONENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +202,7 @@ class KubernetesActuator:
         if changed:
             await self._record(
                 node,
-                "SunkdLocked",
+                wk.EVENT_LOCKED,
                 "sunkd gave the node to Slurm: tainted sunkd.io/owner=slurm",
                 uid=_uid(obj),
             )
@@ -226,7 +228,7 @@ class KubernetesActuator:
         if changed:
             await self._record(
                 node,
-                "SunkdUnlocked",
+                wk.EVENT_UNLOCKED,
                 "sunkd gave the node to Kubernetes: removed owner taint",
                 uid=_uid(obj),
             )
@@ -256,7 +258,7 @@ class KubernetesActuator:
         changed, obj = await self._modify_node(node, "cordon", mutate)
         if changed:
             await self._record(
-                node, "SunkdCordoned", f"sunkd cordoned the node: {reason}", uid=_uid(obj)
+                node, wk.EVENT_CORDONED, f"sunkd cordoned the node: {reason}", uid=_uid(obj)
             )
         return changed
 
@@ -287,7 +289,7 @@ class KubernetesActuator:
 
         changed, obj = await self._modify_node(node, "uncordon", mutate)
         if changed:
-            await self._record(node, "SunkdUncordoned", "sunkd lifted its cordon", uid=_uid(obj))
+            await self._record(node, wk.EVENT_UNCORDONED, "sunkd lifted its cordon", uid=_uid(obj))
         return changed
 
     # -- annotations ----------------------------------------------------------------------
@@ -316,7 +318,7 @@ class KubernetesActuator:
             summary = ", ".join(
                 f"{k}={v if v is not None else '<removed>'}" for k, v in values.items()
             )
-            await self._record(node, "SunkdAnnotated", f"sunkd set {summary}", uid=_uid(obj))
+            await self._record(node, wk.EVENT_ANNOTATED, f"sunkd set {summary}", uid=_uid(obj))
         return changed
 
     # -- eviction -------------------------------------------------------------------------
@@ -363,7 +365,7 @@ class KubernetesActuator:
         if node:
             await self.record_event(
                 str(node),
-                "SunkdEvicted",
+                wk.EVENT_EVICTED,
                 f"sunkd evicted pod {namespace}/{pod} to reclaim the node",
             )
         return True

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import PoolSpec, membership
 from sunkd.domain.state import ClusterState, Phase
@@ -93,14 +94,16 @@ def build_nodeset_status(
 
     sources_fresh = all(state.source_fresh(source) for source in ("slurm", "kubernetes"))
     wanted = {
-        "Ready": ("True", "SourcesFresh", "Slurm and Kubernetes observations are fresh")
+        wk.CONDITION_READY:
+        ("True", wk.REASON_SOURCES_FRESH, "Slurm and Kubernetes observations are fresh")
         if sources_fresh else
-        ("False", "SourcesStale", "a source is stale or lost: sunkd takes no action"),
-        "Progressing": ("True", "Moving", f"{counts['moving']} node(s) changing owner")
-        if counts["moving"] else ("False", "Settled", "no node is changing owner"),
-        "Degraded": ("True", "NodesHeld", f"{counts['held']} node(s) held, "
+        ("False", wk.REASON_SOURCES_STALE, "a source is stale or lost: sunkd takes no action"),
+        wk.CONDITION_PROGRESSING:
+        ("True", wk.REASON_MOVING, f"{counts['moving']} node(s) changing owner")
+        if counts["moving"] else ("False", wk.REASON_SETTLED, "no node is changing owner"),
+        wk.CONDITION_DEGRADED: ("True", wk.REASON_NODES_HELD, f"{counts['held']} node(s) held, "
                      f"{failed_actions} failed action(s) pending retry")
-        if counts["held"] or failed_actions else ("False", "AsExpected", "nothing held"),
+        if counts["held"] or failed_actions else ("False", wk.REASON_AS_EXPECTED, "nothing held"),
     }
     conditions = []
     for condition_type, (status, reason, message) in wanted.items():

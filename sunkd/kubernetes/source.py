@@ -1,6 +1,6 @@
 """Kubernetes source: Nodes, Pods and Nodesets in, normalized observation events out.
 
-Three list-then-watch loops (`sunkd.kubernetes.client.ListWatch`) keep caches of stripped-down
+Three list-then-watch loops (`sunkd.kubernetes.listwatch.ListWatch`) keep caches of stripped-down
 objects; after every change the source recomputes the payloads that can depend on it and hands
 the ones whose normalized content changed to the `EventSink`. Comparing normalized payloads
 (not resourceVersions) is what keeps the log quiet: a kubelet heartbeat bumps a Node's
@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     Event,
     K8sDemandObserved,
@@ -47,23 +48,25 @@ from sunkd.kubernetes.client import (
     NODESETS,
     PODS,
     KubeClient,
+    ResourceType,
+    parse_quantity,
+)
+from sunkd.kubernetes.listwatch import (
     ListWatch,
     Relisted,
-    ResourceType,
     WatchEvent,
     WatchItem,
     WatchRecovered,
     WatchTrouble,
-    parse_quantity,
 )
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 
 SOURCE = "kubernetes"
-ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"
-ANNOTATION_PIN = "sunkd.io/pin"
-LABEL_SLURM_NODE_NAME = "sunkd.io/slurm-node-name"
-SUNKD_PREFIX = "sunkd.io/"
+ANNOTATION_CORDONED_BY = wk.ANNOTATION_CORDONED_BY
+ANNOTATION_PIN = wk.ANNOTATION_PIN
+LABEL_SLURM_NODE_NAME = wk.LABEL_SLURM_NODE_NAME
+SUNKD_PREFIX = wk.PREFIX
 GPU_RESOURCE = "nvidia.com/gpu"
 
 

@@ -34,6 +34,7 @@ from aiohttp import web
 from sunkd.api.app import api_pools, build_app
 from sunkd.api.extender import ApiPool
 from sunkd.api.metrics import Metrics
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import EventDecodeError, Payload
 from sunkd.domain.state import ClusterState
 from sunkd.runtime.config import Settings, load_settings, parse_listen, pool_spec
@@ -373,7 +374,7 @@ class Daemon:
         duration = max(self.settings.lease_seconds, 3.0)
         elector = LeaseElector(
             self._kube_client, namespace=self.settings.kubernetes.namespace,
-            name="sunkd-leader", identity=self.settings.identity, lease_duration=duration,
+            name=wk.LEASE_NAME, identity=self.settings.identity, lease_duration=duration,
             renew_deadline=duration * 2 / 3, retry_period=max(duration / 5, 1.0))
         acquiring = asyncio.create_task(elector.acquire(stop))
         waiting = asyncio.create_task(self.stop_event.wait())

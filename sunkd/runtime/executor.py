@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.policy import (
     VERB_CORDON,
     VERB_DRAIN,
@@ -20,11 +21,11 @@ from sunkd.domain.policy import (
 )
 from sunkd.domain.ports import ActionError
 from sunkd.domain.state import SIDE_KUBERNETES, SIDE_SLURM, NodeState, OpenAction
-from sunkd.slurm.client import SlurmNode
+from sunkd.slurm.model import SlurmNode
 
 # Annotations mirroring a Slurm-side hold onto the Kubernetes node.
-ANNOTATION_SLURM_STATE = "sunkd.io/slurm-state"
-ANNOTATION_SLURM_REASON = "sunkd.io/slurm-reason"
+ANNOTATION_SLURM_STATE = wk.ANNOTATION_SLURM_STATE
+ANNOTATION_SLURM_REASON = wk.ANNOTATION_SLURM_REASON
 
 
 class SlurmActions(Protocol):

@@ -17,21 +17,23 @@ from collections.abc import Mapping
 
 import structlog
 
+from sunkd.domain import wellknown as wk
+from sunkd.domain.ownership import is_ours
 from sunkd.domain.ports import ActionError, RefusedError
-from sunkd.slurm.client import (
+from sunkd.slurm.client import SlurmRestClient
+from sunkd.slurm.model import (
     SlurmApiError,
     SlurmAuthError,
     SlurmError,
     SlurmNode,
     SlurmPayloadError,
-    SlurmRestClient,
     SlurmTimeoutError,
     SlurmUnavailableError,
 )
 
 log = structlog.get_logger(__name__)
 
-REASON_PREFIX = "sunkd:"
+REASON_PREFIX = wk.REASON_PREFIX
 
 # scontrol blocks ~9 s when slurmctld is down before failing (slurm-lab.md §5).
 SCONTROL_TIMEOUT = 30.0
@@ -47,8 +49,7 @@ def our_reason(reason: str) -> str:
     return f"{REASON_PREFIX} {reason}" if reason else f"{REASON_PREFIX} drained"
 
 
-def is_our_reason(reason: str | None) -> bool:
-    return bool(reason) and str(reason).startswith(REASON_PREFIX)
+is_our_reason = is_ours  # one test of "sunkd wrote this reason", in domain/ownership
 
 
 class SlurmActuator:

@@ -31,14 +31,14 @@ from sunkd.domain.events import (
     SourceHealth,
 )
 from sunkd.domain.ports import EventSink
-from sunkd.slurm.client import (
+from sunkd.slurm.client import SlurmRestClient
+from sunkd.slurm.model import (
     SlurmApiError,
     SlurmAuthError,
     SlurmError,
     SlurmJob,
     SlurmNode,
     SlurmPayloadError,
-    SlurmRestClient,
     SlurmTimeoutError,
     SlurmUnavailableError,
 )

@@ -36,6 +36,7 @@ from typing import Any
 import structlog
 import yaml
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     ActionFailed,
     ActionSucceeded,
@@ -49,7 +50,7 @@ from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings, pa
 
 log = structlog.get_logger(__name__)
 
-POOL_LABEL = "sunkd.io/pool"
+POOL_LABEL = wk.LABEL_POOL
 POOL = "gpu-a"
 PARTITION = "gpu"
 APP_LABEL = "app"
@@ -85,7 +86,7 @@ def nodeset_object(name: str = POOL, **ownership: Any) -> dict[str, Any]:
     """The pool's Nodeset: its nodes by label, Slurm partition and inference pods;
     `ownership` knobs (CRD spelling) over Auto mode with no minimums, Slurm preferred."""
     return {
-        "apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset",
+        "apiVersion": wk.API_VERSION, "kind": "Nodeset",
         "metadata": {"name": name, "namespace": "sunkd"},
         "spec": {
             "nodeSelector": {POOL_LABEL: POOL},
@@ -310,7 +311,7 @@ def render_table(state: ClusterState, generator: Generator, elapsed: float,
         slurm = slurm_state_text(node.slurm)
         k8s = "-"
         if node.k8s is not None:
-            tainted = any(t.key == "sunkd.io/owner" for t in node.k8s.taints)
+            tainted = any(t.key == wk.TAINT_OWNER for t in node.k8s.taints)
             k8s = ("tainted" if tainted else "open") + (
                 f" pod {pods_on[node.k8s.node][-6:]}" if node.k8s.node in pods_on else "")
         note = node.transition.reason[:40] if node.transition else ""

@@ -45,7 +45,8 @@ from typing import TextIO, TypeVar
 import structlog
 
 from sunkd.domain.hostlist import expand
-from sunkd.slurm.client import SUPPORTED_VERSIONS, mint_jwt
+from sunkd.slurm.auth import mint_jwt
+from sunkd.slurm.client import SUPPORTED_VERSIONS
 
 log = structlog.get_logger(__name__)
 

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sunkd.slurm.client import SlurmNode, SlurmRestClient
+from sunkd.slurm.client import SlurmRestClient
+from sunkd.slurm.model import SlurmNode
 from sunkd.testbed.slurm import SlurmCluster, SlurmClusterError, available
 from tests.conftest import require
 

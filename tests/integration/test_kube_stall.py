@@ -15,13 +15,11 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from sunkd.kubernetes.client import (
-    NODES,
+from sunkd.kubernetes.client import NODES, KubeClient, Timeouts
+from sunkd.kubernetes.listwatch import (
     Backoff,
-    KubeClient,
     ListWatch,
     Relisted,
-    Timeouts,
     WatchItem,
     WatchRecovered,
     WatchTrouble,

@@ -16,11 +16,9 @@ from typing import Any
 import pytest
 
 from sunkd.domain.events import Payload
-from sunkd.kubernetes.client import (
-    NODES,
-    PODS,
+from sunkd.kubernetes.client import NODES, PODS, KubeClient
+from sunkd.kubernetes.listwatch import (
     Backoff,
-    KubeClient,
     ListWatch,
     Relisted,
     WatchEvent,

@@ -17,7 +17,9 @@ import pytest
 
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.slurm.actuator import SlurmActuator
-from sunkd.slurm.client import SlurmAuthError, SlurmRestClient, mint_jwt
+from sunkd.slurm.auth import mint_jwt
+from sunkd.slurm.client import SlurmRestClient
+from sunkd.slurm.model import SlurmAuthError
 from sunkd.testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import jwt_client, start_cluster, wait_node
 

@@ -18,7 +18,8 @@ from sunkd.domain.events import (
     SourceHealth,
 )
 from sunkd.slurm.actuator import SlurmActuator
-from sunkd.slurm.client import SlurmRestClient, mint_jwt
+from sunkd.slurm.auth import mint_jwt
+from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.source import SlurmSource
 from sunkd.testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import jwt_client, start_cluster, wait_node

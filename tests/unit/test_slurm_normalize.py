@@ -21,17 +21,10 @@ import pytest
 from aiohttp import web
 
 from sunkd.domain.events import Event, SlurmNodeObserved, SourceHealth
-from sunkd.slurm.client import (
-    SlurmApiError,
-    SlurmPayloadError,
-    SlurmRestClient,
-    gpu_count,
-    jwt_expiry,
-    mint_jwt,
-    normalize_jobs,
-    normalize_nodes,
-    slurm_release,
-)
+from sunkd.slurm.auth import jwt_expiry, mint_jwt
+from sunkd.slurm.client import SlurmRestClient
+from sunkd.slurm.model import SlurmApiError, SlurmPayloadError
+from sunkd.slurm.normalize import gpu_count, normalize_jobs, normalize_nodes, slurm_release
 from sunkd.slurm.source import SlurmSource, compute_demand
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"

@@ -1,0 +1,63 @@
+"""Every name sunkd reads or writes on Slurm and Kubernetes objects, in one place.
+
+Operators, dashboards, admission policies and other controllers key on these strings, so
+they are part of sunkd's interface: nothing else in the package spells them (a test greps
+for `"sunkd.io/` outside this module). Modelled on Slinky's `api/v1beta1/well_known.go`.
+Pure constants; no imports.
+"""
+
+from __future__ import annotations
+
+# --- API group ------------------------------------------------------------------------
+GROUP = "sunkd.io"  # API group of the Nodeset custom resource (manifests/crds/nodeset.yaml)
+PREFIX = "sunkd.io/"  # prefix of every sunkd label, annotation and taint key
+API_VERSION = "sunkd.io/v1alpha1"  # apiVersion of Nodeset objects
+
+# --- labels ---------------------------------------------------------------------------
+LABEL_OWNER = "sunkd.io/owner"  # on Nodes: "slurm" or "kubernetes", who owns the node now
+LABEL_POOL = "sunkd.io/pool"  # on Nodes, set by operators: the conventional Nodeset selector
+LABEL_SLURM_NODE_NAME = "sunkd.io/slurm-node-name"  # on Nodes: the Slurm name, when it differs
+OWNER_SLURM = "slurm"  # value of LABEL_OWNER / TAINT_OWNER: Slurm owns the node
+OWNER_KUBERNETES = "kubernetes"  # value of LABEL_OWNER: Kubernetes owns the node
+
+# --- taints ---------------------------------------------------------------------------
+TAINT_OWNER = "sunkd.io/owner"  # NoSchedule taint `sunkd.io/owner=slurm` keeps pool pods off
+TAINT_OWNER_EFFECT = "NoSchedule"  # effect of TAINT_OWNER (running pods are not evicted by it)
+
+# --- annotations ----------------------------------------------------------------------
+ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"  # on Nodes: "sunkd" when sunkd cordoned it
+ANNOTATION_CORDON_REASON = "sunkd.io/cordon-reason"  # on Nodes: why sunkd cordoned it
+ANNOTATION_PIN = "sunkd.io/pin"  # on Nodes, set by operators: slurm | kubernetes | auto
+ANNOTATION_SLURM_STATE = "sunkd.io/slurm-state"  # on Nodes: Slurm's state, mirrored by sunkd
+ANNOTATION_SLURM_REASON = "sunkd.io/slurm-reason"  # on Nodes: Slurm's reason, mirrored by sunkd
+CORDONED_BY_SUNKD = "sunkd"  # value of ANNOTATION_CORDONED_BY
+
+# --- Kubernetes Events (reason field) and their reporting component --------------------
+EVENT_COMPONENT = "sunkd"  # Event source.component
+EVENT_REPORTING_COMPONENT = "sunkd.io/sunkd"  # Event reportingComponent (events.k8s.io style)
+EVENT_LOCKED = "SunkdLocked"  # sunkd tainted a node for Slurm
+EVENT_UNLOCKED = "SunkdUnlocked"  # sunkd removed its taint: the node is Kubernetes'
+EVENT_CORDONED = "SunkdCordoned"  # sunkd cordoned a node (mirroring a Slurm drain)
+EVENT_UNCORDONED = "SunkdUncordoned"  # sunkd lifted its own cordon
+EVENT_ANNOTATED = "SunkdAnnotated"  # sunkd mirrored Slurm state into annotations
+EVENT_EVICTED = "SunkdEvicted"  # sunkd evicted a pod to reclaim a node for Slurm
+
+# --- Nodeset status condition types and their reasons -----------------------------------
+CONDITION_READY = "Ready"  # sources fresh: sunkd may act
+CONDITION_PROGRESSING = "Progressing"  # some node is changing owner
+CONDITION_DEGRADED = "Degraded"  # nodes held or actions failing
+REASON_SOURCES_FRESH = "SourcesFresh"  # Ready=True
+REASON_SOURCES_STALE = "SourcesStale"  # Ready=False
+REASON_MOVING = "Moving"  # Progressing=True
+REASON_SETTLED = "Settled"  # Progressing=False
+REASON_NODES_HELD = "NodesHeld"  # Degraded=True
+REASON_AS_EXPECTED = "AsExpected"  # Degraded=False
+
+# --- Kubernetes objects sunkd owns ----------------------------------------------------
+LEASE_NAME = "sunkd-leader"  # coordination.k8s.io Lease for the optional Kubernetes election
+
+# --- Slurm reasons --------------------------------------------------------------------
+# Every reason sunkd writes starts with REASON_PREFIX; a reason that does not is foreign.
+REASON_PREFIX = "sunkd:"  # any drain reason sunkd wrote
+REASON_LEND = "sunkd: lent to kubernetes"  # drain for a lend, followed by " [tx ID]"
+REASON_MIRROR = "sunkd: k8s "  # drain mirroring Kubernetes (NotReady, cordon), + the why

@@ -1,0 +1,332 @@
+"""The informer: list, then watch from the list's resourceVersion, relist on 410 Gone,
+back off on trouble, and report what happened (`WatchEvent`, `Relisted`, `WatchTrouble`,
+`WatchRecovered`) to the source. Semantics follow client-go's Reflector (staging/src/
+k8s.io/client-go/tools/cache/reflector.go): bookmarks move the resume point, a 410 or an
+expired resourceVersion means a fresh list."""
+
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+import structlog
+
+from sunkd.kubernetes.client import (
+    JSON,
+    KubeApiError,
+    KubeClient,
+    ResourceType,
+    gc_paused,
+    object_key,
+    resource_version,
+)
+
+log = structlog.get_logger("sunkd.kube")
+
+
+# ------------------------------------------------------------------------------ backoff
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential backoff with full jitter (AWS architecture blog; client-go's wait.Jitter
+    serves the same purpose): many sunkd replicas or watch loops must not retry in lockstep."""
+
+    initial: float = 0.2
+    maximum: float = 30.0
+    factor: float = 2.0
+    attempt: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def next_delay(self) -> float:
+        ceiling = min(self.maximum, self.initial * self.factor**self.attempt)
+        self.attempt += 1
+        return self.rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+# ---------------------------------------------------------------------------- ListWatch
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change to one object, as the cache saw it (duplicates already dropped)."""
+
+    type: EventType
+    key: str
+    object: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Relisted:
+    """A (re)list finished. `events` reconcile the previous cache with the new list: objects
+    that vanished while we were not watching appear as DELETED (client-go's DeletedFinalStateUnknown
+    case), changed ones as MODIFIED, new ones as ADDED. On the first list all are ADDED."""
+
+    events: tuple[WatchEvent, ...]
+    resource_version: str
+    initial: bool
+    objects: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchTrouble:
+    """The loop failed to list or watch; it is backing off and will retry."""
+
+    cause: str  # timeout | connection | gone | server_error | throttled | auth | bad_payload | api
+    detail: str
+    consecutive: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchRecovered:
+    """The first successful list or watch connection after trouble."""
+
+    after_failures: int
+
+
+WatchItem = WatchEvent | Relisted | WatchTrouble | WatchRecovered
+Transform = Callable[[JSON], JSON]
+
+
+@dataclass(slots=True)
+class ListWatchStats:
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    bookmarks: int = 0
+    gone: int = 0
+    failures: int = 0
+    duplicates: int = 0
+
+
+class ListWatch:
+    """Informer-style list-then-watch over one resource type; iterate `items()`.
+
+    The cache holds each object after `transform` (drop what you do not need: a relist diff
+    only compares resourceVersions, so the transform may strip anything but metadata).
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: ResourceType,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        watch_timeout: int = 300,
+        idle_timeout: float = 90.0,
+        page_size: int = 500,
+        relist_after_failures: int = 5,
+        backoff: Backoff | None = None,
+        transform: Transform | None = None,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.watch_timeout = watch_timeout
+        self.idle_timeout = idle_timeout
+        self.page_size = page_size
+        self.relist_after_failures = relist_after_failures
+        self.backoff = backoff or Backoff()
+        self.transform = transform
+        self.cache: dict[str, JSON] = {}
+        self.resource_version = ""
+        self.stats = ListWatchStats()
+        self._log = log.bind(resource=resource.plural)
+
+    def _reconcile(self, items: list[JSON], list_rv: str, initial: bool) -> Relisted:
+        with gc_paused():
+            return self._reconcile_now(items, list_rv, initial)
+
+    def _reconcile_now(self, items: list[JSON], list_rv: str, initial: bool) -> Relisted:
+        fresh: dict[str, JSON] = {}
+        for item in items:
+            obj = self.transform(item) if self.transform else item
+            fresh[object_key(obj)] = obj
+        events: list[WatchEvent] = []
+        for key, old in self.cache.items():
+            if key not in fresh:
+                events.append(WatchEvent("DELETED", key, old))
+        for key, obj in fresh.items():
+            old_obj = self.cache.get(key)
+            if old_obj is None:
+                events.append(WatchEvent("ADDED", key, obj))
+            elif resource_version(old_obj) != resource_version(obj):
+                events.append(WatchEvent("MODIFIED", key, obj))
+        self.cache = fresh
+        self.resource_version = list_rv
+        return Relisted(tuple(events), list_rv, initial, len(fresh))
+
+    def _apply(self, kind: str, obj: JSON) -> WatchEvent | None:
+        key = object_key(obj)
+        if kind == "DELETED":
+            old = self.cache.pop(key, None)
+            if old is None:
+                self.stats.duplicates += 1
+                return None
+            gone = self.transform(obj) if self.transform else obj
+            return WatchEvent("DELETED", key, gone)
+        if kind not in ("ADDED", "MODIFIED"):
+            raise ValueError(f"unknown watch event type {kind!r}")
+        current = self.cache.get(key)
+        if current is not None and resource_version(current) == resource_version(obj):
+            # Replayed event (same object state): nothing changed for us.
+            self.stats.duplicates += 1
+            return None
+        stored = self.transform(obj) if self.transform else obj
+        self.cache[key] = stored
+        return WatchEvent("ADDED" if current is None else "MODIFIED", key, stored)
+
+    async def items(self) -> AsyncIterator[WatchItem]:
+        """Run forever (until the consumer stops iterating or the task is cancelled)."""
+        need_list = True
+        initial = True
+        failures = 0
+        gone_streak = 0
+        troubled = False
+        while True:
+            try:
+                if need_list:
+                    items, list_rv = await self.client.list(
+                        self.resource,
+                        namespace=self.namespace,
+                        label_selector=self.label_selector,
+                        field_selector=self.field_selector,
+                        page_size=self.page_size,
+                    )
+                    self.stats.lists += 1
+                    relisted = self._reconcile(items, list_rv, initial)
+                    need_list = False
+                    initial = False
+                    if troubled:
+                        yield WatchRecovered(failures)
+                        troubled = False
+                    failures = 0
+                    self.backoff.reset()
+                    yield relisted
+                # client-go jitters the watch timeout in [min, 2*min) so watchers spread out.
+                timeout = int(self.watch_timeout * (1 + self.backoff.rng.random()))
+                async with self.client.watch(
+                    self.resource,
+                    resource_version=self.resource_version,
+                    timeout_seconds=max(1, timeout),
+                    idle_timeout=self.idle_timeout,
+                    namespace=self.namespace,
+                    label_selector=self.label_selector,
+                    field_selector=self.field_selector,
+                ) as stream:
+                    self.stats.watches += 1
+                    if troubled:
+                        yield WatchRecovered(failures)
+                        troubled = False
+                    async for raw in stream:
+                        if failures:
+                            # Data is flowing again: the consecutive-failure count (what
+                            # makes the source stale) measures time without progress.
+                            failures = 0
+                            self.backoff.reset()
+                        kind = str(raw.get("type") or "")
+                        obj = raw.get("object")
+                        if not isinstance(obj, dict):
+                            raise ValueError(f"watch event without object: {kind}")
+                        if kind == "ERROR":
+                            raise _status_error(obj)
+                        rv = resource_version(obj)
+                        if kind == "BOOKMARK":
+                            # Only metadata.resourceVersion is meaningful (kubernetes.md s2.4).
+                            self.stats.bookmarks += 1
+                            if rv:
+                                self.resource_version = rv
+                            continue
+                        event = self._apply(kind, obj)
+                        if rv:
+                            self.resource_version = rv
+                        gone_streak = 0
+                        if event is not None:
+                            self.stats.events += 1
+                            yield event
+                    # Clean end of the chunked body: the server's timeoutSeconds elapsed (or the
+                    # server ended early, which real servers and proxies do: kubernetes_asyncio
+                    # #308). Resume from the last resourceVersion, no backoff needed.
+                    failures = 0
+                    gone_streak = 0
+                    self.backoff.reset()
+            except KubeApiError as error:
+                if error.status == 410:
+                    # Expired/Gone: our resourceVersion is older than the server's history.
+                    # Resuming cannot work; list again and diff (kubernetes_asyncio#327 retries
+                    # with the same stale RV instead).
+                    self.stats.gone += 1
+                    self._log.info("watch expired, relisting", detail=error.message)
+                    need_list = True
+                    gone_streak += 1
+                    # A single expiry relists at once; back off only when 410s come in a storm
+                    # (every relist immediately expiring again), so we never hot-loop on LIST.
+                    if gone_streak > 1:
+                        await asyncio.sleep(self.backoff.next_delay())
+                    continue
+                failures += 1
+                troubled = True
+                self.stats.failures += 1
+                cause = _cause_of(error)
+                yield WatchTrouble(cause, str(error), failures)
+                delay = self.backoff.next_delay()
+                if error.retry_after:
+                    # The server said when to come back (429/503 Retry-After); honour it, but
+                    # never sleep longer than a minute on one header's word.
+                    delay = max(delay, min(error.retry_after, 60.0))
+                await asyncio.sleep(delay)
+                if failures >= self.relist_after_failures:
+                    need_list = True
+            except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as error:
+                # ClientPayloadError on a dropped stream, ServerTimeoutError on a stalled one
+                # (half-open connection), connection refused, garbage on the wire.
+                failures += 1
+                troubled = True
+                self.stats.failures += 1
+                if isinstance(error, TimeoutError | aiohttp.ServerTimeoutError):
+                    cause = "timeout"
+                elif isinstance(error, ValueError):
+                    cause = "bad_payload"
+                else:
+                    cause = "connection"
+                self._log.warning(
+                    "list/watch failed", cause=cause, error=repr(error), consecutive=failures
+                )
+                yield WatchTrouble(cause, f"{type(error).__name__}: {error}", failures)
+                await asyncio.sleep(self.backoff.next_delay())
+                if failures >= self.relist_after_failures:
+                    need_list = True
+
+
+def _status_error(status: Mapping[str, Any]) -> KubeApiError:
+    code = status.get("code")
+    return KubeApiError(
+        int(code) if isinstance(code, int) else 500,
+        str(status.get("reason") or ""),
+        str(status.get("message") or ""),
+        status,
+    )
+
+
+def _cause_of(error: KubeApiError) -> str:
+    if error.status in (401, 403):
+        return "auth"
+    if error.status == 429:
+        return "throttled"
+    if error.status >= 500:
+        return "server_error"
+    return "api"

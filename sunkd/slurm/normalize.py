@@ -1,0 +1,412 @@
+"""Normalization of slurmrestd JSON into `SlurmNode`/`SlurmJob`.
+
+Slurm's JSON comes in three families (v0.0.38; v0.0.39; v0.0.40+ with
+`{set,infinite,number}` wrappers). Nothing outside this module sees raw Slurm JSON. Nodes
+go through a fast path that assumes the common shapes and falls back to a checked parser
+(`_checked_node`) that names the offending field; a property test checks that both agree.
+The behaviours guarded against are documented where they are handled; the sources are
+SchedMD's code and live captures (docs/slurm.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sunkd.domain.hostlist import HostlistError, expand
+from sunkd.slurm.model import SlurmApiError, SlurmJob, SlurmNode, SlurmPayloadError
+
+# ----------------------------------------------------------------------- normalizing
+
+_NO_DEFAULT: Any = object()
+
+
+def _unwrap_number(value: Any, where: str) -> float | None:
+    """Plain numbers (v0.0.38/39) or `{set,infinite,number}` (v0.0.39+/40+)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise SlurmPayloadError(where, f"expected a number, got {value!r}")
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, dict):
+        if value.get("infinite"):
+            return math.inf
+        if not value.get("set"):
+            return None
+        number = value.get("number")
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise SlurmPayloadError(f"{where}.number", f"expected a number, got {number!r}")
+        return number
+    raise SlurmPayloadError(where, f"expected a number, got {type(value).__name__}")
+
+
+def _time(value: Any, where: str) -> float | None:
+    number = _unwrap_number(value, where)
+    # 0 is Slurm's "never" for times (reason_changed_at=0 when no reason, v0.0.38).
+    if number is None or number == 0 or number == math.inf:
+        return None
+    return float(number)
+
+
+def _count(value: Any, where: str) -> int:
+    number = _unwrap_number(value, where)
+    # v0.0.36 prints `"alloc_cpus": null`; NO_VAL counts are unset, not errors.
+    if number is None or number == math.inf:
+        return 0
+    return int(number)
+
+
+def _text(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SlurmPayloadError(where, f"expected a string, got {type(value).__name__}")
+    return value or None
+
+
+def _string_list(value: Any, where: str) -> tuple[str, ...]:
+    """CSV string (v0.0.38 features) or array (v0.0.39+)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(item for item in value.split(",") if item)
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise SlurmPayloadError(f"{where}[{i}]", "expected a string")
+        return tuple(value)
+    raise SlurmPayloadError(where, f"expected a list or CSV string, got {type(value).__name__}")
+
+
+_GRES_CACHE: dict[str, int] = {}
+
+
+def gpu_count(gres: str | None) -> int:
+    """Sum of `gpu` GRES in a gres string.
+
+    Shapes seen in real payloads: `gpu:4`, `gpu:h100:2,gpu:h200:4`, `gpu:1(IDX:0)`,
+    `gpu:h100:0(IDX:N/A)`, `gpu:4(S:0-1)`; `""` and `(null)` when none. Commas inside
+    parentheses (`IDX:0,2`) do not separate items.
+    """
+    if not gres or gres in ("(null)", "N/A"):
+        return 0
+    cached = _GRES_CACHE.get(gres)
+    if cached is not None:
+        return cached
+    total = 0
+    depth = 0
+    item_start = 0
+    items: list[str] = []
+    for i, char in enumerate(gres):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            items.append(gres[item_start:i])
+            item_start = i + 1
+    items.append(gres[item_start:])
+    for item in items:
+        item = item.split("(", 1)[0].strip()
+        parts = item.split(":")
+        if parts[0] != "gpu":
+            continue
+        last = parts[-1] if len(parts) > 1 else "1"
+        if last.isdigit():
+            total += int(last)
+        elif len(parts) == 2:
+            total += 1  # `gpu:h100` means one of that type
+    if len(_GRES_CACHE) < 4096:
+        _GRES_CACHE[gres] = total
+    return total
+
+
+class _Slow(Exception):
+    """The fast path met something unusual; the checked path decides (and names it)."""
+
+
+_EMPTY: frozenset[str] = frozenset()
+_INF = math.inf
+
+
+def _fast_time(value: Any) -> float | None:
+    kind = type(value)
+    if kind is int:
+        return float(value) if value else None
+    if value is None:
+        return None
+    if kind is dict:
+        if value.get("set") and not value.get("infinite"):
+            number = value.get("number")
+            if type(number) is int:
+                return float(number) if number else None
+            raise _Slow
+        return None
+    raise _Slow
+
+
+def _fast_count(value: Any) -> int:
+    kind = type(value)
+    if kind is int:
+        return int(value)
+    if value is None:
+        return 0
+    if kind is dict:
+        if value.get("set") and not value.get("infinite"):
+            number = value.get("number")
+            if type(number) is int:
+                return int(number)
+            raise _Slow
+        return 0
+    raise _Slow
+
+
+def _fast_text(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if type(value) is str:
+        return str(value)
+    raise _Slow
+
+
+def _fast_list(value: Any) -> tuple[str, ...]:
+    kind = type(value)
+    if kind is list:
+        for item in value:
+            if type(item) is not str:
+                raise _Slow
+        return tuple(value)
+    if value is None or value == "":
+        return ()
+    if kind is str:
+        return tuple(item for item in value.split(",") if item)
+    raise _Slow
+
+
+def _fast_node(raw: Any) -> SlurmNode:
+    """The common case without building error paths (bench/slurm_poll.py: the poll
+    cycle must stay within 2x of json.loads at 10k nodes)."""
+    if type(raw) is not dict:
+        raise _Slow
+    name = raw.get("name")
+    state_raw = raw.get("state")
+    if type(name) is not str or not name:
+        raise _Slow
+    if type(state_raw) is str:
+        state = state_raw.upper()
+        flags_raw = raw.get("state_flags")
+        if flags_raw:
+            if type(flags_raw) is not list:
+                raise _Slow
+            flags = frozenset(flags_raw)
+        else:
+            flags = _EMPTY
+    elif type(state_raw) is list and state_raw:
+        state = state_raw[0]
+        flags = frozenset(state_raw[1:]) if len(state_raw) > 1 else _EMPTY
+    else:
+        raise _Slow
+    if type(state) is not str:
+        raise _Slow
+    for flag in flags:
+        if type(flag) is not str:
+            raise _Slow
+    if "cpus" not in raw:
+        raise _Slow
+    gres = _fast_text(raw.get("gres"))
+    gres_used = _fast_text(raw.get("gres_used"))
+    return SlurmNode(
+        name,
+        state,
+        flags,
+        _fast_text(raw.get("reason")),
+        _fast_text(raw.get("reason_set_by_user")),
+        _fast_time(raw.get("reason_changed_at")),
+        _fast_count(raw["cpus"]),
+        _fast_count(raw.get("alloc_cpus")),
+        gpu_count(gres) if gres else 0,
+        gpu_count(gres_used) if gres_used else 0,
+        _fast_list(raw.get("partitions")),
+        _fast_list(raw.get("features")),
+        _fast_text(raw.get("comment")),
+        _fast_time(raw.get("boot_time")),
+        _fast_time(raw.get("last_busy")),
+    )
+
+
+def normalize_node(raw: Any, where: str = "node") -> SlurmNode:
+    """One node of any family into `SlurmNode`; `SlurmPayloadError` names the field."""
+    try:
+        return _fast_node(raw)
+    except _Slow:
+        return _checked_node(raw, where)
+
+
+def _checked_node(raw: Any, where: str) -> SlurmNode:
+    if not isinstance(raw, dict):
+        raise SlurmPayloadError(where, f"expected an object, got {type(raw).__name__}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise SlurmPayloadError(f"{where}.name", f"expected a node name, got {name!r}")
+    where = f"{where}({name})"
+    state_raw = raw.get("state", _NO_DEFAULT)
+    if isinstance(state_raw, str):
+        # v0.0.36-38: lower-case base state plus upper-case `state_flags` (null on v0.0.36).
+        state = state_raw.upper()
+        flags_raw = raw.get("state_flags") or ()
+        if not isinstance(flags_raw, list | tuple):
+            raise SlurmPayloadError(f"{where}.state_flags", "expected a list")
+        flags = frozenset(flags_raw)
+    elif isinstance(state_raw, list) and state_raw:
+        # v0.0.39+: ["IDLE","DRAIN",...]; the base state comes first (data_parser
+        # dumps NODE_STATE_BASE before the flag bits). Unknown flags (v0.0.44 EXTERNAL,
+        # BLOCKED ...) are kept as they are.
+        state = state_raw[0]
+        if not isinstance(state, str):
+            raise SlurmPayloadError(f"{where}.state[0]", "expected a string")
+        flags = frozenset(state_raw[1:])
+    elif state_raw is _NO_DEFAULT:
+        raise SlurmPayloadError(f"{where}.state", "missing")
+    else:
+        raise SlurmPayloadError(f"{where}.state", f"unexpected value {state_raw!r}")
+    for flag in flags:
+        if not isinstance(flag, str):
+            raise SlurmPayloadError(f"{where}.state", f"non-string flag {flag!r}")
+    if "cpus" not in raw:
+        raise SlurmPayloadError(f"{where}.cpus", "missing")
+    partitions = raw.get("partitions")
+    return SlurmNode(
+        name=name,
+        state=state,
+        flags=flags,
+        reason=_text(raw.get("reason"), f"{where}.reason"),
+        # `null` when unset on v0.0.38, `""` on v0.0.39+.
+        reason_set_by=_text(raw.get("reason_set_by_user"), f"{where}.reason_set_by_user"),
+        reason_time=_time(raw.get("reason_changed_at"), f"{where}.reason_changed_at"),
+        cpus=_count(raw["cpus"], f"{where}.cpus"),
+        alloc_cpus=_count(raw.get("alloc_cpus"), f"{where}.alloc_cpus"),
+        gpus_total=gpu_count(_text(raw.get("gres"), f"{where}.gres")),
+        gpus_used=gpu_count(_text(raw.get("gres_used"), f"{where}.gres_used")),
+        # v0.0.36 has no partitions at all (a FIXME in 22.05's nodes.c).
+        partitions=_string_list(partitions, f"{where}.partitions"),
+        features=_string_list(raw.get("features"), f"{where}.features"),
+        comment=_text(raw.get("comment"), f"{where}.comment"),
+        boot_time=_time(raw.get("boot_time"), f"{where}.boot_time"),
+        last_busy=_time(raw.get("last_busy"), f"{where}.last_busy"),
+    )
+
+
+def _check_errors(body: Mapping[str, Any], status: int, what: str) -> None:
+    errors = body.get("errors")
+    if errors:
+        if not isinstance(errors, list):
+            raise SlurmPayloadError("errors", "expected a list")
+        raise SlurmApiError(
+            f"{what}: slurmrestd reported {_describe_errors(errors)}", status=status, errors=errors
+        )
+
+
+def _describe_errors(errors: Iterable[Any]) -> str:
+    parts: list[str] = []
+    for item in errors:
+        if isinstance(item, dict):
+            text = item.get("error") or ""
+            description = item.get("description") or ""
+            number = item.get("error_number", item.get("errno"))
+            source = item.get("source") or ""
+            piece = " / ".join(p for p in (str(text), str(description)) if p)
+            if number is not None:
+                piece += f" (errno {number})"
+            if source:
+                piece += f" in {source}"
+            parts.append(piece)
+        else:
+            parts.append(repr(item))
+    return "; ".join(parts) or "an error"
+
+
+def normalize_nodes(body: Any) -> list[SlurmNode]:
+    """A whole `GET /nodes` body (any family) into nodes; errors[] raises."""
+    if not isinstance(body, dict):
+        raise SlurmPayloadError("$", f"expected an object, got {type(body).__name__}")
+    _check_errors(body, 200, "GET nodes")
+    nodes = body.get("nodes")
+    if not isinstance(nodes, list):
+        raise SlurmPayloadError("nodes", "missing or not a list")
+    out: list[SlurmNode] = []
+    append = out.append
+    for raw in nodes:
+        try:
+            append(_fast_node(raw))
+        except _Slow:
+            append(_checked_node(raw, f"nodes[{len(out)}]"))
+    return out
+
+
+def normalize_job(raw: Any, where: str = "job") -> SlurmJob:
+    if not isinstance(raw, dict):
+        raise SlurmPayloadError(where, f"expected an object, got {type(raw).__name__}")
+    job_id = raw.get("job_id")
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise SlurmPayloadError(f"{where}.job_id", f"expected an integer, got {job_id!r}")
+    where = f"{where}({job_id})"
+    state_raw = raw.get("job_state")
+    # v0.0.38/39: a string; v0.0.40+: an array (CHANGELOG 23.11.0rc1).
+    if isinstance(state_raw, str):
+        state, state_flags = state_raw.upper(), ()
+    elif isinstance(state_raw, list) and state_raw and all(isinstance(s, str) for s in state_raw):
+        state, state_flags = state_raw[0], tuple(state_raw[1:])
+    else:
+        raise SlurmPayloadError(f"{where}.job_state", f"unexpected value {state_raw!r}")
+    partition = raw.get("partition") or ""
+    if not isinstance(partition, str):
+        raise SlurmPayloadError(f"{where}.partition", "expected a string")
+    nodes_raw = raw.get("nodes") or ""
+    if not isinstance(nodes_raw, str):
+        raise SlurmPayloadError(f"{where}.nodes", "expected a hostlist string")
+    try:
+        nodes = tuple(expand(nodes_raw))
+    except HostlistError as error:
+        raise SlurmPayloadError(f"{where}.nodes", str(error)) from error
+    limit = _unwrap_number(raw.get("time_limit"), f"{where}.time_limit")
+    return SlurmJob(
+        job_id=job_id,
+        state=state,
+        state_flags=state_flags,
+        partition=partition,
+        nodes=nodes,
+        node_count=_count(raw.get("node_count"), f"{where}.node_count"),
+        # v0.0.38 prints null for UNLIMITED; v0.0.40+ {infinite:true}.
+        time_limit=None if limit is None or limit == math.inf else float(limit),
+        start_time=_time(raw.get("start_time"), f"{where}.start_time"),
+        end_time=_time(raw.get("end_time"), f"{where}.end_time"),
+        state_reason=_text(raw.get("state_reason"), f"{where}.state_reason"),
+    )
+
+
+def normalize_jobs(body: Any) -> list[SlurmJob]:
+    if not isinstance(body, dict):
+        raise SlurmPayloadError("$", f"expected an object, got {type(body).__name__}")
+    _check_errors(body, 200, "GET jobs")
+    jobs = body.get("jobs")
+    if not isinstance(jobs, list):
+        raise SlurmPayloadError("jobs", "missing or not a list")
+    return [normalize_job(raw, f"jobs[{i}]") for i, raw in enumerate(jobs)]
+
+
+def slurm_release(body: Mapping[str, Any]) -> str | None:
+    """`meta.Slurm.release` (v0.0.38/39) or `meta.slurm.release` (v0.0.40+)."""
+    meta = body.get("meta")
+    if not isinstance(meta, dict):
+        return None
+    for key in ("slurm", "Slurm"):
+        info = meta.get(key)
+        if isinstance(info, dict) and isinstance(info.get("release"), str):
+            return str(info["release"])
+    return None
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.lstrip("v").split("."))
