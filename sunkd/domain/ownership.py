@@ -56,7 +56,6 @@ __all__ = [
     "is_mirror_drain",
     "is_ours",
     "slurm_busy",
-    "slurm_drain_flag",
     "slurm_drained",
     "slurm_usable",
 ]
@@ -84,9 +83,6 @@ def is_mirror_drain(reason: str | None) -> bool:
     """Our drain mirroring a Kubernetes-side hold (`sunkd: k8s <why>`)."""
     return reason is not None and reason.startswith(MIRROR_REASON_PREFIX)
 
-
-def slurm_drain_flag(observation: SlurmNodeObserved) -> bool:
-    return "DRAIN" in observation.flags
 
 
 def slurm_busy(observation: SlurmNodeObserved) -> bool:

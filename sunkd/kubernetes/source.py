@@ -243,11 +243,14 @@ def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
     )
 
 
-def label_selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
+def workload_selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
     """metav1.LabelSelector (matchLabels + matchExpressions) or a plain label map.
 
     An empty or missing selector matches nothing here (like a PDB's nil selector): a Nodeset
-    without a workload selector must not claim every pod in the cluster."""
+    without a workload selector must not claim every pod in the cluster. This is the one
+    deliberate difference from the API server's label selectors (where an empty selector
+    selects everything), hence its own name; the emulator's `label_selector_matches` in
+    sunkd/testbed/kubeapi/selectors.py follows the API server."""
     if not isinstance(selector, Mapping) or not selector:
         return False
     if "matchLabels" not in selector and "matchExpressions" not in selector:
@@ -573,7 +576,7 @@ class KubernetesSource:
 
     def _workload_match(self, pool: str, labels: Mapping[str, Any]) -> bool:
         self._nodesets()
-        return label_selector_matches(self._workload_selectors.get(pool), labels)
+        return workload_selector_matches(self._workload_selectors.get(pool), labels)
 
     # -- payloads ----------------------------------------------------------------------
 

@@ -493,7 +493,7 @@ class Daemon:
     # ---------------------------------------------------------------------- HTTP
 
     async def _start_http(self) -> None:
-        app = _build_app(self)
+        app = build_app(self)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = parse_listen(self.settings.listen)
@@ -513,12 +513,6 @@ class Daemon:
             await self._runner.cleanup()
         if self.event_log is not None:
             await self.event_log.close()
-
-
-
-
-def _build_app(daemon: Daemon) -> web.Application:
-    return build_app(daemon)
 
 
 def cmd_run(args: Any, settings: Settings) -> int:

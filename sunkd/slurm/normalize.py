@@ -200,19 +200,20 @@ def _fast_node(raw: Any) -> SlurmNode:
         if flags_raw:
             if type(flags_raw) is not list:
                 raise _Slow
-            flags = frozenset(flags_raw)
+            flag_list = flags_raw
         else:
-            flags = _EMPTY
+            flag_list = []
     elif type(state_raw) is list and state_raw:
         state = state_raw[0]
-        flags = frozenset(state_raw[1:]) if len(state_raw) > 1 else _EMPTY
+        flag_list = state_raw[1:]
     else:
         raise _Slow
     if type(state) is not str:
         raise _Slow
-    for flag in flags:
+    for flag in flag_list:  # before frozenset(): a list or dict "flag" is unhashable
         if type(flag) is not str:
             raise _Slow
+    flags = frozenset(flag_list) if flag_list else _EMPTY
     if "cpus" not in raw:
         raise _Slow
     gres = _fast_text(raw.get("gres"))
@@ -258,7 +259,7 @@ def _checked_node(raw: Any, where: str) -> SlurmNode:
         flags_raw = raw.get("state_flags") or ()
         if not isinstance(flags_raw, list | tuple):
             raise SlurmPayloadError(f"{where}.state_flags", "expected a list")
-        flags = frozenset(flags_raw)
+        flag_list = list(flags_raw)
     elif isinstance(state_raw, list) and state_raw:
         # v0.0.39+: ["IDLE","DRAIN",...]; the base state comes first (data_parser
         # dumps NODE_STATE_BASE before the flag bits). Unknown flags (v0.0.44 EXTERNAL,
@@ -266,14 +267,15 @@ def _checked_node(raw: Any, where: str) -> SlurmNode:
         state = state_raw[0]
         if not isinstance(state, str):
             raise SlurmPayloadError(f"{where}.state[0]", "expected a string")
-        flags = frozenset(state_raw[1:])
+        flag_list = state_raw[1:]
     elif state_raw is _NO_DEFAULT:
         raise SlurmPayloadError(f"{where}.state", "missing")
     else:
         raise SlurmPayloadError(f"{where}.state", f"unexpected value {state_raw!r}")
-    for flag in flags:
+    for flag in flag_list:  # before frozenset(): a list or dict "flag" is unhashable
         if not isinstance(flag, str):
             raise SlurmPayloadError(f"{where}.state", f"non-string flag {flag!r}")
+    flags = frozenset(flag_list)
     if "cpus" not in raw:
         raise SlurmPayloadError(f"{where}.cpus", "missing")
     partitions = raw.get("partitions")

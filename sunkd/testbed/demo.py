@@ -56,7 +56,7 @@ PARTITION = "gpu"
 APP_LABEL = "app"
 APP = "inference"
 NAMESPACE = "default"
-MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 
 
 @dataclass
