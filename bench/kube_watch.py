@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sunkd.domain.events import Event
 from sunkd.kubernetes.client import PODS, KubeClient, gc_paused, nodesets
 from sunkd.kubernetes.listwatch import ListWatch, Relisted
-from sunkd.kubernetes.source import KubernetesSource, slim_pod
+from sunkd.kubernetes.normalize import slim_pod
+from sunkd.kubernetes.source import KubernetesSource
 from sunkd.testbed.kubeapi import KubeAPIEmulator
 
 CRD = Path(__file__).resolve().parent.parent / "manifests" / "crds" / "nodeset.yaml"

@@ -17,7 +17,7 @@ from sunkd.kubernetes.client import (
     parse_quantity,
     parse_time,
 )
-from sunkd.kubernetes.source import (
+from sunkd.kubernetes.normalize import (
     parse_duration,
     parse_nodeset,
     pod_is_pending_unschedulable,
