@@ -1,7 +1,7 @@
 """sunkd's HTTP surface: metrics, health, the read API, the status page, the extender.
 
 One aiohttp application serves everything an operator, Prometheus, the kubelet probes
-and kube-scheduler need from a running daemon (architecture section 7). It only
+and kube-scheduler need from a running daemon (docs/architecture.md). It only
 *reads*: the live `ClusterState` through `DaemonView`, and the SQL read models
 (`sunkd.store.projections`) for history. Nothing here appends to the log.
 

@@ -1,7 +1,7 @@
 """Domain events: the only vocabulary the event log speaks.
 
 Everything sunkd observes, decides or does becomes one of these immutable, versioned
-payloads (architecture section 3). Adapters translate raw Slurm and Kubernetes JSON
+payloads (docs/architecture.md). Adapters translate raw Slurm and Kubernetes JSON
 into them at the edge, so the fold and the policy never see wire formats.
 
 Forward compatibility is a safety property here: an older sunkd reading a log written

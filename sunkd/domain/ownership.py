@@ -2,7 +2,8 @@
 
 The fold (`state.py`) records the evidence and the phase that transition events
 moved the node to (SLURM, TO_K8S, KUBERNETES, TO_SLURM; UNKNOWN before adoption).
-This module overlays what the observations say at time `now` (architecture section 4):
+This module overlays what the observations say at time `now` (docs/architecture.md, "Ownership and
+policy"):
 
 - UNKNOWN: a source is not fresh (stale, lost or never reported), or the node has not
   been observed on both sides yet. Nobody may act on such a node.

@@ -1,6 +1,6 @@
 """The fold: `ClusterState` is a pure function of the event log.
 
-sunkd never keeps state that is not derivable from the log (architecture section 1):
+sunkd never keeps state that is not derivable from the log (docs/architecture.md):
 the in-memory `ClusterState` is a cache of `fold(events)`, snapshots are
 `state_to_json(fold(prefix))`, and a restart is `fold(tail, state_from_json(snapshot))`.
 So the fold must be deterministic (no clock, no randomness: times come from each
@@ -72,7 +72,7 @@ UNHEALTHY_SLURM_FLAGS = frozenset(
 
 
 class Phase(StrEnum):
-    """Ownership phases (architecture section 4)."""
+    """Ownership phases (docs/architecture.md)."""
 
     SLURM = "SLURM"
     TO_K8S = "TO_K8S"

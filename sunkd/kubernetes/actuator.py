@@ -111,7 +111,8 @@ class KubernetesActuator:
     """Idempotent Kubernetes side effects.
 
     `may_act` is checked before every write (e.g. `LeaseElector.holds_lease`): a deposed
-    leader must stop acting at once (kubernetes.md s5.1 "Safety").
+    leader must stop acting at once (client-go tools/leaderelection: a leader that cannot renew
+    stops).
     """
 
     def __init__(
@@ -327,7 +328,8 @@ class KubernetesActuator:
         """Evict through policy/v1 Eviction so PodDisruptionBudgets are honoured.
 
         False when the pod is already gone or terminating. A PDB answering 429 is a retryable
-        ActionError whose message names the PDB (kubernetes.md s2.8)."""
+        ActionError whose message names the PDB (API docs, "API-initiated eviction": 429 while a
+        PDB forbids it)."""
         what = f"evict {namespace}/{pod}"
         try:
             current = await self.client.get(PODS, pod, namespace)
@@ -404,8 +406,9 @@ class KubernetesActuator:
         """A core/v1 Event on the Node (best effort; returns False when it could not be written).
 
         Node events live in the `default` namespace with an empty involvedObject.namespace;
-        `kubectl describe node` finds them by involvedObject kind/name/uid (kubectl-wire.md
-        s4.7), so the uid is the node's real uid when we can read it, else its name (what the
+        `kubectl describe node` finds them by involvedObject kind/name/uid (kubectl's describe.go,
+        DescribeEvents), so the uid is the node's real uid when we can read it, else its name
+        (what the
         kubelet uses)."""
         return await self._record(node, reason, message, type)
 

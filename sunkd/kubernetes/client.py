@@ -1,6 +1,6 @@
 """Kubernetes API access for sunkd: configuration, bounded requests, and a list-then-watch loop.
 
-Why not kubernetes-asyncio's typed APIs and `Watch` as they are (reference kubernetes.md s3):
+Why not kubernetes-asyncio's typed APIs and `Watch` as they are (docs/kubernetes.md, "Watch loop"):
 - `Watch` never re-lists on 410 Gone (it retries once with the same stale resourceVersion and
   raises), lets `ClientPayloadError` from a dropped stream escape, and without a client-side
   timeout hangs forever on a half-open connection. A watch loop that silently stops is the
@@ -107,7 +107,8 @@ class KubeApiError(Exception):
     """A non-2xx answer from the API server, with the Status body decoded.
 
     `reason` is the machine-readable Status reason (NotFound, Conflict, Expired,
-    TooManyRequests, ...), not the HTTP reason phrase: kubernetes.md s2.5.
+    TooManyRequests, ...), not the HTTP reason phrase (k8s.io/apimachinery/pkg/apis/meta/v1
+    types.go, StatusReason).
     """
 
     def __init__(
@@ -169,7 +170,8 @@ def format_micro_time(moment: datetime) -> str:
     """metav1.MicroTime: exactly six fractional digits (Lease times, eventTime).
 
     `datetime.isoformat()` drops the fraction when microsecond == 0 and the API server then
-    rejects the value with 400 (kubernetes.md s2.9, kubernetes/kubernetes#89156).
+    rejects the value with 400 (kubernetes/kubernetes#89156; metav1.MicroTime in apimachinery
+    micro_time.go).
     """
     return _utc(moment).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -492,7 +494,8 @@ class KubeClient:
         """All items of a collection and the list's resourceVersion, paging with `continue`.
 
         Every page of one list carries the same resourceVersion (a consistent snapshot); an
-        expired continue token is 410 and the caller must start over (kubernetes.md s2.3).
+        expired continue token is 410 and the caller must start over (Kubernetes API concepts,
+        "Retrieving large results sets in chunks").
         """
         items: list[JSON] = []
         token: str | None = None
@@ -568,7 +571,7 @@ class KubeClient:
         async with response:
             if response.status != 200:
                 # An HTTP-level error (e.g. 410 for an unparsable RV, 403, 500) instead of an
-                # in-stream ERROR event: kubernetes.md s2.4.
+                # in-stream ERROR event (API concepts, "Efficient detection of changes").
                 raw = await response.read()
                 raise KubeApiError.from_body(
                     response.status, raw.decode("utf-8", "replace"), response.headers

@@ -1,4 +1,4 @@
-"""Lease-based leader election with client-go semantics (kubernetes.md s5.1).
+"""Lease-based leader election with client-go semantics (k8s.io/client-go/tools/leaderelection).
 
 Why not `kubernetes_asyncio.leaderelection`: it builds naive local timestamps and appends "Z",
 never maintains `leaseTransitions`, has no release, formats MicroTime via `str(datetime)` (which

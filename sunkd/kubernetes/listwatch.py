@@ -246,7 +246,8 @@ class ListWatch:
                             raise _status_error(obj)
                         rv = resource_version(obj)
                         if kind == "BOOKMARK":
-                            # Only metadata.resourceVersion is meaningful (kubernetes.md s2.4).
+                            # Only metadata.resourceVersion is meaningful (API concepts, "Watch
+                            # bookmarks").
                             self.stats.bookmarks += 1
                             if rv:
                                 self.resource_version = rv

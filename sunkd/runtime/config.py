@@ -138,7 +138,7 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("slurm.poll_interval", "must be positive")
     if settings.slurm.request_timeout <= 10:
         # A slurmrestd whose slurmctld is down blocks ~9 s before answering
-        # (slurm-lab.md section 5); a shorter timeout would report a timeout instead of
+        # (docs/slurm.md, "Measured behaviour"); a shorter timeout would report a timeout instead of
         # the controller's real error.
         raise ConfigError("slurm.request_timeout", "must be above 10 seconds")
     url = settings.slurm.url

@@ -9,7 +9,7 @@ each outcome with `causation_seq` pointing at the request.
 Crash safety comes from the log: an action is first appended as `action.requested`,
 then executed, then its outcome appended. After a crash the fold still shows it
 pending, and the next leader executes it again; every action is idempotent, so the
-worst case is a harmless repeat (architecture section 6).
+worst case is a harmless repeat (docs/architecture.md).
 
 Determinism: the policy derives ids from `state.last_seq`, so the engine decides only
 on a state that includes everything it appended itself (no decision is made twice

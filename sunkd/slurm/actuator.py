@@ -35,7 +35,7 @@ log = structlog.get_logger(__name__)
 
 REASON_PREFIX = wk.REASON_PREFIX
 
-# scontrol blocks ~9 s when slurmctld is down before failing (slurm-lab.md §5).
+# scontrol blocks ~9 s when slurmctld is down before failing (docs/slurm.md, "Measured behaviour").
 SCONTROL_TIMEOUT = 30.0
 
 __all__ = ["REASON_PREFIX", "SlurmActuator", "is_our_reason", "our_reason"]
@@ -160,7 +160,7 @@ class SlurmActuator:
                 retryable=False,
             )
         # One node per call: a multi-node update that fails on one node still applies
-        # to the others (slurm-lab.md §5, "partly applied").
+        # to the others (docs/slurm.md, "Measured behaviour").
         args = [binary, "update", f"nodename={node}", f"state={state.lower()}"]
         if reason is not None:
             args.append(f"reason={reason}")

@@ -43,7 +43,8 @@ from sunkd.slurm.normalize import (
 
 log = structlog.get_logger(__name__)
 
-# Newest first: negotiation takes the first one the server answers (architecture §7).
+# Newest first: negotiation takes the first one the server answers (docs/slurm.md, "Supported
+# versions").
 SUPPORTED_VERSIONS: tuple[str, ...] = (
     "v0.0.44",
     "v0.0.43",
@@ -383,7 +384,8 @@ class SlurmRestClient:
         return normalize_nodes(await self.get_nodes_raw())
 
     async def get_node(self, name: str) -> SlurmNode:
-        """Single-node GET. Its allocation data can be stale on 22.05 (slurm-lab §5);
+        """Single-node GET. Its allocation data can be stale on 22.05 (docs/slurm.md, "Measured
+        behaviour");
         use it only for drain flag and reason, which are current."""
         body = await self.call("GET", f"node/{name}")
         nodes = normalize_nodes(body)

@@ -88,7 +88,7 @@ class SlurmNode(NamedTuple):
 
     @property
     def is_drain(self) -> bool:
-        # UNDRAIN can linger in the state next to DRAIN (slurmrestd.md §5).
+        # UNDRAIN can linger in the state next to DRAIN (docs/slurm.md, "Measured behaviour").
         return "DRAIN" in self.flags and "UNDRAIN" not in self.flags
 
     @property

@@ -217,7 +217,8 @@ class SlurmSource:
         observed = node.to_observed()
         if "NOT_RESPONDING" in node.flags:
             # After a resume slurmctld shows idle+NOT_RESPONDING for ~1 s until its next
-            # ping (slurm-lab.md §5). Report the flag only once it has persisted.
+            # ping (docs/slurm.md, "Measured behaviour"). Report the flag only once it has
+            # persisted.
             since = self._nr_since.setdefault(node.name, now)
             if now - since < self._nr_grace and node.state != "DOWN":
                 previous = self._nodes.get(node.name)

@@ -537,7 +537,7 @@ class SlurmCluster:
             # Nodes are declared with our CPU/GPU counts, not what slurmd -C detects.
             "SlurmdParameters=config_overrides",
             # 1: an admin DOWN stays DOWN; a node DOWN for "Not responding" comes back
-            # by itself (2 would also undo admin DOWNs, slurm-lab.md §5).
+            # by itself (2 would also undo admin DOWNs, docs/slurm.md, "Measured behaviour").
             f"ReturnToService={self.return_to_service}",
             # Small, so a killed slurmd shows NOT_RESPONDING/DOWN within seconds.
             f"SlurmdTimeout={self.slurmd_timeout}",

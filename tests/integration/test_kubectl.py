@@ -84,7 +84,7 @@ def ready_node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any
 def controlled_pod(name: str, node_name: str, labels: dict[str, str]) -> dict[str, Any]:
     p = pod(name, node_name, labels)
     # drain refuses pods without a controller unless --force; a ReplicaSet owner is not
-    # looked up by kubectl (kubectl-wire.md 4.8).
+    # looked up by kubectl (kubectl's drain.go, only the controller reference is checked).
     p["metadata"]["ownerReferences"] = [{
         "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-rs",
         "uid": "5a6e0b2c-0000-4000-8000-000000000001", "controller": True}]

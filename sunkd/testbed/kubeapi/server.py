@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 VERSION_INFO: JSON = {
     # kubectl on these machines is gcloud's dispatcher: it picks its binary by `minor`,
-    # so this must say 32 to get the built-in kubectl 1.32 (kubectl-wire.md section 1).
+    # so this must say 32 to get the built-in kubectl 1.32 (docs/kubernetes.md, "API emulator").
     "major": "1", "minor": "32", "gitVersion": "v1.32.4-sunkd-emulator",
     "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
     "buildDate": "2025-04-22T00:00:00Z", "goVersion": "go1.23.6", "compiler": "gc",
