@@ -16,6 +16,12 @@ A wake-up only says "read again from your last seq": delivery is driven by seq, 
 lost notification or a dropped connection can delay an event but never lose or
 duplicate it. A slow fallback re-read covers writers in other processes (SQLite) and
 notifications lost while the LISTEN connection was being re-established.
+
+What differs between the two databases (engine settings, taking the lock, the bulk
+insert, the clock, the wake-ups) lives behind one interface, `Backend`
+(sunkd.store.backend), with one implementation per database: `PostgresBackend`
+(sunkd.store.postgres) and `SqliteBackend` (sunkd.store.sqlite). This module holds only
+what is the same on both, and picks the backend by the engine's dialect name.
 """
 
 from __future__ import annotations
@@ -27,16 +33,14 @@ import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import orjson
 import structlog
-from sqlalchemy import event as sa_event
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from sunkd.domain.events import (
     Event,
@@ -45,13 +49,37 @@ from sunkd.domain.events import (
     decode_payload,
     encode_payload,
 )
+from sunkd.store.backend import Backend, EventRow, as_utc
 from sunkd.store.migrations_api import ensure_schema
 from sunkd.store.models import LEADERSHIP_ROW, events, leadership, snapshots
+from sunkd.store.postgres import NOTIFY_CHANNEL, PostgresBackend
+from sunkd.store.sqlite import SqliteBackend
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "EventLog",
+    "LeaderInfo",
+    "Lease",
+    "StaleLeaderError",
+    "backend_class",
+    "create_engine",
+    "dumps_json",
+]
 
 log = structlog.get_logger(__name__)
 
-NOTIFY_CHANNEL = "sunkd_events"
-_INSERT_COLUMNS = ("seq", "recorded_at", "kind", "subject", "epoch", "causation_seq", "payload")
+# The supported databases, by SQLAlchemy dialect name.
+_BACKENDS: dict[str, type[Backend]] = {
+    backend.dialect: backend for backend in (PostgresBackend, SqliteBackend)}
+
+
+def backend_class(dialect: str) -> type[Backend]:
+    """The backend for a SQLAlchemy dialect name (`engine.dialect.name`)."""
+    try:
+        return _BACKENDS[dialect]
+    except KeyError:
+        raise ValueError(f"unsupported database {dialect!r}: sunkd's event log runs on "
+                         f"{' or '.join(sorted(_BACKENDS))}") from None
 
 
 class StaleLeaderError(Exception):
@@ -82,50 +110,6 @@ class LeaderInfo:
     lease_seconds: float
 
 
-class _WakeBus:
-    """Generation counter + condition: waiters never miss a wake-up that happened
-    between their read and their wait."""
-
-    def __init__(self) -> None:
-        self.generation = 0
-        self._condition: asyncio.Condition | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _cond(self) -> asyncio.Condition:
-        loop = asyncio.get_running_loop()
-        if self._condition is None or self._loop is not loop:
-            self._condition = asyncio.Condition()
-            self._loop = loop
-        return self._condition
-
-    async def notify(self) -> None:
-        self.generation += 1
-        condition = self._cond()
-        async with condition:
-            condition.notify_all()
-
-    async def wait(self, seen_generation: int, wait_seconds: float) -> None:
-        condition = self._cond()
-        async with condition:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    condition.wait_for(lambda: self.generation != seen_generation), wait_seconds
-                )
-
-
-# SQLite: one bus per database file, shared by every EventLog of this process.
-_SQLITE_BUSES: dict[str, _WakeBus] = {}
-
-
-def _sqlite_timestamp(moment: datetime) -> str:
-    # SQLAlchemy's SQLite DateTime storage format (naive UTC).
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-
-
-def _as_utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
 class EventLog:
     """The event log on one database (PostgreSQL or SQLite)."""
 
@@ -133,16 +117,8 @@ class EventLog:
         self.engine = engine
         self.url = url
         self.dialect = engine.dialect.name
-        self._listener_task: asyncio.Task[None] | None = None
+        self._backend = backend_class(self.dialect)(url)
         self._closed = False
-        if self.dialect == "sqlite":
-            database = make_url(url).database or ""
-            key = str(Path(database).resolve()) if database not in ("", ":memory:") else url
-            self._bus = _SQLITE_BUSES.setdefault(key, _WakeBus())
-            self._fallback_interval = 1.0
-        else:
-            self._bus = _WakeBus()
-            self._fallback_interval = 5.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -151,9 +127,10 @@ class EventLog:
         """Open the log. Migrations run automatically on SQLite (the embedded default)
         or when `migrate=True`; otherwise the schema must already be at head."""
         engine = create_engine(url)
-        should_migrate = (engine.dialect.name == "sqlite") if migrate is None else migrate
+        if migrate is None:
+            migrate = backend_class(engine.dialect.name).migrate_by_default
         try:
-            await ensure_schema(engine, migrate=should_migrate)
+            await ensure_schema(engine, migrate=migrate)
         except BaseException:
             await engine.dispose()
             raise
@@ -161,11 +138,7 @@ class EventLog:
 
     async def close(self) -> None:
         self._closed = True
-        if self._listener_task is not None:
-            self._listener_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener_task
-            self._listener_task = None
+        await self._backend.close()
         await self.engine.dispose()
 
     async def __aenter__(self) -> EventLog:
@@ -202,72 +175,32 @@ class EventLog:
                     f"{current_epoch}")
             first_seq = last_seq + 1
             seqs = list(range(first_seq, first_seq + len(batch)))
-            if self.dialect == "postgresql":
-                raw = await connection.get_raw_connection()
-                driver = raw.driver_connection
-                assert driver is not None
-                # The driver's COPY path inside our own transaction: the fastest way
-                # PostgreSQL ingests rows, and still atomic with the epoch check.
-                await driver.copy_records_to_table(
-                    "events",
-                    records=[
-                        (seq, now, item.kind, item.subject, epoch, item.causation_seq, body)
-                        for seq, item, body in zip(seqs, batch, encoded, strict=True)
-                    ],
-                    columns=_INSERT_COLUMNS,
-                )
-                await connection.execute(text("SELECT pg_notify(:channel, :seq)"),
-                                         {"channel": NOTIFY_CHANNEL, "seq": str(seqs[-1])})
-            else:
-                stamp = _sqlite_timestamp(now)
-                await connection.exec_driver_sql(
-                    "INSERT INTO events (seq, recorded_at, kind, subject, epoch, causation_seq, "
-                    "payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (seq, stamp, item.kind, item.subject, epoch, item.causation_seq, body)
-                        for seq, item, body in zip(seqs, batch, encoded, strict=True)
-                    ],
-                )
-        if self.dialect == "sqlite":
-            await self._bus.notify()
+            recorded_at = self._backend.recorded_at(now)
+            rows: list[EventRow] = [
+                (seq, recorded_at, item.kind, item.subject, epoch, item.causation_seq, body)
+                for seq, item, body in zip(seqs, batch, encoded, strict=True)
+            ]
+            await self._backend.insert_events(connection, rows)
+            await self._backend.announce(connection, seqs[-1])
+        await self._backend.announce_committed()
         return seqs
 
     @contextlib.asynccontextmanager
     async def _write_transaction(self) -> AsyncIterator[AsyncConnection]:
         async with self.engine.connect() as connection:
-            if self.dialect == "sqlite":
-                # BEGIN IMMEDIATE takes SQLite's write lock up front, so two writers
-                # serialize instead of failing with "database is locked" on upgrade.
-                await connection.execution_options(sqlite_begin="IMMEDIATE")
+            await self._backend.prepare_write(connection)
             async with connection.begin():
                 yield connection
 
+    # The two hooks below are methods of the EventLog (not only of its backend) so that
+    # a subclass can stamp appends and leases with a clock of its own (tests/seeding.py).
+
     async def _lock_for_append(self, connection: AsyncConnection) -> tuple[int, int, datetime]:
         """Lock the leadership row; return (current epoch, last seq, now)."""
-        if self.dialect == "postgresql":
-            # Two statements on purpose: under READ COMMITTED a statement's snapshot is
-            # taken before it waits for the row lock, so a max(seq) subquery in the
-            # locking statement could miss the rows of the append we waited for and
-            # hand out a duplicate seq. The second statement sees them.
-            epoch = (await connection.execute(text(
-                "SELECT epoch FROM leadership WHERE id = :id FOR UPDATE"),
-                {"id": LEADERSHIP_ROW})).scalar_one()
-            row = (await connection.execute(text(
-                "SELECT coalesce(max(seq), 0), clock_timestamp() FROM events"))).one()
-            return int(epoch), int(row[0]), _as_utc(row[1])
-        # SQLite: BEGIN IMMEDIATE already holds the database's write lock.
-        row = (await connection.execute(text(
-            "SELECT epoch, (SELECT coalesce(max(seq), 0) FROM events) FROM leadership "
-            "WHERE id = :id"), {"id": LEADERSHIP_ROW})).one()
-        return int(row[0]), int(row[1]), datetime.now(UTC)
+        return await self._backend.lock_for_append(connection)
 
     async def _db_now(self, connection: AsyncConnection) -> datetime:
-        if self.dialect == "postgresql":
-            # The database's clock, not this host's: lease expiry must mean the same
-            # thing to every candidate, whatever their clock skew.
-            result = await connection.execute(text("SELECT clock_timestamp()"))
-            return _as_utc(result.scalar_one())
-        return datetime.now(UTC)
+        return await self._backend.db_now(connection)
 
     # ---------------------------------------------------------------------- reads
 
@@ -321,12 +254,11 @@ class EventLog:
         """`subscribe`, one non-empty batch at a time (what is available at once):
         consumers that fold can apply a batch in one go."""
         kind_list = list(kinds) if kinds is not None else None
-        if self.dialect == "postgresql":
-            self._ensure_listener()
+        self._backend.start_listening()
         position = after_seq
         backoff = 0.1
         while not self._closed:
-            generation = self._bus.generation
+            generation = self._backend.bus.generation
             try:
                 # With a kind filter, an empty answer must still advance the position,
                 # but only up to what existed *before* the read: an event appended in
@@ -347,47 +279,7 @@ class EventLog:
             if latest is not None and latest > position:
                 position = latest  # nothing of the wanted kinds up to here
                 continue
-            await self._bus.wait(generation, self._fallback_interval)
-
-    def _ensure_listener(self) -> None:
-        if self._listener_task is None or self._listener_task.done():
-            self._listener_task = asyncio.create_task(self._listen_forever(),
-                                                      name="sunkd-eventlog-listen")
-
-    async def _listen_forever(self) -> None:
-        """Keep one LISTEN connection open; reconnect with backoff when it drops."""
-        import asyncpg
-
-        dsn = make_url(self.url).set(drivername="postgresql").render_as_string(
-            hide_password=False)
-        backoff = 0.2
-        while not self._closed:
-            connection: Any = None
-            try:
-                connection = await asyncpg.connect(dsn, timeout=10)
-                lost = asyncio.Event()
-                connection.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                await connection.add_listener(
-                    NOTIFY_CHANNEL, lambda *_args: asyncio.ensure_future(self._bus.notify()))
-                backoff = 0.2
-                # Anything appended while we were not listening: make readers look.
-                await self._bus.notify()
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), 5.0)
-                    if not lost.is_set():
-                        # A half-open TCP connection never signals termination.
-                        await asyncio.wait_for(connection.execute("SELECT 1"), 5.0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # any failure means: reconnect
-                log.warning("eventlog.listen.lost", error=str(error), retry_in=backoff)
-            finally:
-                if connection is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(connection.close(), 2.0)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+            await self._backend.bus.wait(generation, self._backend.fallback_interval)
 
     # ----------------------------------------------------------------- leadership
 
@@ -400,7 +292,7 @@ class EventLog:
             row = await self._locked_leadership_row(connection)
             now = await self._db_now(connection)
             holder = row["holder"]
-            renewed_at = _as_utc(row["renewed_at"]) if row["renewed_at"] is not None else None
+            renewed_at = as_utc(row["renewed_at"]) if row["renewed_at"] is not None else None
             live = (
                 holder is not None
                 and renewed_at is not None
@@ -424,9 +316,8 @@ class EventLog:
     async def _locked_leadership_row(self, connection: AsyncConnection) -> Any:
         """The leadership row, locked until the transaction ends (SQLite: BEGIN
         IMMEDIATE already holds the write lock)."""
-        query = select(leadership).where(leadership.c.id == LEADERSHIP_ROW)
-        if self.dialect == "postgresql":
-            query = query.with_for_update()
+        query = self._backend.for_update(
+            select(leadership).where(leadership.c.id == LEADERSHIP_ROW))
         return (await connection.execute(query)).one()._mapping
 
     async def renew(self, lease: Lease) -> Lease:
@@ -459,7 +350,7 @@ class EventLog:
         async with self.engine.connect() as connection:
             row = (await connection.execute(
                 select(leadership).where(leadership.c.id == LEADERSHIP_ROW))).one()._mapping
-        renewed_at = _as_utc(row["renewed_at"]) if row["renewed_at"] is not None else None
+        renewed_at = as_utc(row["renewed_at"]) if row["renewed_at"] is not None else None
         return LeaderInfo(row["holder"], int(row["epoch"]), renewed_at, float(row["lease_seconds"]))
 
     # ------------------------------------------------------------------ snapshots
@@ -487,7 +378,7 @@ def _to_recorded(row: Any) -> RecordedEvent:
         payload = json.loads(payload)
     return RecordedEvent(
         seq=int(row["seq"]),
-        recorded_at=_as_utc(row["recorded_at"]),
+        recorded_at=as_utc(row["recorded_at"]),
         epoch=int(row["epoch"]),
         subject=row["subject"],
         payload=decode_payload(row["kind"], payload),
@@ -509,26 +400,5 @@ def create_engine(url: str) -> AsyncEngine:
     """An async engine with the settings sunkd relies on for each backend."""
     # Reads keep the stdlib parser: orjson turns integers beyond 64 bits into floats,
     # and a payload from a newer writer must come back exactly as it was written.
-    codecs: dict[str, Any] = {"json_serializer": dumps_json}
-    if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30}, **codecs)
-
-        @sa_event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
-            # Let us issue BEGIN ourselves (pysqlite's implicit transactions would
-            # defeat BEGIN IMMEDIATE), and use WAL so readers never block the writer.
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
-        @sa_event.listens_for(engine.sync_engine, "begin")
-        def _sqlite_begin(connection: Any) -> None:
-            mode = connection.get_execution_options().get("sqlite_begin", "DEFERRED")
-            connection.exec_driver_sql(f"BEGIN {mode}")
-
-        return engine
-    return create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                               connect_args={"timeout": 10, "command_timeout": 60}, **codecs)
+    return backend_class(make_url(url).get_backend_name()).create_engine(
+        url, json_serializer=dumps_json)
