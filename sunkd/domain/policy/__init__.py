@@ -1,0 +1,121 @@
+"""The policy: which nodes should move, and what to do next for each node.
+
+`decide(state, pools, now)` is a pure, deterministic function (architecture section
+5). It never performs anything: it returns `Decision`s, which the daemon turns 1:1
+into events (`decision_to_event`) and appends; the outbox then executes the actions
+and appends their outcomes, and the next `decide` call sees them through the fold.
+Because ids derive from `state.last_seq`, replaying the log reproduces the same
+decisions, and calling `decide` twice on the same state proposes the same thing.
+
+Every decision carries a human-readable `reason`: the audit trail explains itself.
+
+Safety rules enforced here (and checked by the property tests):
+- a node is handed to Kubernetes (`unlock`, lend completion) only when Slurm reports
+  it drained (`ownership.slurm_drained`);
+- nothing at all is decided for a node while a source is not fresh or the node has not
+  been observed on both sides (`Assessment.actionable`);
+- `resume` is requested only for a drain whose reason starts with `sunkd:`,
+  `uncordon` only for a cordon marked `cordoned_by_sunkd`;
+- at most one open action per node and side; a failed action is retried only after a
+  backoff (retryable) or after a long pause (not retryable, outside a transition);
+  inside a transition a non-retryable failure aborts the transition.
+
+The package is split by concern (each module says why it exists):
+- `model`: pools and membership, the decision types, verbs/modes, retry backoff;
+- `planner`: `_Planner`, the round's decisions and ids, and `ensure` (retry, backoff);
+- `demand`: nodes each side's pending work needs, Slurm job end times;
+- `lend`, `reclaim`: the two directions of a move, step by step;
+- `transitions`: driving an open transition (or aborting it), adoption;
+- `holds`: mirroring each side's holds to the other; `repair`: undoing tampering;
+- `pool`: one pool's round, as a sequence of named steps.
+Other code imports only from `sunkd.domain.policy` (this module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sunkd.domain.policy.model import (
+    MODE_AUTO,
+    MODE_KUBERNETES,
+    MODE_SLURM,
+    OBSERVATION_CATCHUP_SECONDS,
+    PREFER_KUBERNETES,
+    REFUSED_RETRY_SECONDS,
+    RETRY_BASE_SECONDS,
+    RETRY_MAX_SECONDS,
+    VERB_CORDON,
+    VERB_DRAIN,
+    VERB_EVICT,
+    VERB_LOCK,
+    VERB_RESUME,
+    VERB_UNCORDON,
+    VERB_UNLOCK,
+    AbortTransition,
+    CompleteTransition,
+    Decision,
+    PoolSpec,
+    RequestAction,
+    StartTransition,
+    decision_to_event,
+    effective_pools,
+    lend_reason,
+    membership,
+    pool_from_nodeset,
+    retry_backoff,
+)
+from sunkd.domain.policy.planner import _Planner
+from sunkd.domain.policy.pool import _plan_pool
+from sunkd.domain.state import ClusterState, NodeState
+
+__all__ = [
+    "MODE_AUTO",
+    "MODE_KUBERNETES",
+    "MODE_SLURM",
+    "OBSERVATION_CATCHUP_SECONDS",
+    "PREFER_KUBERNETES",
+    "REFUSED_RETRY_SECONDS",
+    "RETRY_BASE_SECONDS",
+    "RETRY_MAX_SECONDS",
+    "VERB_CORDON",
+    "VERB_DRAIN",
+    "VERB_EVICT",
+    "VERB_LOCK",
+    "VERB_RESUME",
+    "VERB_UNCORDON",
+    "VERB_UNLOCK",
+    "AbortTransition",
+    "CompleteTransition",
+    "Decision",
+    "PoolSpec",
+    "RequestAction",
+    "StartTransition",
+    "decide",
+    "decision_to_event",
+    "effective_pools",
+    "lend_reason",
+    "membership",
+    "pool_from_nodeset",
+    "retry_backoff",
+]
+
+
+def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[Decision]:
+    """What to do next, for every pool (by name) and node (by name).
+
+    `pools` are the effective pool specs (`effective_pools(state, config_pools)`).
+    Ids are `tx-<last_seq>-<n>` / `act-<last_seq>-<n>`: the daemon must append the
+    decisions and fold them before calling `decide` again.
+    Nodes in no pool get no decisions; a node in a transition whose pool disappeared
+    keeps being driven with default knobs until the transition ends.
+    """
+    planner = _Planner(state, now)
+    by_name = {pool.name: pool for pool in pools}
+    members: dict[str, list[NodeState]] = {}
+    for name, pool_name in membership(state, pools).items():
+        members.setdefault(pool_name, []).append(state.nodes[name])
+    for pool_name in sorted(members):
+        nodes = sorted(members[pool_name], key=lambda n: n.name)
+        pool = by_name.get(pool_name) or PoolSpec(name=pool_name)
+        _plan_pool(planner, pool, nodes)
+    return planner.decisions

@@ -1,0 +1,141 @@
+"""Supply and demand of a pool: what it has (the census) and what each side needs.
+
+The census assesses and counts the pool's members at the start of the round. Demand
+is read from the observations in the state (`slurm_demand` per partition, `k8s_demand`
+per pool), net of idle nodes already covering it, and raised to the pool's floors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sunkd.domain.ownership import Assessment, assess, slurm_busy, slurm_usable
+from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
+from sunkd.domain.policy.planner import _active_pods, _Planner
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class _Census:
+    """The pool's members at the start of the round, assessed and counted."""
+
+    members: list[NodeState]
+    assessments: dict[str, Assessment]
+    lends: list[NodeState]  # members in an open lend
+    reclaims: list[NodeState]  # members in an open reclaim
+    owned_k8s: int  # members settled with Kubernetes
+    owned_slurm: int  # members settled with Slurm
+
+
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    """Nodes each side still needs (net of idle ones), and the targets with the floors."""
+
+    k8s_needed: int
+    slurm_needed: int
+    lend_target: int
+    reclaim_target: int
+
+
+def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
+    """Assess every member; count the pool's open moves and its settled owners."""
+    state = planner.state
+    now = planner.now
+    assessments = {node.name: assess(state, node, now) for node in members}
+
+    lends = [n for n in members if n.transition is not None and n.transition.direction == "lend"]
+    reclaims = [
+        n for n in members if n.transition is not None and n.transition.direction == "reclaim"
+    ]
+    owned_k8s = sum(1 for n in members if n.transition is None and n.owner == OWNER_KUBERNETES)
+    owned_slurm = sum(1 for n in members if n.transition is None and n.owner == OWNER_SLURM)
+    return _Census(members, assessments, lends, reclaims, owned_k8s, owned_slurm)
+
+
+def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand:
+    """Nodes each side's pending work needs beyond its idle nodes (when both sides ask,
+    `prefer` decides which), and the move targets once the floors are added."""
+    spec = pool.ownership
+    members = census.members
+    assessments = census.assessments
+    # Demand already covered by a node of that side that sits idle (the pods or jobs
+    # will land there: the scheduler simply has not run since the node arrived) must
+    # not move another node; otherwise every poll/watch lag over-lends or over-reclaims.
+    idle_k8s = sum(
+        1 for n in members
+        if n.transition is None and n.owner == OWNER_KUBERNETES
+        and not assessments[n.name].held and not _active_pods(n)
+    )
+    idle_slurm = sum(
+        1 for n in members
+        if n.transition is None and n.owner == OWNER_SLURM and not assessments[n.name].held
+        and n.slurm is not None and slurm_usable(n.slurm) and not slurm_busy(n.slurm)
+    )
+    k8s_needed = max(_k8s_nodes_needed(state, pool, members) - idle_k8s, 0)
+    slurm_needed = max(_slurm_nodes_needed(state, pool) - idle_slurm, 0)
+    contested = k8s_needed > 0 and slurm_needed > 0
+    if contested and spec.prefer == PREFER_KUBERNETES:
+        slurm_needed = 0
+    elif contested:
+        k8s_needed = 0
+
+    lend_target = max(k8s_needed, spec.min_kubernetes - census.owned_k8s)
+    reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
+    return _Demand(k8s_needed, slurm_needed, lend_target, reclaim_target)
+
+
+def _slurm_nodes_needed(state: ClusterState, pool: PoolSpec) -> int:
+    total = 0
+    for partition in pool.partitions:
+        demand = state.slurm_demand.get(partition)
+        if demand is not None:
+            total += max(demand.pending_nodes, 0)
+    return total
+
+
+def _k8s_nodes_needed(state: ClusterState, pool: PoolSpec, members: list[NodeState]) -> int:
+    """Nodes the pending pool pods need: packed by requests against the smallest pool
+    node's allocatable (conservative), one node per pod when requests are unknown, and
+    never more nodes than pods."""
+    demand = state.k8s_demand.get(pool.name)
+    if demand is None or not demand.pending:
+        return 0
+    # The source reports a pod's binding (workload) and the pool's pending list as
+    # separate observations; a pod already seen on a node is not demand any more, even
+    # if the pending list that still names it has not been re-observed yet.
+    bound = {(pod.namespace, pod.name) for member in members
+             for pods_on_node in member.workload.values() for pod in pods_on_node}
+    pods = tuple(pod for pod in demand.pending if (pod.namespace, pod.name) not in bound)
+    if not pods:
+        return 0
+    sizes = [m.k8s for m in members if m.k8s is not None]
+    requests = (
+        sum(max(pod.cpu_millis, 0) for pod in pods),
+        sum(max(pod.memory_bytes, 0) for pod in pods),
+        sum(max(pod.gpus, 0) for pod in pods),
+    )
+    capacities = (
+        [k.cpu_millis for k in sizes if k.cpu_millis > 0],
+        [k.memory_bytes for k in sizes if k.memory_bytes > 0],
+        [k.gpus for k in sizes if k.gpus > 0],
+    )
+    needed = 0
+    for total, capacity in zip(requests, capacities, strict=True):
+        if total > 0 and capacity:
+            needed = max(needed, math.ceil(total / min(capacity)))
+    if needed == 0:
+        return len(pods)
+    return min(len(pods), needed)
+
+
+def _job_ends(state: ClusterState, pool: PoolSpec) -> dict[str, float]:
+    ends: dict[str, float] = {}
+    for partition in pool.partitions:
+        demand = state.slurm_demand.get(partition)
+        if demand is None:
+            continue
+        for job_end in demand.node_job_ends:
+            end = math.inf if job_end.expected_end is None else job_end.expected_end
+            ends[job_end.node] = max(ends.get(job_end.node, -math.inf), end)
+    return ends

@@ -1,0 +1,143 @@
+"""Lending a node to Kubernetes: which nodes may go, in what order, and each lend's steps.
+
+A lend drains the node in Slurm (with our lend reason), waits until Slurm reports it
+drained, removes the owner taint, and completes; until the taint removal has started
+it can still be aborted (our drain is resumed, the taint kept). Adoption "as lent"
+reuses the same steps (`_advance_to_kubernetes` with an `adopt` transition).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from sunkd.domain.events import Label
+from sunkd.domain.ownership import (
+    Assessment,
+    has_owner_taint,
+    is_ours,
+    slurm_busy,
+    slurm_drained,
+)
+from sunkd.domain.policy.model import (
+    VERB_DRAIN,
+    VERB_RESUME,
+    VERB_UNLOCK,
+    PoolSpec,
+    lend_reason,
+)
+from sunkd.domain.policy.planner import _FAILED, _may_resume, _Planner
+from sunkd.domain.state import (
+    OWNER_KUBERNETES,
+    OWNER_SLURM,
+    SIDE_KUBERNETES,
+    SIDE_SLURM,
+    NodeState,
+    OpenTransition,
+    Phase,
+)
+
+
+def _abort_lend(
+    planner: _Planner, node: NodeState, transition: OpenTransition, reason: str
+) -> None:
+    """Abort a lend: resume our drain (if it is ours and in place); the taint stays."""
+    planner.abort(node, transition, reason)
+    slurm = node.slurm
+    if (
+        slurm is not None
+        and "DRAIN" in slurm.flags
+        and is_ours(slurm.reason)
+        and _may_resume(node)
+    ):
+        planner.ensure(
+            node,
+            SIDE_SLURM,
+            VERB_RESUME,
+            f"lend aborted ({reason}): give the node back to Slurm",
+            (Label("expect_reason", slurm.reason or ""),),
+            transition.transition_id,
+        )
+
+
+def _unlock_started(node: NodeState, transition: OpenTransition) -> bool:
+    if transition.did(SIDE_KUBERNETES, VERB_UNLOCK):
+        return True
+    return any(
+        a.verb == VERB_UNLOCK and a.transition_id == transition.transition_id
+        for a in node.open_actions.values()
+    )
+
+def _advance_to_kubernetes(
+    planner: _Planner, node: NodeState, transition: OpenTransition
+) -> None:
+    """Lend (or adopt as lent): drain in Slurm, wait for drained, unlock, complete."""
+    adopt = transition.direction == "adopt"
+    slurm = node.slurm
+    k8s = node.k8s
+    assert slurm is not None and k8s is not None
+    tx = transition.transition_id
+    if "DRAIN" not in slurm.flags or not is_ours(slurm.reason):
+        if adopt:
+            planner.abort(node, transition, "adoption as lent no longer matches: not drained")
+            return
+        result = planner.ensure(
+            node,
+            SIDE_SLURM,
+            VERB_DRAIN,
+            f"lend to kubernetes: drain in Slurm ({transition.reason})",
+            (Label("reason", lend_reason(tx)),),
+            tx,
+        )
+        if result == _FAILED:
+            _abort_lend(planner, node, transition, "the Slurm drain failed")
+        return
+    if not slurm_drained(slurm):
+        return  # jobs still running or completing: wait (drain_timeout is checked earlier)
+    unlock_done = adopt or transition.did(SIDE_KUBERNETES, VERB_UNLOCK)
+    if has_owner_taint(k8s) or not unlock_done:
+        result = planner.ensure(
+            node,
+            SIDE_KUBERNETES,
+            VERB_UNLOCK,
+            "Slurm reports the node drained: remove the owner taint",
+            (),
+            tx,
+        )
+        if result == _FAILED:
+            _abort_lend(planner, node, transition, "removing the owner taint failed")
+        return
+    planner.complete(
+        node,
+        transition,
+        "adopted: drained by sunkd in Slurm and untainted"
+        if adopt
+        else "Slurm reports drained and the owner taint is gone: node belongs to kubernetes",
+    )
+
+def _can_lend(planner: _Planner, node: NodeState, assessment: Assessment) -> bool:
+    slurm = node.slurm
+    k8s = node.k8s
+    return (
+        assessment.phase == Phase.SLURM
+        and node.transition is None
+        and node.name not in planner.touched
+        and not node.open_actions
+        and slurm is not None
+        and k8s is not None
+        and has_owner_taint(k8s)
+        and "DRAIN" not in slurm.flags
+        and not assessment.slurm_unhealthy
+        and not k8s.unschedulable
+        and assessment.pin != OWNER_SLURM
+    )
+
+def _lend_order(node: NodeState, ends: Mapping[str, float]) -> tuple[int, float, str]:
+    slurm = node.slurm
+    idle = slurm is not None and not slurm_busy(slurm) and slurm.alloc_cpus == 0
+    return (0 if idle else 1, 0.0 if idle else ends.get(node.name, math.inf), node.name)
+
+
+def _start_lend(planner: _Planner, node: NodeState, pool: PoolSpec, why: str) -> None:
+    transition = planner.start(node, pool.name, OWNER_SLURM, OWNER_KUBERNETES, why)
+    _advance_to_kubernetes(planner, node, transition)

@@ -1,0 +1,227 @@
+"""The policy's vocabulary: pools, the decisions it returns, and its constants.
+
+Everything here is data or a small pure function over data, shared by the planner
+steps and by the rest of sunkd (the API, the CLI, the executor and the engine import
+it through `sunkd.domain.policy`). It depends on nothing else in the package, so the
+step modules can all build on it without import cycles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sunkd.domain.events import (
+    ActionRequested,
+    Event,
+    K8sNodesetObserved,
+    Label,
+    OwnershipSpec,
+    TransitionAborted,
+    TransitionCompleted,
+    TransitionStarted,
+)
+from sunkd.domain.ownership import LEND_REASON_PREFIX
+from sunkd.domain.state import ClusterState, NodeState
+
+# Retry of a retryable failure: 5 s, 10 s, 20 s ... capped at 5 minutes.
+RETRY_BASE_SECONDS = 5.0
+RETRY_MAX_SECONDS = 300.0
+# A non-retryable failure outside a transition (mirror/repair) is tried again after this.
+REFUSED_RETRY_SECONDS = 600.0
+# After an action succeeded, wait this long for an observation showing its effect
+# before requesting it again (sources emit only on change; they may lag a poll).
+OBSERVATION_CATCHUP_SECONDS = 60.0
+
+MODE_AUTO = "Auto"
+MODE_SLURM = "Slurm"
+MODE_KUBERNETES = "Kubernetes"
+PREFER_KUBERNETES = "Kubernetes"
+
+# Verbs (ActionRequested.verb). Kubernetes actions carry arg `k8s_node`.
+VERB_DRAIN = "drain"  # slurm; arg `reason`
+VERB_RESUME = "resume"  # slurm; arg `expect_reason` (the drain reason being removed)
+VERB_LOCK = "lock"  # kubernetes: add taint sunkd.io/owner=slurm:NoSchedule, label owner=slurm
+VERB_UNLOCK = "unlock"  # kubernetes: remove that taint, label sunkd.io/owner=kubernetes
+VERB_CORDON = "cordon"  # kubernetes; args `slurm_state`, `slurm_reason` (annotations)
+VERB_UNCORDON = "uncordon"  # kubernetes: only a cordon marked cordoned-by: sunkd
+VERB_EVICT = "evict"  # kubernetes; args `pod` = "<namespace>/<name>" (repeated)
+
+
+# ------------------------------------------------------------------------------ pools
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A pool of shared nodes and its knobs (a Nodeset or a config-file pool).
+
+    Membership: a node is in the pool if its name is in `nodes`, or `node_selector`
+    is non-empty and all its labels are on the Kubernetes node, or (no selector, no
+    node list) one of its Slurm partitions is in `partitions`. A node matching several
+    pools belongs to the first by name. Slurm demand is read from `partitions`.
+    """
+
+    name: str
+    partitions: tuple[str, ...] = ()
+    node_selector: tuple[Label, ...] = ()
+    nodes: tuple[str, ...] = ()
+    ownership: OwnershipSpec = field(default_factory=OwnershipSpec)
+
+
+def pool_from_nodeset(nodeset: K8sNodesetObserved) -> PoolSpec:
+    return PoolSpec(
+        name=nodeset.pool,
+        partitions=nodeset.partitions,
+        node_selector=nodeset.node_selector,
+        ownership=nodeset.ownership,
+    )
+
+
+def effective_pools(
+    state: ClusterState, config_pools: Iterable[PoolSpec] = ()
+) -> tuple[PoolSpec, ...]:
+    """Pools from Nodesets in the state plus config-file pools; a Nodeset wins a name clash
+    (the custom resource is the live, operator-edited spec). Sorted by name."""
+    pools = {pool.name: pool for pool in config_pools}
+    for nodeset in state.nodesets.values():
+        pools[nodeset.pool] = pool_from_nodeset(nodeset)
+    return tuple(pools[name] for name in sorted(pools))
+
+
+def _matches(pool: PoolSpec, node: NodeState) -> bool:
+    if node.name in pool.nodes:
+        return True
+    if pool.node_selector:
+        if node.k8s is None:
+            return False
+        labels = {(label.key, label.value) for label in node.k8s.labels}
+        return all((label.key, label.value) in labels for label in pool.node_selector)
+    if pool.nodes or not pool.partitions or node.slurm is None:
+        return False
+    return not set(pool.partitions).isdisjoint(node.slurm.partitions)
+
+
+def membership(state: ClusterState, pools: Sequence[PoolSpec]) -> dict[str, str]:
+    """Node name -> pool name. A node in a transition stays in that transition's pool
+    (even if the pool is gone: it is driven to the end with default knobs)."""
+    ordered = sorted(pools, key=lambda pool: pool.name)
+    result: dict[str, str] = {}
+    for name, node in state.nodes.items():
+        if node.transition is not None and node.transition.pool:
+            result[name] = node.transition.pool
+            continue
+        for pool in ordered:
+            if _matches(pool, node):
+                result[name] = pool.name
+                break
+    return result
+
+
+# -------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True, slots=True)
+class StartTransition:
+    """-> `transition.started`. from_owner `none` marks an adoption."""
+
+    transition_id: str
+    node: str
+    pool: str
+    from_owner: str
+    to_owner: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteTransition:
+    """-> `transition.completed`: the node now belongs to `to_owner`."""
+
+    transition_id: str
+    node: str
+    pool: str
+    from_owner: str
+    to_owner: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AbortTransition:
+    """-> `transition.aborted`: the node stays with (returns to) `from_owner`."""
+
+    transition_id: str
+    node: str
+    pool: str
+    from_owner: str
+    to_owner: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestAction:
+    """-> `action.requested` (the outbox). `node` is the Slurm node name."""
+
+    action_id: str
+    transition_id: str | None
+    side: str
+    verb: str
+    node: str
+    attempt: int
+    reason: str
+    args: tuple[Label, ...] = ()
+
+    def arg(self, key: str) -> str | None:
+        for label in self.args:
+            if label.key == key:
+                return label.value
+        return None
+
+
+Decision = StartTransition | CompleteTransition | AbortTransition | RequestAction
+
+
+def decision_to_event(decision: Decision) -> Event:
+    """The event to append for a decision (subject = node name)."""
+    if isinstance(decision, RequestAction):
+        return Event(
+            subject=decision.node,
+            payload=ActionRequested(
+                action_id=decision.action_id,
+                transition_id=decision.transition_id,
+                side=decision.side,
+                verb=decision.verb,
+                node=decision.node,
+                attempt=decision.attempt,
+                reason=decision.reason,
+                args=decision.args,
+            ),
+        )
+    payload_type: type[TransitionStarted | TransitionCompleted | TransitionAborted]
+    if isinstance(decision, StartTransition):
+        payload_type = TransitionStarted
+    elif isinstance(decision, CompleteTransition):
+        payload_type = TransitionCompleted
+    else:
+        payload_type = TransitionAborted
+    return Event(
+        subject=decision.node,
+        payload=payload_type(
+            transition_id=decision.transition_id,
+            node=decision.node,
+            pool=decision.pool,
+            from_owner=decision.from_owner,
+            to_owner=decision.to_owner,
+            reason=decision.reason,
+        ),
+    )
+
+
+def lend_reason(transition_id: str | None) -> str:
+    """The Slurm drain reason of a lend (our prefix: only we ever resume it)."""
+    if transition_id is None:
+        return LEND_REASON_PREFIX
+    return f"{LEND_REASON_PREFIX} [tx {transition_id}]"
+
+
+def retry_backoff(attempt: int) -> float:
+    """Seconds to wait after failed attempt number `attempt` (1-based)."""
+    return float(min(RETRY_BASE_SECONDS * 2 ** max(attempt - 1, 0), RETRY_MAX_SECONDS))

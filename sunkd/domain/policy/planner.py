@@ -1,0 +1,172 @@
+"""The planner: the state of one `decide` round, and the helpers every step shares.
+
+`_Planner` accumulates the round's decisions and hands out their ids (`tx-<seq>-<n>`,
+`act-<seq>-<n>`: unique per log position, identical on replay). `ensure` is the one
+place that turns "this action is wanted" into a `RequestAction`, honouring open
+actions, pending observations and retry backoff. The step modules (lend, reclaim,
+holds, repair, transitions, pool) all build on this module and on `model`.
+"""
+
+from __future__ import annotations
+
+from sunkd.domain.events import Label
+from sunkd.domain.ownership import has_owner_taint
+from sunkd.domain.policy.model import (
+    OBSERVATION_CATCHUP_SECONDS,
+    REFUSED_RETRY_SECONDS,
+    AbortTransition,
+    CompleteTransition,
+    Decision,
+    RequestAction,
+    StartTransition,
+    retry_backoff,
+)
+from sunkd.domain.state import (
+    SIDE_KUBERNETES,
+    SIDE_SLURM,
+    ClusterState,
+    NodeState,
+    OpenTransition,
+)
+
+_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+_REQUESTED = "requested"
+_WAITING = "waiting"
+_FAILED = "failed"  # a non-retryable failure of this verb within this transition
+
+
+def _active_pods(node: NodeState) -> list[str]:
+    return sorted(
+        f"{pod.namespace}/{pod.name}"
+        for pods in node.workload.values()
+        for pod in pods
+        if pod.phase not in _DONE_PHASES
+    )
+
+
+def _may_resume(node: NodeState) -> bool:
+    """Slurm may get the node back only while pool pods are kept off and gone."""
+    return has_owner_taint(node.k8s) and not _active_pods(node)
+
+
+class _Planner:
+    def __init__(self, state: ClusterState, now: float) -> None:
+        self.state = state
+        self.now = now
+        self.decisions: list[Decision] = []
+        self.prefix = state.last_seq
+        self.transition_count = 0
+        self.action_count = 0
+        self.touched: set[str] = set()  # nodes that got a decision in this round
+        self.ended: set[str] = set()  # transition ids completed or aborted this round
+        self.aborted: set[str] = set()  # the aborted ones among them
+        self.busy_sides: set[tuple[str, str]] = set()
+
+    # ids: unique per log position, identical on replay
+    def _transition_id(self) -> str:
+        self.transition_count += 1
+        return f"tx-{self.prefix}-{self.transition_count}"
+
+    def _action_id(self) -> str:
+        self.action_count += 1
+        return f"act-{self.prefix}-{self.action_count}"
+
+    def ensure(
+        self,
+        node: NodeState,
+        side: str,
+        verb: str,
+        reason: str,
+        args: tuple[Label, ...] = (),
+        transition_id: str | None = None,
+    ) -> str:
+        """Request `verb` unless it is open, just succeeded (awaiting its observation)
+        or in backoff. The caller has already checked the world is not as wanted."""
+        if (node.name, side) in self.busy_sides or node.open_action_on(side) is not None:
+            return _WAITING
+        attempt = 1
+        outcome = node.outcomes.get(f"{side}/{verb}")
+        if outcome is not None:
+            if outcome.succeeded:
+                observed_seq = node.slurm_seq if side == SIDE_SLURM else node.k8s_seq
+                if (
+                    observed_seq < outcome.seq
+                    and self.now - outcome.at < OBSERVATION_CATCHUP_SECONDS
+                ):
+                    return _WAITING
+            elif transition_id is not None and outcome.transition_id != transition_id:
+                pass  # a failure of an earlier transition does not hold back a new one
+            elif outcome.retryable:
+                attempt = outcome.attempt + 1
+                if self.now < outcome.at + retry_backoff(outcome.attempt):
+                    return _WAITING
+            else:
+                if transition_id is not None:
+                    return _FAILED
+                attempt = outcome.attempt + 1
+                if self.now < outcome.at + REFUSED_RETRY_SECONDS:
+                    return _WAITING
+        if side == SIDE_KUBERNETES:
+            args = (Label("k8s_node", node.k8s_name or node.name), *args)
+        self.decisions.append(
+            RequestAction(
+                action_id=self._action_id(),
+                transition_id=transition_id,
+                side=side,
+                verb=verb,
+                node=node.name,
+                attempt=attempt,
+                reason=reason,
+                args=args,
+            )
+        )
+        self.busy_sides.add((node.name, side))
+        self.touched.add(node.name)
+        return _REQUESTED
+
+    def start(
+        self, node: NodeState, pool: str, from_owner: str, to_owner: str, reason: str
+    ) -> OpenTransition:
+        transition_id = self._transition_id()
+        self.decisions.append(
+            StartTransition(transition_id, node.name, pool, from_owner, to_owner, reason)
+        )
+        self.touched.add(node.name)
+        return OpenTransition(
+            transition_id=transition_id,
+            pool=pool,
+            from_owner=from_owner,
+            to_owner=to_owner,
+            started_at=self.now,
+            reason=reason,
+        )
+
+    def complete(self, node: NodeState, transition: OpenTransition, reason: str) -> None:
+        self.ended.add(transition.transition_id)
+        self.decisions.append(
+            CompleteTransition(
+                transition.transition_id,
+                node.name,
+                transition.pool,
+                transition.from_owner,
+                transition.to_owner,
+                reason,
+            )
+        )
+        self.touched.add(node.name)
+
+    def abort(self, node: NodeState, transition: OpenTransition, reason: str) -> None:
+        self.ended.add(transition.transition_id)
+        self.aborted.add(transition.transition_id)
+        self.decisions.append(
+            AbortTransition(
+                transition.transition_id,
+                node.name,
+                transition.pool,
+                transition.from_owner,
+                transition.to_owner,
+                reason,
+            )
+        )
+        self.touched.add(node.name)

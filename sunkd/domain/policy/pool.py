@@ -1,0 +1,254 @@
+"""One pool's round: the order in which the policy looks at a pool and decides.
+
+`_plan_pool` is a fixed sequence of named steps: take the census and net the demand
+(`demand`), pick surplus lends, step every node (transitions, adoption, mirrors, repairs), then
+start new moves within `max_in_flight`: forced ones (pins, pool mode) first, then the
+ones demand and the min/max knobs ask for. The order is part of the behaviour: ids
+are handed out in decision order, and earlier steps mark nodes as touched.
+"""
+
+from __future__ import annotations
+
+from sunkd.domain.events import OwnershipSpec
+from sunkd.domain.policy.demand import (
+    _Census,
+    _Demand,
+    _job_ends,
+    _net_demand,
+    _take_census,
+)
+from sunkd.domain.policy.holds import _mirror_holds
+from sunkd.domain.policy.lend import _can_lend, _lend_order, _start_lend, _unlock_started
+from sunkd.domain.policy.model import (
+    MODE_AUTO,
+    MODE_KUBERNETES,
+    MODE_SLURM,
+    PREFER_KUBERNETES,
+    PoolSpec,
+)
+from sunkd.domain.policy.planner import _active_pods, _Planner
+from sunkd.domain.policy.reclaim import _can_reclaim, _start_reclaim
+from sunkd.domain.policy.repair import _repair
+from sunkd.domain.policy.transitions import _adopt, _handle_transition
+from sunkd.domain.state import (
+    OWNER_KUBERNETES,
+    OWNER_NONE,
+    OWNER_SLURM,
+    NodeState,
+)
+
+
+def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> None:
+    spec = pool.ownership
+    census = _take_census(planner, members)
+    demand = _net_demand(planner.state, pool, census)
+    surplus_lends = _surplus_lends(spec, census, demand)
+    _step_nodes(planner, pool, census, surplus_lends)
+
+    budget = _move_budget(planner, spec, census)
+    if budget == 0:
+        return
+    lendable = [n for n in members if _can_lend(planner, n, census.assessments[n.name])]
+    reclaimable = [n for n in members if _can_reclaim(planner, n, census.assessments[n.name])]
+    forced_lends, forced_reclaims = _forced_moves(spec, census, lendable, reclaimable)
+    budget = _start_forced_moves(planner, pool, census, forced_lends, forced_reclaims, budget)
+    # The forced moves used up the budget (nothing more could start), or the pool's mode
+    # allows no other moves.
+    if budget == 0 or spec.mode != MODE_AUTO:
+        return
+
+    forced = {n.name for n in forced_lends} | {n.name for n in forced_reclaims}
+    lend_more, reclaim_more = _moves_wanted(planner, spec, census, demand)
+    if lend_more > 0:
+        candidates = [n for n in lendable if n.name not in forced]
+        budget = _start_demand_lends(planner, pool, census, demand, candidates, lend_more, budget)
+    if reclaim_more > 0 and budget > 0:
+        candidates = [n for n in reclaimable if n.name not in forced]
+        _start_demand_reclaims(planner, pool, census, demand, candidates, reclaim_more, budget)
+
+
+def _surplus_lends(spec: OwnershipSpec, census: _Census, demand: _Demand) -> set[str]:
+    """Lends the demand no longer justifies (not yet handed over), newest first."""
+    lends = census.lends
+    surplus_lends: set[str] = set()
+    if spec.mode == MODE_AUTO:
+        voluntary = [
+            n
+            for n in lends
+            if census.assessments[n.name].pin != OWNER_KUBERNETES
+            and n.transition is not None
+            and not _unlock_started(n, n.transition)
+        ]
+        surplus = len(lends) - demand.lend_target
+        voluntary.sort(
+            key=lambda n: (n.transition.started_at if n.transition else 0.0, n.name),
+            reverse=True,
+        )
+        for node in voluntary[: max(surplus, 0)]:
+            assert node.transition is not None
+            surplus_lends.add(node.transition.transition_id)
+    return surplus_lends
+
+
+def _step_nodes(
+    planner: _Planner, pool: PoolSpec, census: _Census, surplus_lends: set[str]
+) -> None:
+    """Per node: transitions, adoption, mirrors, repairs."""
+    spec = pool.ownership
+    for node in census.members:
+        assessment = census.assessments[node.name]
+        if not assessment.actionable:
+            continue
+        if node.transition is not None:
+            _handle_transition(planner, node, assessment, spec, surplus_lends)
+        elif node.owner == OWNER_NONE and not assessment.held:
+            _adopt(planner, node, pool)
+        _mirror_holds(planner, node, assessment)
+        if node.transition is None and not assessment.held and node.owner != OWNER_NONE:
+            _repair(planner, node, assessment)
+
+
+def _move_budget(planner: _Planner, spec: OwnershipSpec, census: _Census) -> int:
+    """New moves, within max_in_flight: how many may start (transitions ended this round
+    no longer count)."""
+    lends_open = sum(1 for n in census.lends if n.transition and n.transition.transition_id
+                     not in planner.ended)
+    reclaims_open = sum(1 for n in census.reclaims if n.transition and n.transition.transition_id
+                        not in planner.ended)
+    in_flight = lends_open + reclaims_open
+    return max(spec.max_in_flight - in_flight, 0)
+
+
+def _forced_moves(
+    spec: OwnershipSpec,
+    census: _Census,
+    lendable: list[NodeState],
+    reclaimable: list[NodeState],
+) -> tuple[list[NodeState], list[NodeState]]:
+    """The lends and reclaims the operator forces, in the order they are started."""
+    assessments = census.assessments
+    # Forced moves first: pins to the other side, then the pool's mode. They skip
+    # dwell and the min/max knobs (the operator asked for exactly this).
+    forced_lends = [n for n in lendable if assessments[n.name].pin == OWNER_KUBERNETES]
+    forced_reclaims = [n for n in reclaimable if assessments[n.name].pin == OWNER_SLURM]
+    if spec.mode == MODE_KUBERNETES:
+        pinned_names = {n.name for n in forced_lends}
+        forced_lends += [n for n in lendable if n.name not in pinned_names]
+    elif spec.mode == MODE_SLURM:
+        pinned_names = {n.name for n in forced_reclaims}
+        forced_reclaims += [n for n in reclaimable if n.name not in pinned_names]
+    return forced_lends, forced_reclaims
+
+
+def _start_forced_moves(
+    planner: _Planner,
+    pool: PoolSpec,
+    census: _Census,
+    forced_lends: list[NodeState],
+    forced_reclaims: list[NodeState],
+    budget: int,
+) -> int:
+    """Start the forced lends, then the forced reclaims, while the budget lasts; return
+    the budget left (0 as soon as it ran out)."""
+    for node in forced_lends:
+        if budget == 0:
+            return budget
+        pinned = census.assessments[node.name].pin == OWNER_KUBERNETES
+        why = "operator pinned the node to kubernetes" if pinned else "pool mode is Kubernetes"
+        _start_lend(planner, node, pool, why)
+        budget -= 1
+    for node in forced_reclaims:
+        if budget == 0:
+            return budget
+        pinned = census.assessments[node.name].pin == OWNER_SLURM
+        why = "operator pinned the node to slurm" if pinned else "pool mode is Slurm"
+        _start_reclaim(planner, node, pool, why)
+        budget -= 1
+    return budget
+
+
+def _moves_wanted(
+    planner: _Planner, spec: OwnershipSpec, census: _Census, demand: _Demand
+) -> tuple[int, int]:
+    """How many more lends and reclaims demand and the min/max knobs ask for (at most one
+    of the two is positive)."""
+    lends = census.lends
+    reclaims = census.reclaims
+    owned_k8s = census.owned_k8s
+    # A lend completed in this very round still covers demand (its node is now an idle
+    # Kubernetes node, which `idle_k8s` only sees from the next round on); only lends
+    # aborted now stop counting. Otherwise every completion would start one more lend.
+    lends_covering = sum(1 for n in lends if n.transition
+                         and n.transition.transition_id not in planner.aborted)
+    lend_more = demand.lend_target - lends_covering
+    lend_more = min(lend_more, census.owned_slurm - spec.min_slurm)
+    if spec.max_kubernetes is not None:
+        lend_more = min(lend_more, spec.max_kubernetes - owned_k8s - len(lends))
+    reclaim_more = min(demand.reclaim_target - len(reclaims), owned_k8s - spec.min_kubernetes)
+    if spec.max_kubernetes is not None:
+        excess = owned_k8s + len(lends) - len(reclaims) - spec.max_kubernetes
+        reclaim_more = max(reclaim_more, excess)
+    if lend_more > 0 and reclaim_more > 0:
+        # Only the floors can ask for both; do not churn both ways at once.
+        if spec.prefer == PREFER_KUBERNETES:
+            reclaim_more = 0
+        else:
+            lend_more = 0
+    return lend_more, reclaim_more
+
+
+def _dwell_ok(node: NodeState, spec: OwnershipSpec, now: float) -> bool:
+    return node.last_move_at is None or now - node.last_move_at >= spec.dwell_seconds
+
+
+def _start_demand_lends(
+    planner: _Planner,
+    pool: PoolSpec,
+    census: _Census,
+    demand: _Demand,
+    lendable: list[NodeState],
+    lend_more: int,
+    budget: int,
+) -> int:
+    """Lend up to `lend_more` of the (unforced) lendable nodes past their dwell, idle
+    ones first, then those whose jobs end soonest; return the budget left."""
+    spec = pool.ownership
+    ends = _job_ends(planner.state, pool)
+    candidates = [n for n in lendable if _dwell_ok(n, spec, planner.now)]
+    candidates.sort(key=lambda n: _lend_order(n, ends))
+    why = (
+        f"kubernetes needs {demand.k8s_needed} node(s) for pending pool pods"
+        if demand.k8s_needed >= spec.min_kubernetes - census.owned_k8s
+        else f"min_kubernetes is {spec.min_kubernetes}"
+    )
+    for node in candidates[: min(lend_more, budget)]:
+        _start_lend(planner, node, pool, why)
+        budget -= 1
+    return budget
+
+
+def _start_demand_reclaims(
+    planner: _Planner,
+    pool: PoolSpec,
+    census: _Census,
+    demand: _Demand,
+    reclaimable: list[NodeState],
+    reclaim_more: int,
+    budget: int,
+) -> None:
+    """Reclaim up to `reclaim_more` of the (unforced) reclaimable nodes past their dwell,
+    those running the fewest pool pods first."""
+    spec = pool.ownership
+    candidates = [n for n in reclaimable if _dwell_ok(n, spec, planner.now)]
+    candidates.sort(key=lambda n: (len(_active_pods(n)), n.name))
+    if spec.max_kubernetes is not None and (
+        census.owned_k8s + len(census.lends) > spec.max_kubernetes
+    ):
+        why = f"max_kubernetes is {spec.max_kubernetes}"
+    elif demand.slurm_needed > 0:
+        why = f"Slurm needs {demand.slurm_needed} node(s) for pending jobs"
+    else:
+        why = f"min_slurm is {spec.min_slurm}"
+    for node in candidates[: min(reclaim_more, budget)]:
+        _start_reclaim(planner, node, pool, why)
+        budget -= 1

@@ -1,0 +1,110 @@
+"""Reclaiming a node for Slurm: which nodes may come back, and each reclaim's steps.
+
+A reclaim adds the owner taint (no new pool pods land), lets pool pods finish within
+`reclaim_grace` and evicts the rest, resumes our Slurm drain, and completes once Slurm
+reports the node usable. Adoption for Slurm reuses the same steps (`_advance_to_slurm`
+with an `adopt` transition).
+"""
+
+from __future__ import annotations
+
+from sunkd.domain.events import Label, OwnershipSpec
+from sunkd.domain.ownership import Assessment, has_owner_taint, is_ours, slurm_usable
+from sunkd.domain.policy.model import VERB_EVICT, VERB_LOCK, VERB_RESUME, PoolSpec
+from sunkd.domain.policy.planner import _FAILED, _active_pods, _Planner
+from sunkd.domain.state import (
+    OWNER_KUBERNETES,
+    OWNER_SLURM,
+    SIDE_KUBERNETES,
+    SIDE_SLURM,
+    NodeState,
+    OpenTransition,
+    Phase,
+)
+
+
+def _resume_started(node: NodeState, transition: OpenTransition) -> bool:
+    if transition.did(SIDE_SLURM, VERB_RESUME):
+        return True
+    return any(
+        a.verb == VERB_RESUME and a.transition_id == transition.transition_id
+        for a in node.open_actions.values()
+    )
+
+def _advance_to_slurm(
+    planner: _Planner, node: NodeState, transition: OpenTransition, spec: OwnershipSpec
+) -> None:
+    """Reclaim (or adopt): taint, let pool pods finish or evict them, resume, complete."""
+    adopt = transition.direction == "adopt"
+    slurm = node.slurm
+    k8s = node.k8s
+    assert slurm is not None and k8s is not None
+    tx = transition.transition_id
+    lock_done = has_owner_taint(k8s) and (adopt or transition.did(SIDE_KUBERNETES, VERB_LOCK))
+    if not lock_done:
+        result = planner.ensure(
+            node,
+            SIDE_KUBERNETES,
+            VERB_LOCK,
+            "adopt for Slurm: add the owner taint"
+            if adopt
+            else "reclaim for Slurm: add the owner taint so no new pool pods land",
+            (),
+            tx,
+        )
+        if result == _FAILED:
+            planner.abort(node, transition, "adding the owner taint failed")
+        return
+    pods = _active_pods(node)
+    if pods:
+        if planner.now - transition.started_at >= spec.reclaim_grace_seconds:
+            result = planner.ensure(
+                node,
+                SIDE_KUBERNETES,
+                VERB_EVICT,
+                f"reclaim_grace ({spec.reclaim_grace_seconds:g}s) over: evict {len(pods)} "
+                "pool pod(s)",
+                tuple(Label("pod", pod) for pod in pods),
+                tx,
+            )
+            if result == _FAILED:
+                planner.abort(node, transition, "evicting pool pods failed")
+        return
+    if "DRAIN" in slurm.flags:
+        if is_ours(slurm.reason):
+            result = planner.ensure(
+                node,
+                SIDE_SLURM,
+                VERB_RESUME,
+                "no pool pods left: resume the node in Slurm",
+                (Label("expect_reason", slurm.reason or ""),),
+                tx,
+            )
+            if result == _FAILED:
+                planner.abort(node, transition, "the Slurm resume failed")
+        return
+    if slurm_usable(slurm):
+        planner.complete(
+            node,
+            transition,
+            "adopted: usable in Slurm and tainted"
+            if adopt
+            else "Slurm reports the node usable and it is tainted: node belongs to slurm",
+        )
+
+def _can_reclaim(planner: _Planner, node: NodeState, assessment: Assessment) -> bool:
+    slurm = node.slurm
+    return (
+        assessment.phase == Phase.KUBERNETES
+        and node.transition is None
+        and node.name not in planner.touched
+        and not node.open_actions
+        and slurm is not None
+        and "DRAIN" in slurm.flags
+        and is_ours(slurm.reason)
+        and assessment.pin != OWNER_KUBERNETES
+    )
+
+def _start_reclaim(planner: _Planner, node: NodeState, pool: PoolSpec, why: str) -> None:
+    transition = planner.start(node, pool.name, OWNER_KUBERNETES, OWNER_SLURM, why)
+    _advance_to_slurm(planner, node, transition, pool.ownership)

@@ -1,0 +1,109 @@
+"""Driving a node's transition: the next step of an open one, or starting an adoption.
+
+`_handle_transition` decides, before each step, whether an open move must stop (a
+hold, a pin or pool mode to the other side, surplus, drain timeout) and otherwise
+advances it through `lend` or `reclaim`. `_adopt` gives a node sunkd sees for the
+first time an owner, by starting a transition that finishes whatever phase it is in.
+"""
+
+from __future__ import annotations
+
+from sunkd.domain.events import OwnershipSpec
+from sunkd.domain.ownership import (
+    Assessment,
+    has_owner_taint,
+    is_lend_drain,
+    slurm_drained,
+)
+from sunkd.domain.policy.lend import _abort_lend, _advance_to_kubernetes, _unlock_started
+from sunkd.domain.policy.model import MODE_KUBERNETES, MODE_SLURM, PoolSpec
+from sunkd.domain.policy.planner import _Planner
+from sunkd.domain.policy.reclaim import _advance_to_slurm, _resume_started
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, NodeState
+
+
+def _handle_transition(
+    planner: _Planner,
+    node: NodeState,
+    assessment: Assessment,
+    spec: OwnershipSpec,
+    surplus_lends: set[str],
+) -> None:
+    transition = node.transition
+    assert transition is not None
+    direction = transition.direction
+    if assessment.held:
+        # Past its point of no return (a lend's taint removal, a reclaim's resume), a
+        # move waits out a passing hold (a kubelet or slurmd blip) instead of flipping
+        # the node back; only a node gone from one side ends it.
+        committed = (direction == "lend" and _unlock_started(node, transition)) or (
+            direction == "reclaim" and _resume_started(node, transition)
+        )
+        missing = node.slurm is None or node.k8s is None
+        if not committed or missing:
+            planner.abort(node, transition, "held: " + "; ".join(assessment.hold_reasons))
+        return
+    now = planner.now
+    if direction == "lend":
+        committed = _unlock_started(node, transition)
+        if not committed:
+            if assessment.pin == OWNER_SLURM:
+                _abort_lend(planner, node, transition, "operator pinned the node to slurm")
+                return
+            if spec.mode == MODE_SLURM and assessment.pin != OWNER_KUBERNETES:
+                _abort_lend(planner, node, transition, "pool mode is Slurm")
+                return
+            if transition.transition_id in surplus_lends:
+                _abort_lend(
+                    planner, node, transition, "kubernetes demand gone (fewer nodes needed)"
+                )
+                return
+            if (
+                not slurm_drained(node.slurm)
+                and now - transition.started_at >= spec.drain_timeout_seconds
+            ):
+                _abort_lend(
+                    planner,
+                    node,
+                    transition,
+                    f"Slurm drain not finished within drain_timeout "
+                    f"({spec.drain_timeout_seconds:g}s)",
+                )
+                return
+        _advance_to_kubernetes(planner, node, transition)
+        return
+    if direction == "reclaim" and not _resume_started(node, transition):
+        if assessment.pin == OWNER_KUBERNETES:
+            planner.abort(node, transition, "operator pinned the node to kubernetes")
+            return
+        if spec.mode == MODE_KUBERNETES and assessment.pin != OWNER_SLURM:
+            planner.abort(node, transition, "pool mode is Kubernetes")
+            return
+    if transition.to_owner == OWNER_KUBERNETES:
+        _advance_to_kubernetes(planner, node, transition)
+    else:
+        _advance_to_slurm(planner, node, transition, spec)
+
+
+def _adopt(planner: _Planner, node: NodeState, pool: PoolSpec) -> None:
+    slurm = node.slurm
+    k8s = node.k8s
+    assert slurm is not None and k8s is not None
+    if is_lend_drain(slurm.reason) and slurm_drained(slurm) and not has_owner_taint(k8s):
+        transition = planner.start(
+            node,
+            pool.name,
+            OWNER_NONE,
+            OWNER_KUBERNETES,
+            "adopt: drained by sunkd in Slurm and no owner taint, so already lent",
+        )
+        _advance_to_kubernetes(planner, node, transition)
+        return
+    transition = planner.start(
+        node,
+        pool.name,
+        OWNER_NONE,
+        OWNER_SLURM,
+        f"adopt: first seen {slurm.state.upper()} in Slurm; nodes start Slurm-owned",
+    )
+    _advance_to_slurm(planner, node, transition, pool.ownership)
