@@ -31,8 +31,6 @@ from sunkd.domain.state import (
     OWNER_KUBERNETES,
     OWNER_NONE,
     OWNER_SLURM,
-    SIDE_KUBERNETES,
-    SIDE_SLURM,
     ClusterState,
     NodeState,
     Phase,
@@ -159,7 +157,7 @@ def _slurm_condition(observation: SlurmNodeObserved) -> str:
 def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
     """The node's effective phase and the reasons behind it at `now`."""
     unknown: list[str] = []
-    for source in (SIDE_SLURM, SIDE_KUBERNETES):
+    for source in (OWNER_SLURM, OWNER_KUBERNETES):
         health = state.sources.get(source)
         if health is None:
             unknown.append(f"{source} source has not reported yet")

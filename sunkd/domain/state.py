@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     ActionFailed,
     ActionRequested,
@@ -52,12 +53,9 @@ from sunkd.domain.events import (
     encode_payload,
 )
 
-OWNER_SLURM = "slurm"
-OWNER_KUBERNETES = "kubernetes"
+OWNER_SLURM = wk.OWNER_SLURM  # also the "side" of an action: which system it acts on
+OWNER_KUBERNETES = wk.OWNER_KUBERNETES
 OWNER_NONE = "none"
-
-SIDE_SLURM = "slurm"
-SIDE_KUBERNETES = "kubernetes"
 
 SOURCE_FRESH = "fresh"
 

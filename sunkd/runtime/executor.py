@@ -20,7 +20,7 @@ from sunkd.domain.policy import (
     VERB_UNLOCK,
 )
 from sunkd.domain.ports import ActionError
-from sunkd.domain.state import SIDE_KUBERNETES, SIDE_SLURM, NodeState, OpenAction
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, OpenAction
 from sunkd.slurm.model import SlurmNode
 
 # Annotations mirroring a Slurm-side hold onto the Kubernetes node.
@@ -65,9 +65,9 @@ class ActuatorExecutor:
         self.slurm_reader = slurm_reader
 
     async def execute(self, action: OpenAction, node: NodeState | None) -> bool:
-        if action.side == SIDE_SLURM:
+        if action.side == OWNER_SLURM:
             return await self._slurm(action)
-        if action.side == SIDE_KUBERNETES:
+        if action.side == OWNER_KUBERNETES:
             k8s_name = (_arg(action, "k8s_node")
                         or (node.k8s_name if node is not None else None) or action.node)
             if action.verb == VERB_UNLOCK:

@@ -16,7 +16,7 @@ from sunkd.domain.ownership import (
 )
 from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
 from sunkd.domain.policy.planner import _may_resume, _Planner
-from sunkd.domain.state import OWNER_SLURM, SIDE_KUBERNETES, SIDE_SLURM, NodeState
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState
 
 
 def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
@@ -27,7 +27,7 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
         if assessment.slurm_holds and not k8s.unschedulable:
             planner.ensure(
                 node,
-                SIDE_KUBERNETES,
+                OWNER_KUBERNETES,
                 VERB_CORDON,
                 "mirror Slurm hold: " + "; ".join(assessment.slurm_holds),
                 (
@@ -42,14 +42,14 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
             and k8s.cordoned_by_sunkd
         ):
             planner.ensure(
-                node, SIDE_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"
+                node, OWNER_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"
             )
     if slurm is not None:
         if assessment.k8s_holds and "DRAIN" not in slurm.flags:
             why = ", ".join(assessment.k8s_holds)
             planner.ensure(
                 node,
-                SIDE_SLURM,
+                OWNER_SLURM,
                 VERB_DRAIN,
                 f"mirror Kubernetes hold: {why}",
                 (Label("reason", f"{MIRROR_REASON_PREFIX}{why}"),),
@@ -64,7 +64,7 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
         ):
             planner.ensure(
                 node,
-                SIDE_SLURM,
+                OWNER_SLURM,
                 VERB_RESUME,
                 "Kubernetes hold cleared: resume our mirror drain",
                 (Label("expect_reason", slurm.reason or ""),),

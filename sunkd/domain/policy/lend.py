@@ -30,8 +30,6 @@ from sunkd.domain.policy.planner import _FAILED, _may_resume, _Planner
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
     OWNER_SLURM,
-    SIDE_KUBERNETES,
-    SIDE_SLURM,
     NodeState,
     OpenTransition,
     Phase,
@@ -52,7 +50,7 @@ def _abort_lend(
     ):
         planner.ensure(
             node,
-            SIDE_SLURM,
+            OWNER_SLURM,
             VERB_RESUME,
             f"lend aborted ({reason}): give the node back to Slurm",
             (Label("expect_reason", slurm.reason or ""),),
@@ -61,7 +59,7 @@ def _abort_lend(
 
 
 def _unlock_started(node: NodeState, transition: OpenTransition) -> bool:
-    if transition.did(SIDE_KUBERNETES, VERB_UNLOCK):
+    if transition.did(OWNER_KUBERNETES, VERB_UNLOCK):
         return True
     return any(
         a.verb == VERB_UNLOCK and a.transition_id == transition.transition_id
@@ -83,7 +81,7 @@ def _advance_to_kubernetes(
             return
         result = planner.ensure(
             node,
-            SIDE_SLURM,
+            OWNER_SLURM,
             VERB_DRAIN,
             f"lend to kubernetes: drain in Slurm ({transition.reason})",
             (Label("reason", lend_reason(tx)),),
@@ -94,11 +92,11 @@ def _advance_to_kubernetes(
         return
     if not slurm_drained(slurm):
         return  # jobs still running or completing: wait (drain_timeout is checked earlier)
-    unlock_done = adopt or transition.did(SIDE_KUBERNETES, VERB_UNLOCK)
+    unlock_done = adopt or transition.did(OWNER_KUBERNETES, VERB_UNLOCK)
     if has_owner_taint(k8s) or not unlock_done:
         result = planner.ensure(
             node,
-            SIDE_KUBERNETES,
+            OWNER_KUBERNETES,
             VERB_UNLOCK,
             "Slurm reports the node drained: remove the owner taint",
             (),

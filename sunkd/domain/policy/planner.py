@@ -22,8 +22,8 @@ from sunkd.domain.policy.model import (
     retry_backoff,
 )
 from sunkd.domain.state import (
-    SIDE_KUBERNETES,
-    SIDE_SLURM,
+    OWNER_KUBERNETES,
+    OWNER_SLURM,
     ClusterState,
     NodeState,
     OpenTransition,
@@ -89,7 +89,7 @@ class _Planner:
         outcome = node.outcomes.get(f"{side}/{verb}")
         if outcome is not None:
             if outcome.succeeded:
-                observed_seq = node.slurm_seq if side == SIDE_SLURM else node.k8s_seq
+                observed_seq = node.slurm_seq if side == OWNER_SLURM else node.k8s_seq
                 if (
                     observed_seq < outcome.seq
                     and self.now - outcome.at < OBSERVATION_CATCHUP_SECONDS
@@ -107,7 +107,7 @@ class _Planner:
                 attempt = outcome.attempt + 1
                 if self.now < outcome.at + REFUSED_RETRY_SECONDS:
                     return _WAITING
-        if side == SIDE_KUBERNETES:
+        if side == OWNER_KUBERNETES:
             args = (Label("k8s_node", node.k8s_name or node.name), *args)
         self.decisions.append(
             RequestAction(

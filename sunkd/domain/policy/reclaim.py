@@ -15,8 +15,6 @@ from sunkd.domain.policy.planner import _FAILED, _active_pods, _Planner
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
     OWNER_SLURM,
-    SIDE_KUBERNETES,
-    SIDE_SLURM,
     NodeState,
     OpenTransition,
     Phase,
@@ -24,7 +22,7 @@ from sunkd.domain.state import (
 
 
 def _resume_started(node: NodeState, transition: OpenTransition) -> bool:
-    if transition.did(SIDE_SLURM, VERB_RESUME):
+    if transition.did(OWNER_SLURM, VERB_RESUME):
         return True
     return any(
         a.verb == VERB_RESUME and a.transition_id == transition.transition_id
@@ -40,11 +38,11 @@ def _advance_to_slurm(
     k8s = node.k8s
     assert slurm is not None and k8s is not None
     tx = transition.transition_id
-    lock_done = has_owner_taint(k8s) and (adopt or transition.did(SIDE_KUBERNETES, VERB_LOCK))
+    lock_done = has_owner_taint(k8s) and (adopt or transition.did(OWNER_KUBERNETES, VERB_LOCK))
     if not lock_done:
         result = planner.ensure(
             node,
-            SIDE_KUBERNETES,
+            OWNER_KUBERNETES,
             VERB_LOCK,
             "adopt for Slurm: add the owner taint"
             if adopt
@@ -60,7 +58,7 @@ def _advance_to_slurm(
         if planner.now - transition.started_at >= spec.reclaim_grace_seconds:
             result = planner.ensure(
                 node,
-                SIDE_KUBERNETES,
+                OWNER_KUBERNETES,
                 VERB_EVICT,
                 f"reclaim_grace ({spec.reclaim_grace_seconds:g}s) over: evict {len(pods)} "
                 "pool pod(s)",
@@ -74,7 +72,7 @@ def _advance_to_slurm(
         if is_ours(slurm.reason):
             result = planner.ensure(
                 node,
-                SIDE_SLURM,
+                OWNER_SLURM,
                 VERB_RESUME,
                 "no pool pods left: resume the node in Slurm",
                 (Label("expect_reason", slurm.reason or ""),),

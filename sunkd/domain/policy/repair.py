@@ -23,7 +23,7 @@ from sunkd.domain.policy.model import (
     lend_reason,
 )
 from sunkd.domain.policy.planner import _active_pods, _may_resume, _Planner
-from sunkd.domain.state import SIDE_KUBERNETES, SIDE_SLURM, NodeState, Phase
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, Phase
 
 
 def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
@@ -34,13 +34,13 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
     if assessment.phase == Phase.SLURM:
         if not has_owner_taint(k8s):
             planner.ensure(
-                node, SIDE_KUBERNETES, VERB_LOCK, "repair: Slurm-owned node lost its owner taint"
+                node, OWNER_KUBERNETES, VERB_LOCK, "repair: Slurm-owned node lost its owner taint"
             )
         pods = _active_pods(node)
         if pods and has_owner_taint(k8s):
             planner.ensure(
                 node,
-                SIDE_KUBERNETES,
+                OWNER_KUBERNETES,
                 VERB_EVICT,
                 f"repair: {len(pods)} pool pod(s) on a Slurm-owned node",
                 tuple(Label("pod", pod) for pod in pods),
@@ -48,7 +48,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
         if "DRAIN" in slurm.flags and is_lend_drain(slurm.reason) and _may_resume(node):
             planner.ensure(
                 node,
-                SIDE_SLURM,
+                OWNER_SLURM,
                 VERB_RESUME,
                 "repair: Slurm-owned node still carries a lend drain",
                 (Label("expect_reason", slurm.reason or ""),),
@@ -57,7 +57,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
         if "DRAIN" not in slurm.flags:
             planner.ensure(
                 node,
-                SIDE_SLURM,
+                OWNER_SLURM,
                 VERB_DRAIN,
                 "repair: node lent to kubernetes was resumed in Slurm; drain it again",
                 (Label("reason", lend_reason(None)),),
@@ -65,7 +65,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
         elif has_owner_taint(k8s) and slurm_drained(slurm) and is_ours(slurm.reason):
             planner.ensure(
                 node,
-                SIDE_KUBERNETES,
+                OWNER_KUBERNETES,
                 VERB_UNLOCK,
                 "repair: node lent to kubernetes carries the owner taint",
             )
