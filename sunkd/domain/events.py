@@ -90,6 +90,8 @@ class PodRef:
     namespace: str
     name: str
     phase: str = "Pending"
+    uid: str = ""  # metadata.uid: evictions are preconditioned on it (a re-created pod differs)
+    pool_pod: bool = True  # matches the pool's workload selector; False: any other pod there
 
 
 @dataclass(frozen=True, slots=True)

@@ -648,7 +648,7 @@ def _node_to_json(node: NodeState) -> dict[str, Any]:
         if pin is None
         else {"to": pin.to, "who": pin.who, "why": pin.why, "at": pin.at, "source": pin.source},
         "workload": {
-            pool: [[pod.namespace, pod.name, pod.phase] for pod in pods]
+            pool: [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod] for pod in pods]
             for pool, pods in node.workload.items()
         },
         "open_actions": [
@@ -724,7 +724,8 @@ def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
         if pin is None
         else Pin(pin["to"], pin["who"], pin["why"], float(pin["at"]), pin["source"]),
         workload={
-            pool: tuple(PodRef(namespace, name, phase) for namespace, name, phase in pods)
+            # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase].
+            pool: tuple(PodRef(*pod) for pod in pods)
             for pool, pods in raw["workload"].items()
         },
         open_actions={

@@ -23,6 +23,9 @@ OWNER_KUBERNETES = "kubernetes"  # value of LABEL_OWNER: Kubernetes owns the nod
 # --- taints ---------------------------------------------------------------------------
 TAINT_OWNER = "sunkd.io/owner"  # NoSchedule taint `sunkd.io/owner=slurm` keeps pool pods off
 TAINT_OWNER_EFFECT = "NoSchedule"  # effect of TAINT_OWNER (running pods are not evicted by it)
+# sunkd's own hold (the mirror of a Slurm hold): NoSchedule, value "slurm". sunkd never sets
+# spec.unschedulable, so every cordon is an operator's and sunkd never lifts one.
+TAINT_HOLD = "sunkd.io/slurm-hold"
 
 # --- annotations ----------------------------------------------------------------------
 ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"  # on Nodes: "sunkd" when sunkd cordoned it

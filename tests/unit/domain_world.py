@@ -54,11 +54,11 @@ class Log:
     def last_seq(self) -> int:
         return self.events[-1].seq if self.events else 0
 
-    def add(self, payload: Payload, now: float, subject: str = "") -> RecordedEvent:
+    def add(self, payload: Payload, now: float, subject: str = "", epoch: int = 1) -> RecordedEvent:
         event = RecordedEvent(
             seq=self.last_seq + 1,
             recorded_at=at(now),
-            epoch=1,
+            epoch=epoch,
             subject=subject or getattr(payload, "node", "") or "",
             payload=payload,
         )

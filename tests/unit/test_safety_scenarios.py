@@ -1,0 +1,228 @@
+"""The adversarial scenarios of docs/safety.md, one named test each, driven through the
+real `decide()` on hand-built logs (helpers from test_domain_policy).
+
+Each test is the scenario an adversary (an admin, an operator, a flaky control plane)
+plays against sunkd, and the promise that must hold: a Slurm job and a pod never share a
+node unnoticed, and sunkd never undoes what it did not do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sunkd.domain import wellknown as wk
+from sunkd.domain.events import (
+    K8sNodeObserved,
+    K8sNodeVanished,
+    K8sWorkloadObserved,
+    LeaderElected,
+    PodRef,
+    SourceHealth,
+    Taint,
+)
+from sunkd.domain.ownership import assess
+from sunkd.domain.policy import AbortTransition, CompleteTransition, RequestAction
+from sunkd.domain.state import Phase
+from tests.unit.domain_world import POOL, Log, k8s_obs, slurm_obs
+from tests.unit.test_domain_policy import (
+    T0,
+    _actions,
+    _cluster,
+    _decide,
+    _jobs,
+    _only,
+    _pods,
+    _record,
+    _succeed,
+)
+
+HOLD_TAINT = Taint(wk.TAINT_HOLD, wk.TAINT_OWNER_EFFECT, wk.OWNER_SLURM)
+
+
+def _hold_tainted(node: str, **kwargs: object) -> K8sNodeObserved:
+    """A Kubernetes node carrying sunkd's hold taint (its own "cordon")."""
+    base = k8s_obs(node, **kwargs)  # type: ignore[arg-type]
+    return dataclasses.replace(base, taints=(*base.taints, HOLD_TAINT))
+
+
+# ----------------------------------------------------------- 1. admin DOWN overwritten
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s1_admin_down_is_never_overwritten_by_a_mirror_drain() -> None:
+    """`scontrol update state=down reason="bad DIMM"`, then the kubelet goes NotReady:
+    DOWN has no DRAIN flag, but the reason is an admin's. No mirror drain replaces it."""
+    log = _cluster(1)
+    log.add(slurm_obs("n1", "DOWN", reason="bad DIMM"), 5.0)
+    log.add(k8s_obs("n1", ready=False), 5.0)
+    decisions = _decide(log, T0)
+    assert ("n1", "slurm", "drain") not in _actions(decisions)
+    assert assess(log.state(), log.state().nodes["n1"], T0).held
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s1_no_mirror_drain_on_an_unhealthy_node_without_a_reason() -> None:
+    """NOT_RESPONDING / FAIL / DOWN nodes are Slurm's to handle: no mirror drain."""
+    for state, flags in (("DOWN", ()), ("IDLE", ("NOT_RESPONDING",)), ("IDLE", ("FAIL",))):
+        log = _cluster(1)
+        log.add(slurm_obs("n1", state, flags=flags), 5.0)
+        log.add(k8s_obs("n1", ready=False), 5.0)
+        assert ("n1", "slurm", "drain") not in _actions(_decide(log, T0)), (state, flags)
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s1_a_mirror_drain_is_not_removed_while_slurm_reports_the_node_unhealthy() -> None:
+    """Our mirror drain on a node that has since gone DOWN: when the kubelet is Ready
+    again, sunkd does not take the node back into service while Slurm says it is down."""
+    log = _cluster(1)
+    log.add(slurm_obs("n1", "DOWN", flags=("DRAIN",), reason="sunkd: k8s NotReady"), 5.0)
+    log.add(k8s_obs("n1", ready=True), 6.0)
+    verbs = {verb for _node, _side, verb in _actions(_decide(log, T0))}
+    assert "resume" not in verbs and "undrain" not in verbs
+
+
+# ------------------------------------------------------------ 2. operator cordon lifted
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s2_any_cordon_is_foreign_and_never_lifted() -> None:
+    """`kubectl uncordon` leaves sunkd's old annotation behind; a later human `kubectl
+    cordon` sets spec.unschedulable again. sunkd cannot prove that cordon is its own, so it
+    is a hold, and sunkd never asks to lift it (its own hold is a taint, not a cordon)."""
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(k8s_obs("n1", tainted=False, unschedulable=True, cordoned_by_sunkd=True), 5.0)
+    state = log.state()
+    assessment = assess(state, state.nodes["n1"], T0)
+    assert "cordoned" in assessment.k8s_holds
+    assert ("n1", "kubernetes", "uncordon") not in _actions(_decide(log, T0))
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s2_sunkd_removes_only_its_own_hold_taint() -> None:
+    """A Slurm hold mirrored as sunkd's hold taint is removed when the hold clears."""
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(_hold_tainted("n1", tainted=False), 5.0)
+    assert ("n1", "kubernetes", "uncordon") in _actions(_decide(log, T0))
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s2_a_slurm_hold_is_mirrored_with_the_hold_taint_even_when_cordoned() -> None:
+    """An operator's cordon does not stop sunkd from adding its own hold: the cordon may
+    be lifted by the operator at any time, the taint stays until the Slurm hold clears."""
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason="admin: bad fan"), 5.0)
+    log.add(k8s_obs("n1", tainted=False, unschedulable=True), 5.0)
+    assert ("n1", "kubernetes", "cordon") in _actions(_decide(log, T0))
+
+
+# -------------------------------------------------- 3. reclaim past the point of no return
+
+
+def _reclaim_resumed(log: Log) -> None:
+    """n1 lent; a reclaim runs until its resume succeeded and Slurm shows it undrained."""
+    _jobs(log, 1)
+    first = _decide(log, T0)
+    _record(log, first, T0)
+    lock = next(d for d in first if isinstance(d, RequestAction))
+    assert lock.verb == "lock"
+    _succeed(log, lock, T0 + 1)
+    log.add(k8s_obs("n1", tainted=True), T0 + 1)
+    second = _decide(log, T0 + 2)
+    _record(log, second, T0 + 2)
+    resume = next(d for d in second if isinstance(d, RequestAction))
+    assert resume.side == "slurm"
+    _succeed(log, resume, T0 + 3)
+    log.add(slurm_obs("n1"), T0 + 3)
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s3_a_reclaim_resumed_in_slurm_finishes_to_slurm_when_the_node_object_vanishes() -> None:
+    log = _cluster(1, kubernetes=("n1",))
+    _reclaim_resumed(log)
+    log.add(K8sNodeVanished(node="n1"), T0 + 4)
+    decisions = _decide(log, T0 + 5)
+    assert _only(decisions, AbortTransition) == []
+    done = _only(decisions, CompleteTransition)
+    assert len(done) == 1 and done[0].to_owner == "slurm"
+    _record(log, decisions, T0 + 5)
+    assert log.state().nodes["n1"].owner == "slurm"
+
+
+# ----------------------------------------------------- 4. a job and a pod on one node
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s4_a_slurm_job_on_a_lent_node_with_pods_is_held_and_reported() -> None:
+    """Someone resumes a lent node in Slurm; a job lands beside the pool pods."""
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL,
+                                pods=(PodRef("serving", "p1", "Running"),)), 5.0)
+    log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 6.0)
+    state = log.state()
+    assessment = assess(state, state.nodes["n1"], T0)
+    assert assessment.phase == Phase.HELD
+    assert any("conflict" in reason for reason in assessment.hold_reasons)
+    verbs = [verb for node, _side, verb in _actions(_decide(log, T0)) if node == "n1"]
+    assert "warn" in verbs  # an Event on the node (and the request is the audit record)
+    assert "drain" in verbs  # and no more jobs land on it
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s4_pods_on_a_busy_slurm_node_are_a_conflict_too() -> None:
+    log = _cluster(1)
+    log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 5.0)
+    log.add(K8sWorkloadObserved(node="n1", pool="",
+                                pods=(PodRef("other", "web", "Running", pool_pod=False),)), 6.0)
+    state = log.state()
+    assessment = assess(state, state.nodes["n1"], T0)
+    assert any("conflict" in reason for reason in assessment.hold_reasons)
+    assert "warn" in [verb for _n, _s, verb in _actions(_decide(log, T0))]
+
+
+# --------------------------------------------- 5. a re-created Node is schedulable at once
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s5_a_recreated_node_is_tainted_even_while_not_ready() -> None:
+    log = _cluster(1)
+    log.add(K8sNodeVanished(node="n1"), 5.0)
+    log.add(k8s_obs("n1", ready=False, tainted=False), 6.0)
+    assert ("n1", "kubernetes", "lock") in _actions(_decide(log, T0))
+
+
+# -------------------------------------------- 6. freshness carried across leadership terms
+
+
+@pytest.mark.xfail(strict=True, reason="scenario before its fix")
+def test_s6_a_new_leader_does_not_act_on_the_previous_terms_health() -> None:
+    log = _cluster(2)
+    _pods(log, 2)
+    assert _decide(log, T0) != []  # the old term (epoch 1) could act
+    log.add(LeaderElected(epoch=2, identity="b"), 10.0, subject="leader", epoch=2)
+    assert _decide(log, T0) == []  # the new term has observed nothing yet
+    for source in ("slurm", "kubernetes"):
+        log.add(SourceHealth(source=source, status="fresh"), 11.0, subject=source, epoch=2)
+    assert _decide(log, T0) != []
+
+
+# ------------------------------------------------------- 9. non-pool pods and a reclaim
+
+
+def test_s9_a_reclaim_waits_for_and_evicts_non_pool_pods_too() -> None:
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(K8sWorkloadObserved(node="n1", pool="",
+                                pods=(PodRef("other", "web", "Running", pool_pod=False),)), 5.0)
+    _jobs(log, 1)
+    first = _decide(log, T0)
+    _record(log, first, T0)
+    lock = next(d for d in first if isinstance(d, RequestAction))
+    _succeed(log, lock, T0 + 1)
+    log.add(k8s_obs("n1", tainted=True), T0 + 1)
+    # The non-pool pod still runs: no resume yet; after reclaim_grace it is evicted.
+    soon = _actions(_decide(log, T0 + 2))
+    assert ("n1", "slurm", "resume") not in soon and ("n1", "slurm", "undrain") not in soon
+    late = _decide(log, T0 + 10_000)
+    evict = [d for d in late if isinstance(d, RequestAction) and d.verb == "evict"]
+    assert evict and "other/web" in [a.value for a in evict[0].args if a.key == "pod"]
