@@ -451,7 +451,11 @@ class Daemon:
         if slurm_client is not None:
             from sunkd.slurm.actuator import SlurmActuator
 
-            slurm_actuator = SlurmActuator(slurm_client, scontrol_env=self._slurm_env)
+            # Writes re-check leadership right before they go out, and give up before
+            # may_act() could turn false underneath them: a third of the lease.
+            slurm_actuator = SlurmActuator(
+                slurm_client, scontrol_env=self._slurm_env, may_write=self.may_act,
+                write_timeout=max(1.0, self.settings.lease_seconds / 3))
         self._kube_actuator = None
         kube_actuator = None
         kube_client = await self._kube(closers)

@@ -30,7 +30,8 @@ ANNOTATION_SLURM_REASON = wk.ANNOTATION_SLURM_REASON
 
 class SlurmActions(Protocol):
     async def drain(self, node: str, reason: str) -> bool: ...
-    async def resume(self, node: str) -> bool: ...
+    async def resume(self, node: str, *, expect_reason: str | None = None,
+                     expect_reason_time: float | None = None) -> bool: ...
 
 
 class SlurmReader(Protocol):
@@ -98,7 +99,11 @@ class ActuatorExecutor:
         if action.verb == VERB_DRAIN:
             return await self.slurm.drain(action.node, _arg(action, "reason") or action.reason)
         if action.verb == VERB_RESUME:
-            return await self.slurm.resume(action.node)
+            # The drain the policy saw: the actuator refuses if it changed since.
+            when = _arg(action, "expect_reason_time")
+            return await self.slurm.resume(
+                action.node, expect_reason=_arg(action, "expect_reason") or None,
+                expect_reason_time=float(when) if when else None)
         raise ActionError(f"unknown Slurm verb {action.verb!r}", retryable=False)
 
     async def _kubernetes(self, action: OpenAction, node: str) -> bool:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import structlog
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.ownership import is_ours
 from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.domain.state import slurm_unhealthy
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import (
     SlurmApiError,
@@ -56,7 +57,15 @@ class SlurmActuator:
     """`drain(node, reason)` / `resume(node)`; True = changed, False = already so.
 
     Failures raise `ActionError` (retryable for timeouts and a down controller) or
-    `RefusedError` (the drain is someone else's).
+    `RefusedError` (the node carries someone else's word).
+
+    Safety (docs/safety.md, invariant I2): a reason that does not start with `sunkd:` on a
+    drained or unhealthy node is foreign whatever the flags (`scontrol update state=down
+    reason=...` sets no DRAIN), and is never overwritten; sunkd removes its drains with
+    `UNDRAIN`, which clears only DRAIN (as Slinky's slurm-operator does), never `RESUME`,
+    which would also return an admin's DOWN or FAIL to service. Each write re-checks
+    leadership (`may_write`) right before it, is bounded by `write_timeout` (below the
+    lease's safety margin) and is confirmed by reading the node again.
     """
 
     def __init__(
@@ -66,11 +75,15 @@ class SlurmActuator:
         scontrol: str = "scontrol",
         scontrol_env: Mapping[str, str] | None = None,
         prefer_rest: bool = True,
+        may_write: Callable[[], bool] | None = None,
+        write_timeout: float = SCONTROL_TIMEOUT,
     ) -> None:
         self._client = client
         self._scontrol = scontrol
         self._env = dict(scontrol_env) if scontrol_env is not None else None
         self._prefer_rest = prefer_rest
+        self._may_write = may_write
+        self._write_timeout = write_timeout
 
     @property
     def transport(self) -> str:
@@ -82,33 +95,67 @@ class SlurmActuator:
     async def drain(self, node: str, reason: str) -> bool:
         reason = our_reason(reason)
         current = await self._read(node)
-        if current.is_drain:
-            if current.reason == reason:
-                return False
-            if not is_our_reason(current.reason):
-                # Overwriting it would make the drain look like ours, and a later
-                # resume would then undo an administrator's drain.
-                raise RefusedError(
-                    f"{node} is already drained by {current.reason_set_by or 'someone else'} "
-                    f"with reason {current.reason!r}; not taking it over"
-                )
+        if current.is_drain and current.reason == reason:
+            return False
+        if _foreign_word(current):
+            # Overwriting it would make the drain look like ours, and a later undrain
+            # would then undo an administrator's drain (or hide their DOWN reason).
+            raise RefusedError(
+                f"{node} is already {current.display_state} by "
+                f"{current.reason_set_by or 'someone else'} with reason {current.reason!r}; "
+                "not taking it over"
+            )
         await self._update(node, "DRAIN", reason)
+        confirmed = await self._read(node)
+        if not (confirmed.is_drain and confirmed.reason == reason):
+            raise ActionError(
+                f"drain of {node} not confirmed: Slurm now reports {confirmed.display_state} "
+                f"with reason {confirmed.reason!r}",
+                retryable=True,
+            )
         log.info("slurm.drain", node=node, reason=reason, transport=self.transport)
         return True
 
-    async def resume(self, node: str) -> bool:
+    async def resume(
+        self, node: str, *, expect_reason: str | None = None,
+        expect_reason_time: float | None = None,
+    ) -> bool:
+        """Remove sunkd's drain with UNDRAIN. `expect_reason` (and its time) is what the
+        policy saw when it decided: if the reason changed since (an admin re-drained the
+        node with a reason of their own, or edited ours), refuse instead of undoing it."""
         current = await self._read(node)
         if not current.is_drain:
             return False
         if not is_our_reason(current.reason):
             raise RefusedError(
                 f"{node} is drained by {current.reason_set_by or 'someone else'} with reason "
-                f"{current.reason!r} (not {REASON_PREFIX}...); not resuming a foreign drain"
+                f"{current.reason!r} (not {REASON_PREFIX}...); not undraining a foreign drain"
             )
-        # RESUME clears DRAIN (and FAIL); right after it slurmctld shows the node
-        # idle+NOT_RESPONDING for ~1 s until its next ping - that is not a failure.
-        await self._update(node, "RESUME", None)
-        log.info("slurm.resume", node=node, transport=self.transport)
+        if expect_reason is not None and current.reason != expect_reason:
+            raise RefusedError(
+                f"{node}'s drain reason changed since the decision: expected "
+                f"{expect_reason!r}, found {current.reason!r}; not undraining"
+            )
+        if (
+            expect_reason_time is not None
+            and current.reason_time is not None
+            and abs(current.reason_time - expect_reason_time) > 1.0
+        ):
+            raise RefusedError(
+                f"{node}'s drain reason was set again since the decision (at "
+                f"{current.reason_time:.0f}, expected {expect_reason_time:.0f}); not undraining"
+            )
+        # UNDRAIN clears DRAIN only: DOWN, FAIL and their reasons stay Slurm's. Right after
+        # it slurmctld may show the node idle+NOT_RESPONDING for ~1 s until its next ping.
+        await self._update(node, "UNDRAIN", None)
+        confirmed = await self._read(node)
+        if confirmed.is_drain:
+            raise ActionError(
+                f"undrain of {node} not confirmed: Slurm still reports "
+                f"{confirmed.display_state} ({confirmed.reason!r})",
+                retryable=True,
+            )
+        log.info("slurm.undrain", node=node, transport=self.transport)
         return True
 
     # ----------------------------------------------------------------- internals
@@ -130,9 +177,21 @@ class SlurmActuator:
             raise ActionError(f"reading {node}: {error}", retryable=True) from error
 
     async def _update(self, node: str, state: str, reason: str | None) -> None:
+        if self._may_write is not None and not self._may_write():
+            raise ActionError(
+                f"{state} {node}: not (or no longer safely) the leader; not writing",
+                retryable=True,
+            )
         if self.transport == "rest":
             try:
-                await self._client.update_node(node, state=state, reason=reason)
+                await asyncio.wait_for(
+                    self._client.update_node(node, state=state, reason=reason),
+                    self._write_timeout,
+                )
+            except TimeoutError as error:
+                raise ActionError(
+                    f"{state} {node}: no answer within {self._write_timeout:g} s", retryable=True
+                ) from error
             except SlurmAuthError as error:
                 raise ActionError(
                     f"{state} {node}: {error} (updating nodes needs SlurmUser, root or "
@@ -175,13 +234,13 @@ class SlurmActuator:
         except OSError as error:
             raise ActionError(f"cannot run {binary}: {error}", retryable=False) from error
         try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), SCONTROL_TIMEOUT)
+            stdout, stderr = await asyncio.wait_for(process.communicate(), self._write_timeout)
         except TimeoutError as error:
             process.kill()
             await process.wait()
             raise ActionError(
                 f"scontrol update {node} state={state.lower()} timed out after "
-                f"{SCONTROL_TIMEOUT:.0f} s",
+                f"{self._write_timeout:g} s",
                 retryable=True,
             ) from error
         if process.returncode == 0:
@@ -203,6 +262,15 @@ class SlurmActuator:
             f"{message}{hint}",
             retryable=retryable,
         )
+
+
+def _foreign_word(node: SlurmNode) -> bool:
+    """Someone else's reason that still means something: on a drained node, or on one
+    Slurm reports unhealthy (DOWN, FAIL, NOT_RESPONDING ...). A stale reason on a healthy,
+    undrained node (24.11 keeps the old text after a RESUME) protects nothing."""
+    if not node.reason or is_our_reason(node.reason):
+        return False
+    return node.is_drain or slurm_unhealthy(node.to_observed())
 
 
 def _is_unknown_node(error: SlurmApiError) -> bool:

@@ -50,7 +50,6 @@ def _hold_tainted(node: str, **kwargs: object) -> K8sNodeObserved:
 # ----------------------------------------------------------- 1. admin DOWN overwritten
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s1_admin_down_is_never_overwritten_by_a_mirror_drain() -> None:
     """`scontrol update state=down reason="bad DIMM"`, then the kubelet goes NotReady:
     DOWN has no DRAIN flag, but the reason is an admin's. No mirror drain replaces it."""
@@ -62,7 +61,6 @@ def test_s1_admin_down_is_never_overwritten_by_a_mirror_drain() -> None:
     assert assess(log.state(), log.state().nodes["n1"], T0).held
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s1_no_mirror_drain_on_an_unhealthy_node_without_a_reason() -> None:
     """NOT_RESPONDING / FAIL / DOWN nodes are Slurm's to handle: no mirror drain."""
     for state, flags in (("DOWN", ()), ("IDLE", ("NOT_RESPONDING",)), ("IDLE", ("FAIL",))):
@@ -72,7 +70,6 @@ def test_s1_no_mirror_drain_on_an_unhealthy_node_without_a_reason() -> None:
         assert ("n1", "slurm", "drain") not in _actions(_decide(log, T0)), (state, flags)
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s1_a_mirror_drain_is_not_removed_while_slurm_reports_the_node_unhealthy() -> None:
     """Our mirror drain on a node that has since gone DOWN: when the kubelet is Ready
     again, sunkd does not take the node back into service while Slurm says it is down."""

@@ -12,11 +12,12 @@ from sunkd.domain.ownership import (
     MIRROR_REASON_PREFIX,
     Assessment,
     is_mirror_drain,
+    is_ours,
     slurm_state_text,
 )
 from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
-from sunkd.domain.policy.planner import _may_resume, _Planner
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState
+from sunkd.domain.policy.planner import _expected_drain, _may_resume, _Planner
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, slurm_unhealthy
 
 
 def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
@@ -45,7 +46,16 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
                 node, OWNER_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"
             )
     if slurm is not None:
-        if assessment.k8s_holds and "DRAIN" not in slurm.flags:
+        # Never over an admin's word: any reason that is not ours is foreign whatever the
+        # flags (`scontrol update state=down reason="bad DIMM"` sets no DRAIN), and a node
+        # Slurm reports DOWN/FAIL/NOT_RESPONDING is Slurm's to handle, not ours to drain.
+        foreign_reason = bool(slurm.reason) and not is_ours(slurm.reason)
+        if (
+            assessment.k8s_holds
+            and "DRAIN" not in slurm.flags
+            and not foreign_reason
+            and not slurm_unhealthy(slurm)
+        ):
             why = ", ".join(assessment.k8s_holds)
             planner.ensure(
                 node,
@@ -60,6 +70,8 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
             and is_mirror_drain(slurm.reason)
             and node.owner == OWNER_SLURM
             and node.transition is None
+            and not assessment.slurm_unhealthy
+            and not slurm_unhealthy(slurm)
             and _may_resume(node)
         ):
             planner.ensure(
@@ -67,5 +79,5 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
                 OWNER_SLURM,
                 VERB_RESUME,
                 "Kubernetes hold cleared: resume our mirror drain",
-                (Label("expect_reason", slurm.reason or ""),),
+                _expected_drain(slurm),
             )

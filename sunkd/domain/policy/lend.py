@@ -26,7 +26,7 @@ from sunkd.domain.policy.model import (
     PoolSpec,
     lend_reason,
 )
-from sunkd.domain.policy.planner import _FAILED, _may_resume, _Planner
+from sunkd.domain.policy.planner import _FAILED, _expected_drain, _may_resume, _Planner
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
     OWNER_SLURM,
@@ -53,7 +53,7 @@ def _abort_lend(
             OWNER_SLURM,
             VERB_RESUME,
             f"lend aborted ({reason}): give the node back to Slurm",
-            (Label("expect_reason", slurm.reason or ""),),
+            _expected_drain(slurm),
             transition.transition_id,
         )
 

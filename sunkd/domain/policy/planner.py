@@ -9,7 +9,7 @@ holds, repair, transitions, pool) all build on this module and on `model`.
 
 from __future__ import annotations
 
-from sunkd.domain.events import Label
+from sunkd.domain.events import Label, SlurmNodeObserved
 from sunkd.domain.ownership import has_owner_taint
 from sunkd.domain.policy.model import (
     OBSERVATION_CATCHUP_SECONDS,
@@ -43,6 +43,15 @@ def _active_pods(node: NodeState) -> list[str]:
         for pod in pods
         if pod.phase not in _DONE_PHASES
     )
+
+
+def _expected_drain(slurm: SlurmNodeObserved) -> tuple[Label, ...]:
+    """The drain a resume expects to remove: the actuator refuses if Slurm's reason (or
+    the time it was set) changed since this decision (an admin re-drained the node)."""
+    labels = [Label("expect_reason", slurm.reason or "")]
+    if slurm.reason_time is not None:
+        labels.append(Label("expect_reason_time", f"{slurm.reason_time:.0f}"))
+    return tuple(labels)
 
 
 def _may_resume(node: NodeState) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sunkd.domain.events import Label, OwnershipSpec
 from sunkd.domain.ownership import Assessment, has_owner_taint, is_ours, slurm_usable
 from sunkd.domain.policy.model import VERB_EVICT, VERB_LOCK, VERB_RESUME, PoolSpec
-from sunkd.domain.policy.planner import _FAILED, _active_pods, _Planner
+from sunkd.domain.policy.planner import _FAILED, _active_pods, _expected_drain, _Planner
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
     OWNER_SLURM,
@@ -75,7 +75,7 @@ def _advance_to_slurm(
                 OWNER_SLURM,
                 VERB_RESUME,
                 "no pool pods left: resume the node in Slurm",
-                (Label("expect_reason", slurm.reason or ""),),
+                _expected_drain(slurm),
                 tx,
             )
             if result == _FAILED:

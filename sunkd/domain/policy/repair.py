@@ -22,7 +22,7 @@ from sunkd.domain.policy.model import (
     VERB_UNLOCK,
     lend_reason,
 )
-from sunkd.domain.policy.planner import _active_pods, _may_resume, _Planner
+from sunkd.domain.policy.planner import _active_pods, _expected_drain, _may_resume, _Planner
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, Phase
 
 
@@ -51,7 +51,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
                 OWNER_SLURM,
                 VERB_RESUME,
                 "repair: Slurm-owned node still carries a lend drain",
-                (Label("expect_reason", slurm.reason or ""),),
+                _expected_drain(slurm),
             )
     elif assessment.phase == Phase.KUBERNETES:
         if "DRAIN" not in slurm.flags:
