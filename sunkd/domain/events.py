@@ -166,7 +166,9 @@ class K8sNodeObserved(Payload):
     slurm_node: str = ""  # the Slurm node name (label sunkd.io/slurm-node-name, else node)
     ready: bool | None = None  # Ready condition; None when absent/Unknown
     unschedulable: bool = False
-    cordoned_by_sunkd: bool = False  # annotation sunkd.io/cordoned-by: sunkd
+    # Informational only (annotation sunkd.io/cordoned-by: sunkd, which `kubectl uncordon`
+    # leaves behind): never proof of anything; sunkd's own hold is the sunkd.io/slurm-hold taint.
+    cordoned_by_sunkd: bool = False
     taints: tuple[Taint, ...] = ()
     labels: tuple[Label, ...] = ()  # pool-relevant labels only
     pin: str | None = None  # annotation sunkd.io/pin: slurm | kubernetes | auto

@@ -50,6 +50,7 @@ __all__ = [
     "Phase",
     "assess",
     "assess_all",
+    "has_hold_taint",
     "has_owner_taint",
     "is_lend_drain",
     "is_mirror_drain",
@@ -109,6 +110,15 @@ def slurm_usable(observation: SlurmNodeObserved | None) -> bool:
         and "DRAIN" not in observation.flags
         and observation.state.upper() in _USABLE_STATES
         and not slurm_unhealthy(observation)
+    )
+
+
+def has_hold_taint(observation: K8sNodeObserved | None) -> bool:
+    """The Kubernetes node carries sunkd's own hold (`sunkd.io/slurm-hold`), the mirror of
+    a Slurm hold. sunkd never sets spec.unschedulable, so this taint is the only hold it
+    may lift: nothing an operator does (cordon, uncordon) can make it look like ours."""
+    return observation is not None and any(
+        taint.key == wk.TAINT_HOLD for taint in observation.taints
     )
 
 
@@ -193,7 +203,7 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
     else:
         if k8s.ready is not True:
             k8s_holds.append("NotReady" if k8s.ready is False else "Ready unknown")
-        if k8s.unschedulable and not k8s.cordoned_by_sunkd:
+        if k8s.unschedulable:  # every cordon is an operator's: sunkd's hold is a taint
             k8s_holds.append("cordoned")
 
     if slurm_holds or k8s_holds:

@@ -28,8 +28,8 @@ TAINT_OWNER_EFFECT = "NoSchedule"  # effect of TAINT_OWNER (running pods are not
 TAINT_HOLD = "sunkd.io/slurm-hold"
 
 # --- annotations ----------------------------------------------------------------------
-ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"  # on Nodes: "sunkd" when sunkd cordoned it
-ANNOTATION_CORDON_REASON = "sunkd.io/cordon-reason"  # on Nodes: why sunkd cordoned it
+ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"  # legacy (written by older sunkd); removed
+ANNOTATION_CORDON_REASON = "sunkd.io/cordon-reason"  # on Nodes: why sunkd holds it
 ANNOTATION_PIN = "sunkd.io/pin"  # on Nodes, set by operators: slurm | kubernetes | auto
 ANNOTATION_SLURM_STATE = "sunkd.io/slurm-state"  # on Nodes: Slurm's state, mirrored by sunkd
 ANNOTATION_SLURM_REASON = "sunkd.io/slurm-reason"  # on Nodes: Slurm's reason, mirrored by sunkd
@@ -40,8 +40,8 @@ EVENT_COMPONENT = "sunkd"  # Event source.component
 EVENT_REPORTING_COMPONENT = "sunkd.io/sunkd"  # Event reportingComponent (events.k8s.io style)
 EVENT_LOCKED = "SunkdLocked"  # sunkd tainted a node for Slurm
 EVENT_UNLOCKED = "SunkdUnlocked"  # sunkd removed its taint: the node is Kubernetes'
-EVENT_CORDONED = "SunkdCordoned"  # sunkd cordoned a node (mirroring a Slurm drain)
-EVENT_UNCORDONED = "SunkdUncordoned"  # sunkd lifted its own cordon
+EVENT_CORDONED = "SunkdCordoned"  # sunkd added its hold taint (mirroring a Slurm hold)
+EVENT_UNCORDONED = "SunkdUncordoned"  # sunkd removed its hold taint
 EVENT_ANNOTATED = "SunkdAnnotated"  # sunkd mirrored Slurm state into annotations
 EVENT_EVICTED = "SunkdEvicted"  # sunkd evicted a pod to reclaim a node for Slurm
 

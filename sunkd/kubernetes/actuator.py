@@ -33,7 +33,7 @@ import aiohttp
 import structlog
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.domain.ports import ActionError
 from sunkd.kubernetes.client import (
     EVENTS,
     JSON,
@@ -52,6 +52,7 @@ log = structlog.get_logger("sunkd.kubernetes.actuator")
 OWNER_KEY = wk.LABEL_OWNER
 OWNER_TAINT = {"key": wk.TAINT_OWNER, "value": wk.OWNER_SLURM,
                "effect": wk.TAINT_OWNER_EFFECT}
+HOLD_TAINT = {"key": wk.TAINT_HOLD, "value": wk.OWNER_SLURM, "effect": wk.TAINT_OWNER_EFFECT}
 ANNOTATION_CORDONED_BY = wk.ANNOTATION_CORDONED_BY
 ANNOTATION_CORDON_REASON = wk.ANNOTATION_CORDON_REASON
 SUNKD = wk.CORDONED_BY_SUNKD
@@ -235,62 +236,64 @@ class KubernetesActuator:
             )
         return changed
 
-    # -- cordon ---------------------------------------------------------------------------
+    # -- hold (sunkd's "cordon") -----------------------------------------------------------
 
     async def cordon(self, node: str, reason: str) -> bool:
-        """Mark the node unschedulable as sunkd's cordon. A node someone else already cordoned
-        stays theirs: nothing to do (False), and we do not claim it."""
+        """Keep new pods off the node while Slurm holds it: add sunkd's own NoSchedule taint
+        `sunkd.io/slurm-hold=slurm` (and the reason as an annotation for `kubectl describe`).
+
+        sunkd never touches spec.unschedulable: `kubectl uncordon` would leave behind any
+        annotation sunkd used to mark "its" cordon, and a later human cordon would then look
+        like sunkd's. A taint under sunkd's key is unambiguous, and every cordon stays the
+        operator's (docs/safety.md, invariant I2)."""
 
         def mutate(obj: JSON) -> dict[str, Any] | None:
-            spec = obj.get("spec") or {}
+            taints = list((obj.get("spec") or {}).get("taints") or [])
             annotations = (obj.get("metadata") or {}).get("annotations") or {}
-            ours = annotations.get(ANNOTATION_CORDONED_BY) == SUNKD
-            if spec.get("unschedulable"):
-                if ours and annotations.get(ANNOTATION_CORDON_REASON) != reason:
-                    return {"metadata": {"annotations": {ANNOTATION_CORDON_REASON: reason}}}
-                return None  # ours already, or a foreign cordon we must not adopt
-            return {
-                "metadata": {
-                    "annotations": {ANNOTATION_CORDONED_BY: SUNKD, ANNOTATION_CORDON_REASON: reason}
-                },
-                "spec": {"unschedulable": True},
-            }
+            ours = [t for t in taints if t.get("key") == wk.TAINT_HOLD]
+            has_taint = len(ours) == 1 and _same_taint(ours[0], HOLD_TAINT)
+            if has_taint and annotations.get(ANNOTATION_CORDON_REASON) == reason:
+                return None
+            patch: dict[str, Any] = {
+                "metadata": {"annotations": {ANNOTATION_CORDON_REASON: reason}}}
+            if not has_taint:
+                kept = [t for t in taints if t.get("key") != wk.TAINT_HOLD]
+                patch["spec"] = {"taints": [*kept, dict(HOLD_TAINT)]}
+            return patch
 
         changed, obj = await self._modify_node(node, "cordon", mutate)
         if changed:
             await self._record(
-                node, wk.EVENT_CORDONED, f"sunkd cordoned the node: {reason}", uid=_uid(obj)
+                node, wk.EVENT_CORDONED,
+                f"sunkd tainted the node {wk.TAINT_HOLD} (Slurm holds it): {reason}",
+                uid=_uid(obj),
             )
         return changed
 
     async def uncordon(self, node: str) -> bool:
-        """Lift sunkd's cordon. A cordon sunkd did not make raises `RefusedError`."""
+        """Remove sunkd's hold taint (and its annotations). Never changes spec.unschedulable:
+        a cordon on the node is someone else's and stays."""
 
         def mutate(obj: JSON) -> dict[str, Any] | None:
-            spec = obj.get("spec") or {}
+            taints = list((obj.get("spec") or {}).get("taints") or [])
             annotations = (obj.get("metadata") or {}).get("annotations") or {}
-            ours = annotations.get(ANNOTATION_CORDONED_BY) == SUNKD
-            if spec.get("unschedulable") and not ours:
-                raise RefusedError(
-                    f"uncordon {node}: the node was cordoned by someone else "
-                    f"(no {ANNOTATION_CORDONED_BY}: {SUNKD} annotation); leaving it cordoned"
-                )
-            if (
-                not spec.get("unschedulable")
-                and not ours
-                and (ANNOTATION_CORDON_REASON not in annotations)
-            ):
+            kept = [t for t in taints if t.get("key") != wk.TAINT_HOLD]
+            stale = [key for key in (ANNOTATION_CORDONED_BY, ANNOTATION_CORDON_REASON)
+                     if key in annotations]
+            if len(kept) == len(taints) and not stale:
                 return None
-            return {
-                "metadata": {
-                    "annotations": {ANNOTATION_CORDONED_BY: None, ANNOTATION_CORDON_REASON: None}
-                },
-                "spec": {"unschedulable": None},
-            }
+            patch: dict[str, Any] = {}
+            if stale:
+                patch["metadata"] = {"annotations": {key: None for key in stale}}
+            if len(kept) != len(taints):
+                patch["spec"] = {"taints": kept or None}
+            return patch
 
         changed, obj = await self._modify_node(node, "uncordon", mutate)
         if changed:
-            await self._record(node, wk.EVENT_UNCORDONED, "sunkd lifted its cordon", uid=_uid(obj))
+            await self._record(
+                node, wk.EVENT_UNCORDONED, f"sunkd removed its {wk.TAINT_HOLD} taint",
+                uid=_uid(obj))
         return changed
 
     # -- annotations ----------------------------------------------------------------------

@@ -377,7 +377,8 @@ class KubernetesSource:
             slurm_node=slurm_node,
             ready=ready,
             unschedulable=bool(spec.get("unschedulable")),
-            cordoned_by_sunkd=annotations.get(ANNOTATION_CORDONED_BY) == wk.CORDONED_BY_SUNKD,
+            # sunkd's own hold is its taint; the annotation proves nothing (see events.py).
+            cordoned_by_sunkd=any(t.key == wk.TAINT_HOLD for t in taints),
             taints=taints,
             labels=tuple(
                 Label(k, str(v))

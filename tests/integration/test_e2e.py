@@ -25,14 +25,13 @@ import pytest
 
 from sunkd.domain.events import (
     ActionRequested,
-    K8sNodeObserved,
     RecordedEvent,
     SlurmNodeObserved,
     TransitionAborted,
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.ownership import slurm_drained
+from sunkd.domain.ownership import has_hold_taint, slurm_drained
 from sunkd.domain.state import ClusterState
 from sunkd.kubernetes.client import KubeClient
 from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
@@ -319,9 +318,9 @@ async def test_foreign_drain_and_not_ready_are_held_and_mirrored(slurm_cluster: 
                 drained, not_ready = slurm_cluster.node_names[0], slurm_cluster.node_names[1]
                 slurm_cluster.scontrol("update", f"nodename={drained}", "state=drain",
                                        "reason=admin: bad DIMM")
-                await sunkd.until("the foreign drain is mirrored as a sunkd cordon", lambda: (
-                    k := sunkd.state().nodes[drained].k8s) is not None and k.unschedulable
-                    and k.cordoned_by_sunkd)
+                await sunkd.until("the foreign drain is mirrored as sunkd's hold taint", lambda: (
+                    k := sunkd.state().nodes[drained].k8s) is not None and has_hold_taint(k)
+                    and not k.unschedulable)
                 node = emulator.get("nodes", drained)
                 assert node["metadata"]["annotations"]["sunkd.io/slurm-reason"] == "admin: bad DIMM"
                 emulator.patch("nodes", not_ready, {"status": {"conditions": [
@@ -337,8 +336,8 @@ async def test_foreign_drain_and_not_ready_are_held_and_mirrored(slurm_cluster: 
                 emulator.patch("nodes", not_ready, {"status": {"conditions": [
                     {"type": "Ready", "status": "True", "reason": "KubeletReady"}]}},
                     subresource="status", patch_type="strategic")
-                await sunkd.until("both holds cleared", lambda: not (
-                    sunkd.state().nodes[drained].k8s or K8sNodeObserved()).unschedulable
+                await sunkd.until("both holds cleared", lambda: not has_hold_taint(
+                    sunkd.state().nodes[drained].k8s)
                     and "DRAIN" not in (sunkd.state().nodes[not_ready].slurm
                                         or SlurmNodeObserved()).flags, within=60)
         finally:

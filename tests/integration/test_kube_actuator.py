@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.domain.ports import ActionError
 from sunkd.kubernetes.actuator import API_CALLS, KubernetesActuator
 from sunkd.kubernetes.client import EVENTS, NODES, PDBS, PODS, KubeApiError, KubeClient
 
@@ -154,6 +154,7 @@ async def test_conflicts_exhausted_is_retryable(kube: tuple[Any, KubeClient]) ->
 
 
 async def test_cordon_ownership(kube: tuple[Any, KubeClient]) -> None:
+    """sunkd's hold is its own taint; spec.unschedulable (a cordon) is never touched."""
     _, client = kube
     await create_node(client, "ours")
     await create_node(client, "theirs")
@@ -162,22 +163,40 @@ async def test_cordon_ownership(kube: tuple[Any, KubeClient]) -> None:
     assert await actuator.cordon("ours", "lent to kubernetes") is True
     assert await actuator.cordon("ours", "lent to kubernetes") is False
     node = await client.get(NODES, "ours")
-    assert node["spec"]["unschedulable"] is True
-    assert node["metadata"]["annotations"]["sunkd.io/cordoned-by"] == "sunkd"
+    assert not node["spec"].get("unschedulable")
+    assert {"key": "sunkd.io/slurm-hold", "value": "slurm", "effect": "NoSchedule"} in [
+        {k: t[k] for k in ("key", "value", "effect")} for t in node["spec"]["taints"]]
+    assert node["metadata"]["annotations"]["sunkd.io/cordon-reason"] == "lent to kubernetes"
     assert await actuator.uncordon("ours") is True
     assert await actuator.uncordon("ours") is False
     node = await client.get(NODES, "ours")
-    assert not node["spec"].get("unschedulable")
-    assert "sunkd.io/cordoned-by" not in (node["metadata"].get("annotations") or {})
+    assert not [t for t in node["spec"].get("taints") or [] if t["key"] == "sunkd.io/slurm-hold"]
+    assert "sunkd.io/cordon-reason" not in (node["metadata"].get("annotations") or {})
 
-    # A human ran `kubectl cordon theirs`: sunkd neither adopts nor lifts it.
+    # A human ran `kubectl cordon theirs`: sunkd adds its hold beside it and, removing its
+    # hold, leaves the cordon in place.
     await client.merge_patch(NODES, "theirs", {"spec": {"unschedulable": True}})
-    assert await actuator.cordon("theirs", "whatever") is False
-    node = await client.get(NODES, "theirs")
-    assert "sunkd.io/cordoned-by" not in (node["metadata"].get("annotations") or {})
-    with pytest.raises(RefusedError):
-        await actuator.uncordon("theirs")
+    assert await actuator.cordon("theirs", "whatever") is True
+    assert await actuator.uncordon("theirs") is True
     assert (await client.get(NODES, "theirs"))["spec"]["unschedulable"] is True
+
+
+async def test_s2_an_operator_cordon_after_uncordon_is_never_lifted(
+    kube: tuple[Any, KubeClient],
+) -> None:
+    """Safety scenario 2 on the API: older sunkd marked its cordons with an annotation that
+    `kubectl uncordon` leaves behind; a later human cordon then looked like sunkd's. Now the
+    annotation proves nothing and sunkd never sets or clears spec.unschedulable."""
+    _, client = kube
+    await create_node(client, "op")
+    actuator = KubernetesActuator(client)
+    await client.merge_patch(NODES, "op", {
+        "metadata": {"annotations": {"sunkd.io/cordoned-by": "sunkd"}},  # left behind
+        "spec": {"unschedulable": True}})  # `kubectl cordon op`
+    await actuator.uncordon("op")
+    node = await client.get(NODES, "op")
+    assert node["spec"]["unschedulable"] is True  # the operator's cordon stays
+    assert "sunkd.io/cordoned-by" not in (node["metadata"].get("annotations") or {})
 
 
 async def test_annotate(kube: tuple[Any, KubeClient]) -> None:

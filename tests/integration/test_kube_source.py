@@ -151,7 +151,8 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
                  if isinstance(p, K8sNodeObserved)}
         assert Taint("sunkd.io/owner", "NoSchedule", "slurm") in nodes["k-gpu-1"].taints
         assert Label("sunkd.io/owner", "slurm") in nodes["k-gpu-1"].labels
-        assert nodes["k-gpu-2"].unschedulable and nodes["k-gpu-2"].cordoned_by_sunkd
+        assert not nodes["k-gpu-2"].unschedulable and nodes["k-gpu-2"].cordoned_by_sunkd
+        assert Taint("sunkd.io/slurm-hold", "NoSchedule", "slurm") in nodes["k-gpu-2"].taints
 
         # The pending pod gets scheduled: demand empties, workload grows.
         await client.delete(PODS, "serve-pending", "ml", grace_period_seconds=0)

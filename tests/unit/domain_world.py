@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     ActionFailed,
     ActionSucceeded,
@@ -94,15 +95,19 @@ def k8s_obs(
     tainted: bool = True,
     unschedulable: bool = False,
     cordoned_by_sunkd: bool = False,
+    hold_tainted: bool = False,
     pin: str | None = None,
 ) -> K8sNodeObserved:
+    taints = [Taint(OWNER_TAINT_KEY, "NoSchedule", "slurm")] if tainted else []
+    if hold_tainted:
+        taints.append(Taint(wk.TAINT_HOLD, "NoSchedule", "slurm"))
     return K8sNodeObserved(
         node=node,
         slurm_node=node,
         ready=ready,
         unschedulable=unschedulable,
         cordoned_by_sunkd=cordoned_by_sunkd,
-        taints=(Taint(OWNER_TAINT_KEY, "NoSchedule", "slurm"),) if tainted else (),
+        taints=tuple(taints),
         labels=(POOL_LABEL,),
         pin=pin,
         cpu_millis=64000,
@@ -134,7 +139,7 @@ class SimNode:
     job_ends_at: float | None = None
     ready: bool = True
     unschedulable: bool = False
-    cordoned_by_sunkd: bool = False
+    hold_tainted: bool = False  # sunkd's own hold (the mirror of a Slurm hold)
     tainted: bool = False
     pin: str | None = None
     pods: list[str] = field(default_factory=list)
@@ -152,7 +157,7 @@ class SimNode:
             ready=self.ready,
             tainted=self.tainted,
             unschedulable=self.unschedulable,
-            cordoned_by_sunkd=self.cordoned_by_sunkd,
+            hold_tainted=self.hold_tainted,
             pin=self.pin,
         )
 
@@ -172,7 +177,8 @@ class SimNode:
         )
 
     def k8s_schedulable(self) -> bool:
-        return self.ready and not self.unschedulable and not self.tainted and len(self.pods) < 2
+        return (self.ready and not self.unschedulable and not self.tainted
+                and not self.hold_tainted and len(self.pods) < 2)
 
 
 @dataclass
@@ -232,17 +238,12 @@ class World:
         elif action.verb == "unlock":
             changed = node.tainted
             node.tainted = False
-        elif action.verb == "cordon":
-            changed = not node.unschedulable
-            if not node.unschedulable:
-                node.unschedulable = True
-                node.cordoned_by_sunkd = True
+        elif action.verb == "cordon":  # sunkd's hold taint; spec.unschedulable is never touched
+            changed = not node.hold_tainted
+            node.hold_tainted = True
         elif action.verb == "uncordon":
-            if node.unschedulable and not node.cordoned_by_sunkd:
-                return failed("refused: foreign cordon", False)
-            changed = node.unschedulable
-            node.unschedulable = False
-            node.cordoned_by_sunkd = False
+            changed = node.hold_tainted
+            node.hold_tainted = False
         elif action.verb == "evict":
             if chaos and rng is not None and rng.random() < 0.3:
                 return failed("429: disruption budget", True)

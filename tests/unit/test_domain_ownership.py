@@ -115,11 +115,14 @@ def test_foreign_drain_holds_at_once_our_drain_does_not() -> None:
     assert held.hold_reasons == ("slurm drained: admin: bad dimm",)
 
 
-def test_kubernetes_not_ready_and_foreign_cordon_hold_our_cordon_does_not() -> None:
+def test_kubernetes_not_ready_and_any_cordon_hold_our_hold_taint_does_not() -> None:
     log = _fresh_log()
     log.add(slurm_obs("n1"), 1.0)
-    log.add(k8s_obs("n1", unschedulable=True, cordoned_by_sunkd=True), 1.0)
+    log.add(k8s_obs("n1", hold_tainted=True), 1.0)
     assert not _assess(log, 1.0).held
+    # A cordon is always an operator's, even with sunkd's old annotation left behind.
+    log.add(k8s_obs("n1", unschedulable=True, cordoned_by_sunkd=True), 1.5)
+    assert _assess(log, 1.5).k8s_holds == ("cordoned",)
     log.add(k8s_obs("n1", ready=False, unschedulable=True), 2.0)
     assert _assess(log, 2.0).k8s_holds == ("NotReady", "cordoned")
     log.add(k8s_obs("n1", ready=None), 3.0)

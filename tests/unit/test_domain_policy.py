@@ -352,7 +352,7 @@ def test_foreign_drain_is_mirrored_as_a_cordon_and_never_resumed() -> None:
     assert cordon.arg("slurm_reason") == "admin: bad dimm"
     _record(log, decisions, T0)
     _succeed(log, cordon, T0 + 1)
-    log.add(k8s_obs("n1", unschedulable=True, cordoned_by_sunkd=True), T0 + 2)
+    log.add(k8s_obs("n1", hold_tainted=True), T0 + 2)
     assert _decide(log, T0 + 3) == []
     log.add(slurm_obs("n1"), T0 + 4)  # the admin resumed it
     assert _actions(_decide(log, T0 + 5)) == [("n1", "kubernetes", "uncordon")]

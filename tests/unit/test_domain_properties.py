@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sunkd.domain.events import OperatorPinned
-from sunkd.domain.ownership import assess, is_ours, slurm_drained
+from sunkd.domain.ownership import assess, has_hold_taint, is_ours, slurm_drained
 from sunkd.domain.policy import (
     CompleteTransition,
     Decision,
@@ -60,7 +60,7 @@ def _check_round(
                 assert is_ours(node.slurm.reason), (decision, node.slurm.reason)
                 assert decision.arg("expect_reason") == node.slurm.reason
             if decision.verb == "uncordon":
-                assert node.k8s is not None and node.k8s.cordoned_by_sunkd, decision
+                assert has_hold_taint(node.k8s), decision  # only ever sunkd's own taint
             if decision.verb == "drain":
                 assert is_ours(decision.arg("reason"))
                 slurm = node.slurm
@@ -131,10 +131,7 @@ def _perturb(sim: Simulation, rng: random.Random) -> None:
             node.slurm_state = "DOWN"
             node.job_ends_at = None  # a node going down kills its jobs
     elif roll < 0.76:
-        if not node.unschedulable:
-            node.unschedulable = True
-        elif not node.cordoned_by_sunkd:
-            node.unschedulable = False
+        node.unschedulable = not node.unschedulable  # an operator's cordon / uncordon
     elif roll < 0.80:
         to = rng.choice(["slurm", "kubernetes", "auto", "auto"])
         sim.log.add(OperatorPinned(node=node.name, to=to, who="op", why="chaos"), sim.now)
@@ -152,8 +149,7 @@ def _calm(world: World) -> None:
         if node.reason == "admin: maintenance":
             node.flags.discard("DRAIN")
             node.reason = None
-        if node.unschedulable and not node.cordoned_by_sunkd:
-            node.unschedulable = False
+        node.unschedulable = False
 
 
 knob_strategy = st.fixed_dictionaries(

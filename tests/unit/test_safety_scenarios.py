@@ -83,7 +83,6 @@ def test_s1_a_mirror_drain_is_not_removed_while_slurm_reports_the_node_unhealthy
 # ------------------------------------------------------------ 2. operator cordon lifted
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s2_any_cordon_is_foreign_and_never_lifted() -> None:
     """`kubectl uncordon` leaves sunkd's old annotation behind; a later human `kubectl
     cordon` sets spec.unschedulable again. sunkd cannot prove that cordon is its own, so it
@@ -96,7 +95,6 @@ def test_s2_any_cordon_is_foreign_and_never_lifted() -> None:
     assert ("n1", "kubernetes", "uncordon") not in _actions(_decide(log, T0))
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s2_sunkd_removes_only_its_own_hold_taint() -> None:
     """A Slurm hold mirrored as sunkd's hold taint is removed when the hold clears."""
     log = _cluster(1, kubernetes=("n1",))
@@ -104,7 +102,6 @@ def test_s2_sunkd_removes_only_its_own_hold_taint() -> None:
     assert ("n1", "kubernetes", "uncordon") in _actions(_decide(log, T0))
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s2_a_slurm_hold_is_mirrored_with_the_hold_taint_even_when_cordoned() -> None:
     """An operator's cordon does not stop sunkd from adding its own hold: the cordon may
     be lifted by the operator at any time, the taint stays until the Slurm hold clears."""

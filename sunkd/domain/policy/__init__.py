@@ -15,7 +15,7 @@ Safety rules enforced here (and checked by the property tests):
 - nothing at all is decided for a node while a source is not fresh or the node has not
   been observed on both sides (`Assessment.actionable`);
 - `resume` is requested only for a drain whose reason starts with `sunkd:`,
-  `uncordon` only for a cordon marked `cordoned_by_sunkd`;
+  `uncordon` only removes sunkd's own hold taint (`sunkd.io/slurm-hold`), never a cordon;
 - at most one open action per node and side; a failed action is retried only after a
   backoff (retryable) or after a long pause (not retryable, outside a transition);
   inside a transition a non-retryable failure aborts the transition.

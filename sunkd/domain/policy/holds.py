@@ -11,6 +11,7 @@ from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     MIRROR_REASON_PREFIX,
     Assessment,
+    has_hold_taint,
     is_mirror_drain,
     is_ours,
     slurm_state_text,
@@ -25,7 +26,7 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
     slurm = node.slurm
     k8s = node.k8s
     if k8s is not None:
-        if assessment.slurm_holds and not k8s.unschedulable:
+        if assessment.slurm_holds and not has_hold_taint(k8s):
             planner.ensure(
                 node,
                 OWNER_KUBERNETES,
@@ -39,8 +40,7 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
         elif (
             not assessment.slurm_holds
             and not assessment.slurm_unhealthy
-            and k8s.unschedulable
-            and k8s.cordoned_by_sunkd
+            and has_hold_taint(k8s)
         ):
             planner.ensure(
                 node, OWNER_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     Assessment,
+    has_hold_taint,
     has_owner_taint,
     is_ours,
     slurm_busy,
@@ -127,6 +128,7 @@ def _can_lend(planner: _Planner, node: NodeState, assessment: Assessment) -> boo
         and "DRAIN" not in slurm.flags
         and not assessment.slurm_unhealthy
         and not k8s.unschedulable
+        and not has_hold_taint(k8s)
         and assessment.pin != OWNER_SLURM
     )
 
