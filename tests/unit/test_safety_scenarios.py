@@ -131,7 +131,6 @@ def _reclaim_resumed(log: Log) -> None:
     log.add(slurm_obs("n1"), T0 + 3)
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s3_a_reclaim_resumed_in_slurm_finishes_to_slurm_when_the_node_object_vanishes() -> None:
     log = _cluster(1, kubernetes=("n1",))
     _reclaim_resumed(log)

@@ -40,6 +40,17 @@ def _handle_transition(
             direction == "reclaim" and _resume_started(node, transition)
         )
         missing = node.slurm is None or node.k8s is None
+        if direction == "reclaim" and committed:
+            # Past the resume Slurm may already run jobs there: going back to Kubernetes
+            # would leave an untainted, Kubernetes-owned node running a Slurm job. A
+            # reclaim that resumed finishes to Slurm; with the Node object gone there is
+            # nothing left on the Kubernetes side to wait for.
+            if node.k8s is None and node.slurm is not None:
+                planner.complete(
+                    node, transition,
+                    "Kubernetes Node gone after Slurm resumed it: node belongs to slurm",
+                )
+            return
         if not committed or missing:
             planner.abort(node, transition, "held: " + "; ".join(assessment.hold_reasons))
         return
