@@ -103,6 +103,10 @@ class Metrics:
         self.open_transitions = Gauge("sunkd_transitions_open",
                                       "Transitions started and not ended, per direction.",
                                       ["direction"], registry=r)
+        self.conflicts = Gauge(
+            "sunkd_nodes_in_conflict",
+            "Nodes where a Slurm job and a pod run at once (held; should always be 0).",
+            ["pool"], registry=r)
         self.pending_actions = Gauge("sunkd_actions_pending",
                                      "Actions requested without an outcome (the outbox).",
                                      registry=r)
@@ -236,9 +240,12 @@ class Metrics:
         counts: dict[tuple[str, ...], int] = {}
         slurm_counts: dict[tuple[str, ...], int] = {}
         moving: dict[tuple[str, ...], int] = {("lend",): 0, ("reclaim",): 0, ("adopt",): 0}
+        conflicts: dict[tuple[str, ...], int] = {}
         for name, node in state.nodes.items():
             pool = members.get(name, NO_POOL)
             assessment = assess(state, node, now)
+            if assessment.conflicts:
+                conflicts[(pool,)] = conflicts.get((pool,), 0) + 1
             key = (pool, node.owner, assessment.phase.value)
             counts[key] = counts.get(key, 0) + 1
             if node.slurm is not None:
@@ -253,6 +260,7 @@ class Metrics:
         self._set_all("nodes", self.nodes, counts)
         self._set_all("slurm_nodes", self.slurm_nodes, slurm_counts)
         self._set_all("open_transitions", self.open_transitions, moving)
+        self._set_all("conflicts", self.conflicts, conflicts)
         self.pending_actions.set(len(state.pending_actions()))
         for source, health in state.sources.items():
             fresh = health.status == "fresh"

@@ -55,6 +55,7 @@ __all__ = [
     "is_lend_drain",
     "is_mirror_drain",
     "is_ours",
+    "running_pods",
     "slurm_busy",
     "slurm_drained",
     "slurm_usable",
@@ -141,10 +142,13 @@ class Assessment:
     k8s_holds: tuple[str, ...] = ()  # Kubernetes-side trouble (mirrored to Slurm)
     slurm_unhealthy: bool = False  # Slurm reports it broken, held or still in grace
     pin: str | None = None  # slurm | kubernetes when an operator pinned it
+    # A Slurm job and a (non-DaemonSet) pod on the node at once: the one thing sunkd exists
+    # to prevent. HELD, reported (metric, Event, audit record), never silent (I1).
+    conflicts: tuple[str, ...] = ()
 
     @property
     def hold_reasons(self) -> tuple[str, ...]:
-        return tuple(sorted((*self.slurm_holds, *self.k8s_holds)))
+        return tuple(sorted((*self.slurm_holds, *self.k8s_holds, *self.conflicts)))
 
     @property
     def actionable(self) -> bool:
@@ -153,7 +157,7 @@ class Assessment:
 
     @property
     def held(self) -> bool:
-        return bool(self.slurm_holds or self.k8s_holds)
+        return bool(self.slurm_holds or self.k8s_holds or self.conflicts)
 
 
 def _slurm_condition(observation: SlurmNodeObserved) -> str:
@@ -206,7 +210,15 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
         if k8s.unschedulable:  # every cordon is an operator's: sunkd's hold is a taint
             k8s_holds.append("cordoned")
 
-    if slurm_holds or k8s_holds:
+    conflicts: list[str] = []
+    pods = running_pods(node)
+    if slurm is not None and pods and (slurm_busy(slurm) or slurm.alloc_cpus > 0):
+        conflicts.append(
+            f"conflict: Slurm job(s) and {len(pods)} pod(s) on one node ({', '.join(pods[:3])}"
+            f"{', ...' if len(pods) > 3 else ''})"
+        )
+
+    if slurm_holds or k8s_holds or conflicts:
         phase = Phase.HELD
     else:
         phase = node.phase
@@ -218,6 +230,21 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
         k8s_holds=tuple(k8s_holds),
         slurm_unhealthy=unhealthy,
         pin=pin,
+        conflicts=tuple(conflicts),
+    )
+
+
+_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def running_pods(node: NodeState) -> list[str]:
+    """`namespace/name` of every pod the Kubernetes source reports on the node that has not
+    finished: the pool's pods and any other non-DaemonSet, non-mirror pod."""
+    return sorted(
+        f"{pod.namespace}/{pod.name}"
+        for pods in node.workload.values()
+        for pod in pods
+        if pod.phase not in _DONE_PHASES
     )
 
 

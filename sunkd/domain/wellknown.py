@@ -44,6 +44,7 @@ EVENT_CORDONED = "SunkdCordoned"  # sunkd added its hold taint (mirroring a Slur
 EVENT_UNCORDONED = "SunkdUncordoned"  # sunkd removed its hold taint
 EVENT_ANNOTATED = "SunkdAnnotated"  # sunkd mirrored Slurm state into annotations
 EVENT_EVICTED = "SunkdEvicted"  # sunkd evicted a pod to reclaim a node for Slurm
+EVENT_CONFLICT = "SunkdConflict"  # Warning: a Slurm job and a pod share the node
 
 # --- Nodeset status condition types and their reasons -----------------------------------
 CONDITION_READY = "Ready"  # sources fresh: sunkd may act

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import structlog
+
 from sunkd.domain import wellknown as wk
 from sunkd.domain.policy import (
     VERB_CORDON,
@@ -18,6 +20,7 @@ from sunkd.domain.policy import (
     VERB_RESUME,
     VERB_UNCORDON,
     VERB_UNLOCK,
+    VERB_WARN,
 )
 from sunkd.domain.ports import ActionError
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, OpenAction
@@ -26,6 +29,9 @@ from sunkd.slurm.model import SlurmNode
 # Annotations mirroring a Slurm-side hold onto the Kubernetes node.
 ANNOTATION_SLURM_STATE = wk.ANNOTATION_SLURM_STATE
 ANNOTATION_SLURM_REASON = wk.ANNOTATION_SLURM_REASON
+
+
+log = structlog.get_logger(__name__)
 
 
 class SlurmActions(Protocol):
@@ -45,6 +51,8 @@ class KubernetesActions(Protocol):
     async def uncordon(self, node: str) -> bool: ...
     async def annotate(self, node: str, values: dict[str, str | None]) -> bool: ...
     async def evict(self, namespace: str, pod: str) -> bool: ...
+    async def record_event(self, node: str, reason: str, message: str,
+                           type: str = "Normal") -> bool: ...
 
 
 def _args(action: OpenAction, key: str) -> list[str]:
@@ -126,6 +134,13 @@ class ActuatorExecutor:
             cleared = await actuator.annotate(
                 node, {ANNOTATION_SLURM_STATE: None, ANNOTATION_SLURM_REASON: None})
             return uncordoned or cleared
+        if action.verb == VERB_WARN:
+            # The policy's "say why": a Warning Event on the node (kubectl describe node).
+            log.warning("executor.warn", node=node, reason=action.reason)
+            await actuator.record_event(
+                node, _arg(action, "event_reason") or wk.EVENT_CONFLICT,
+                _arg(action, "message") or action.reason, type="Warning")
+            return True
         if action.verb == VERB_EVICT:
             changed = False
             for pod in _args(action, "pod"):

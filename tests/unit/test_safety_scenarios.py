@@ -146,7 +146,6 @@ def test_s3_a_reclaim_resumed_in_slurm_finishes_to_slurm_when_the_node_object_va
 # ----------------------------------------------------- 4. a job and a pod on one node
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s4_a_slurm_job_on_a_lent_node_with_pods_is_held_and_reported() -> None:
     """Someone resumes a lent node in Slurm; a job lands beside the pool pods."""
     log = _cluster(1, kubernetes=("n1",))
@@ -162,7 +161,6 @@ def test_s4_a_slurm_job_on_a_lent_node_with_pods_is_held_and_reported() -> None:
     assert "drain" in verbs  # and no more jobs land on it
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s4_pods_on_a_busy_slurm_node_are_a_conflict_too() -> None:
     log = _cluster(1)
     log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 5.0)
@@ -177,7 +175,6 @@ def test_s4_pods_on_a_busy_slurm_node_are_a_conflict_too() -> None:
 # --------------------------------------------- 5. a re-created Node is schedulable at once
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s5_a_recreated_node_is_tainted_even_while_not_ready() -> None:
     log = _cluster(1)
     log.add(K8sNodeVanished(node="n1"), 5.0)
@@ -219,3 +216,19 @@ def test_s9_a_reclaim_waits_for_and_evicts_non_pool_pods_too() -> None:
     late = _decide(log, T0 + 10_000)
     evict = [d for d in late if isinstance(d, RequestAction) and d.verb == "evict"]
     assert evict and "other/web" in [a.value for a in evict[0].args if a.key == "pod"]
+
+
+def test_s4_a_conflict_is_counted_in_the_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from sunkd.api.metrics import Metrics
+    from tests.unit.domain_world import pool_spec
+
+    log = _cluster(2, kubernetes=("n1",))
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL,
+                                pods=(PodRef("serving", "p1", "Running"),)), 5.0)
+    log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 6.0)
+    metrics = Metrics()
+    metrics.set_state(log.state(), T0, [pool_spec()])
+    text = generate_latest(metrics.registry).decode()
+    assert f'sunkd_nodes_in_conflict{{pool="{POOL}"}} 1.0' in text

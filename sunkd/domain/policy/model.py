@@ -45,6 +45,7 @@ VERB_LOCK = "lock"  # kubernetes: add taint sunkd.io/owner=slurm:NoSchedule, lab
 VERB_UNLOCK = "unlock"  # kubernetes: remove that taint, label sunkd.io/owner=kubernetes
 VERB_CORDON = "cordon"  # kubernetes; args `slurm_state`, `slurm_reason` (annotations)
 VERB_UNCORDON = "uncordon"  # kubernetes: only a cordon marked cordoned-by: sunkd
+VERB_WARN = "warn"  # kubernetes: a Warning Event on the node; args `event_reason`, `message`
 VERB_EVICT = "evict"  # kubernetes; args `pod` = "<namespace>/<name>" (repeated)
 
 

@@ -10,7 +10,7 @@ holds, repair, transitions, pool) all build on this module and on `model`.
 from __future__ import annotations
 
 from sunkd.domain.events import Label, SlurmNodeObserved
-from sunkd.domain.ownership import has_owner_taint
+from sunkd.domain.ownership import has_owner_taint, running_pods
 from sunkd.domain.policy.model import (
     OBSERVATION_CATCHUP_SECONDS,
     REFUSED_RETRY_SECONDS,
@@ -29,20 +29,13 @@ from sunkd.domain.state import (
     OpenTransition,
 )
 
-_DONE_PHASES = frozenset({"Succeeded", "Failed"})
-
 _REQUESTED = "requested"
 _WAITING = "waiting"
 _FAILED = "failed"  # a non-retryable failure of this verb within this transition
 
 
 def _active_pods(node: NodeState) -> list[str]:
-    return sorted(
-        f"{pod.namespace}/{pod.name}"
-        for pods in node.workload.values()
-        for pod in pods
-        if pod.phase not in _DONE_PHASES
-    )
+    return running_pods(node)
 
 
 def _expected_drain(slurm: SlurmNodeObserved) -> tuple[Label, ...]:

@@ -28,7 +28,7 @@ from sunkd.domain.policy.model import (
 )
 from sunkd.domain.policy.planner import _active_pods, _Planner
 from sunkd.domain.policy.reclaim import _can_reclaim, _start_reclaim
-from sunkd.domain.policy.repair import _repair
+from sunkd.domain.policy.repair import _repair, _repair_while_held
 from sunkd.domain.policy.transitions import _adopt, _handle_transition
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
@@ -106,6 +106,8 @@ def _step_nodes(
         _mirror_holds(planner, node, assessment)
         if node.transition is None and not assessment.held and node.owner != OWNER_NONE:
             _repair(planner, node, assessment)
+        elif assessment.held:
+            _repair_while_held(planner, node, assessment)
 
 
 def _move_budget(planner: _Planner, spec: OwnershipSpec, census: _Census) -> int:

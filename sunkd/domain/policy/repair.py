@@ -6,6 +6,9 @@ drain; a node lent to Kubernetes must stay drained in Slurm and untainted.
 
 from __future__ import annotations
 
+import dataclasses
+
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     Assessment,
@@ -20,10 +23,53 @@ from sunkd.domain.policy.model import (
     VERB_LOCK,
     VERB_RESUME,
     VERB_UNLOCK,
+    VERB_WARN,
     lend_reason,
 )
 from sunkd.domain.policy.planner import _active_pods, _expected_drain, _may_resume, _Planner
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, Phase
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, NodeState, Phase
+
+CONFLICT_WARN_EVERY_SECONDS = 600.0  # a standing conflict is re-reported this often
+
+
+def _repair_while_held(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+    """What stays safe however held the node is, and must not wait for the hold to end.
+
+    * A Slurm-owned node without the owner taint gets it back at once (adding a NoSchedule
+      taint never harms a running pod): a Node deleted and re-created by its kubelet comes
+      back NotReady and untainted, and is schedulable the moment it turns Ready.
+    * A conflict (a Slurm job and a pod on one node) is reported as a Warning Event on the
+      node (its request in the log is the audit record), then repaired like any drift:
+      a lent node is drained again, pool pods on a Slurm node are evicted.
+    """
+    k8s = node.k8s
+    if (
+        node.owner == OWNER_SLURM
+        and node.transition is None
+        and k8s is not None
+        and not has_owner_taint(k8s)
+    ):
+        planner.ensure(
+            node, OWNER_KUBERNETES, VERB_LOCK,
+            "repair: Slurm-owned node has no owner taint (safe to add while held)",
+        )
+    if assessment.conflicts:
+        outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
+        if outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS:
+            planner.ensure(
+                node, OWNER_KUBERNETES, VERB_WARN, "; ".join(assessment.conflicts),
+                (Label("event_reason", wk.EVENT_CONFLICT),
+                 Label("message", "; ".join(assessment.conflicts))),
+            )
+        if (
+            node.transition is None
+            and node.owner != OWNER_NONE
+            and not assessment.slurm_holds
+            and not assessment.k8s_holds
+            and node.slurm is not None
+        ):
+            # Repair as the settled phase would (HELD is only the conflict's overlay).
+            _repair(planner, node, dataclasses.replace(assessment, phase=node.phase))
 
 
 def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
