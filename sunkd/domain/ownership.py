@@ -178,6 +178,8 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
         elif health.status != "fresh":
             cause = f": {health.cause}" if health.cause else ""
             unknown.append(f"{source} source is {health.status}{cause}")
+        elif not state.source_fresh(source):
+            unknown.append(f"{source} source has not reported in this leadership term yet")
     if node.slurm is None and not node.slurm_missing:
         unknown.append("not observed in Slurm yet")
     if node.k8s is None and not node.k8s_missing:

@@ -164,6 +164,7 @@ class SourceState(NamedTuple):
     detail: str | None
     since: float  # when the status last changed
     last_fresh_at: float | None
+    epoch: int = 0  # leadership term of the report: only the current term's counts (I3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +211,14 @@ class ClusterState:
     last_recorded_at: float | None = None
 
     def source_fresh(self, source: str) -> bool:
+        """Fresh, as observed in the current leadership term: a new leader must not act
+        on what the previous term's sources saw (it may be a whole outage old)."""
         health = self.sources.get(source)
-        return health is not None and health.status == SOURCE_FRESH
+        return (
+            health is not None
+            and health.status == SOURCE_FRESH
+            and health.epoch >= self.leader_epoch
+        )
 
     def pending_actions(self) -> list[OpenAction]:
         """Requested actions without an outcome, oldest first (what the outbox runs)."""
@@ -421,7 +428,8 @@ def _on_health(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     last_fresh = previous.last_fresh_at if previous is not None else None
     if health.status == SOURCE_FRESH:
         last_fresh = at
-    b.sources[source] = SourceState(health.status, health.cause, health.detail, since, last_fresh)
+    b.sources[source] = SourceState(health.status, health.cause, health.detail, since, last_fresh,
+                                    event.epoch)
 
 
 def _pin(to: str | None, source: str, who: str, why: str, at: float) -> Pin | None:
@@ -779,6 +787,7 @@ def state_to_json(state: ClusterState) -> dict[str, Any]:
                 "detail": s.detail,
                 "since": s.since,
                 "last_fresh_at": s.last_fresh_at,
+                "epoch": s.epoch,
             }
             for source, s in state.sources.items()
         },
@@ -818,6 +827,7 @@ def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
                 detail=s["detail"],
                 since=float(s["since"]),
                 last_fresh_at=_float_or_none(s["last_fresh_at"]),
+                epoch=int(s.get("epoch", 0)),
             )
             for source, s in raw["sources"].items()
         },

@@ -474,19 +474,17 @@ class Daemon:
         sources: list[Any] = []
         slurm_client = await self._slurm(closers)
         if slurm_client is not None:
-            from sunkd.domain.events import SourceHealth
             from sunkd.slurm.source import SlurmSource
 
-            health = state.sources.get("slurm")
             sources.append(SlurmSource(
                 slurm_client, sink, partitions=self.settings.slurm.partitions,
                 poll_interval=self.settings.slurm.poll_interval,
                 initial_nodes={name: node.slurm for name, node in state.nodes.items()
                                if node.slurm is not None and not node.slurm_missing},
                 initial_demand=dict(state.slurm_demand),
-                initial_health=SourceHealth(source="slurm", status=health.status,
-                                            cause=health.cause, detail=health.detail)
-                if health is not None else None))
+                # No health seed: the source reports health after its first poll of this
+                # term, and only that report makes it fresh again (docs/safety.md, I3).
+                initial_health=None))
         kube_client = await self._kube(closers)
         if kube_client is not None:
             from sunkd.kubernetes.source import KubernetesSource

@@ -185,7 +185,6 @@ def test_s5_a_recreated_node_is_tainted_even_while_not_ready() -> None:
 # -------------------------------------------- 6. freshness carried across leadership terms
 
 
-@pytest.mark.xfail(strict=True, reason="scenario before its fix")
 def test_s6_a_new_leader_does_not_act_on_the_previous_terms_health() -> None:
     log = _cluster(2)
     _pods(log, 2)
