@@ -1,3 +1,12 @@
+// Pins for scripts/build-kubernetes.sh: the real Kubernetes control plane and a matching
+// kubectl (k8s.io/kubernetes), and etcd (go.etcd.io/etcd/server/v3, the version Kubernetes
+// itself pins). No code: the `tool` block keeps `go mod tidy` from dropping the binaries.
+// k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with ./staging
+// in its own tree; a consumer replaces each with the published v0.<minor>.<patch>. Upstream's
+// replace list also names k8s.io/sample-cli-plugin and k8s.io/sample-controller, which no
+// binary needs and the module proxy does not serve at v0.37.2: left out.
+// Changing the version: docs/kubernetes-build.md, and KUBE_VERSION in
+// sunkd/testbed/kubernetes.py (a test checks they agree).
 module sunkd.invalid/tests/kube
 
 go 1.26.0
