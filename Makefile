@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_ARGS ?= --duration 120
 
-.PHONY: all venv system-deps test lint unit demo bench clean
+.PHONY: all venv system-deps kube-binaries test lint unit demo bench clean
 
 all: test
 
@@ -22,13 +22,19 @@ venv: $(BIN)/.installed
 system-deps:
 	scripts/ensure-system-deps.sh
 
+# The real Kubernetes control plane (kube-apiserver, controller-manager, scheduler,
+# kubectl, etcd) built from Go modules once per machine and cached by version outside
+# the clone (/var/cache/sunkd/kubernetes-vX.Y.Z; about 7 minutes cold, instant warm).
+kube-binaries:
+	scripts/build-kubernetes.sh
+
 lint: venv
 	$(BIN)/ruff check sunkd tests bench
 	$(BIN)/mypy
 
 # The whole suite. CI (.ci/run) sets SUNKD_TEST_STRICT=1: a test that would skip because
 # PostgreSQL, Slurm or kubectl is missing fails instead.
-test: venv system-deps lint
+test: venv system-deps kube-binaries lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 unit: venv
