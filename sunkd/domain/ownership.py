@@ -50,6 +50,7 @@ __all__ = [
     "Phase",
     "assess",
     "assess_all",
+    "foreign_word",
     "has_hold_taint",
     "has_owner_taint",
     "is_lend_drain",
@@ -84,6 +85,17 @@ def is_mirror_drain(reason: str | None) -> bool:
     """Our drain mirroring a Kubernetes-side hold (`sunkd: k8s <why>`)."""
     return reason is not None and reason.startswith(MIRROR_REASON_PREFIX)
 
+
+
+def foreign_word(observation: SlurmNodeObserved | None) -> bool:
+    """Someone else's reason that still means something: on a drained node, or on one
+    Slurm reports unhealthy (DOWN, FAIL, NOT_RESPONDING ...). sunkd never writes over it
+    (`scontrol update state=down reason="bad DIMM"` sets no DRAIN flag, and is still an
+    admin's word). A stale reason on a healthy, undrained node protects nothing (24.11
+    keeps the old text after a RESUME)."""
+    if observation is None or not observation.reason or is_ours(observation.reason):
+        return False
+    return "DRAIN" in observation.flags or slurm_unhealthy(observation)
 
 
 def slurm_busy(observation: SlurmNodeObserved) -> bool:

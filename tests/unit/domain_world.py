@@ -190,6 +190,7 @@ class World:
     pending_pods: list[str] = field(default_factory=list)
     fresh: dict[str, bool] = field(default_factory=lambda: {"slurm": True, "kubernetes": True})
     pod_counter: int = 0
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # Warning Events seen
 
     @classmethod
     def of(cls, count: int) -> World:
@@ -219,19 +220,25 @@ class World:
         args = {label.key: label.value for label in action.args}
         changed = True
         if action.verb == "drain":
-            if "DRAIN" in node.flags and not is_ours(node.reason):
+            foreign = bool(node.reason) and not is_ours(node.reason)
+            live = "DRAIN" in node.flags or node.slurm_state == "DOWN" or "FAIL" in node.flags
+            if foreign and live:
                 return failed("refused: foreign drain", False)
             changed = "DRAIN" not in node.flags or node.reason != args["reason"]
             node.flags.add("DRAIN")
             node.reason = args["reason"]
-        elif action.verb == "resume":
+        elif action.verb == "resume":  # UNDRAIN: clears DRAIN only (DOWN, FAIL stay)
             if "DRAIN" not in node.flags:
                 changed = False
             elif not is_ours(node.reason):
                 return failed("refused: foreign drain", False)
+            elif args.get("expect_reason") and args["expect_reason"] != node.reason:
+                return failed("refused: reason changed since the decision", False)
             else:
                 node.flags.discard("DRAIN")
                 node.reason = None
+        elif action.verb == "warn":
+            self.warnings.append((action.node, args.get("message", "")))
         elif action.verb == "lock":
             changed = not node.tainted
             node.tainted = True

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     Assessment,
+    foreign_word,
     has_hold_taint,
     has_owner_taint,
     is_ours,
@@ -79,6 +80,11 @@ def _advance_to_kubernetes(
     if "DRAIN" not in slurm.flags or not is_ours(slurm.reason):
         if adopt:
             planner.abort(node, transition, "adoption as lent no longer matches: not drained")
+            return
+        if foreign_word(slurm):
+            _abort_lend(planner, node, transition,
+                        f"Slurm reports {slurm.state.upper()} with someone else's reason "
+                        f"{slurm.reason!r}: not draining over it")
             return
         result = planner.ensure(
             node,

@@ -28,7 +28,7 @@ from sunkd.domain.policy.model import (
 )
 from sunkd.domain.policy.planner import _active_pods, _Planner
 from sunkd.domain.policy.reclaim import _can_reclaim, _start_reclaim
-from sunkd.domain.policy.repair import _repair, _repair_while_held
+from sunkd.domain.policy.repair import _repair, _repair_while_held, _report_conflict
 from sunkd.domain.policy.transitions import _adopt, _handle_transition
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
@@ -99,6 +99,8 @@ def _step_nodes(
         assessment = census.assessments[node.name]
         if not assessment.actionable:
             continue
+        if assessment.conflicts:
+            _report_conflict(planner, node, assessment)
         if node.transition is not None:
             _handle_transition(planner, node, assessment, spec, surplus_lends)
         elif node.owner == OWNER_NONE and not assessment.held:

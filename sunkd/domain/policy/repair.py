@@ -12,6 +12,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     Assessment,
+    foreign_word,
     has_owner_taint,
     is_lend_drain,
     is_ours,
@@ -54,13 +55,6 @@ def _repair_while_held(planner: _Planner, node: NodeState, assessment: Assessmen
             "repair: Slurm-owned node has no owner taint (safe to add while held)",
         )
     if assessment.conflicts:
-        outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
-        if outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS:
-            planner.ensure(
-                node, OWNER_KUBERNETES, VERB_WARN, "; ".join(assessment.conflicts),
-                (Label("event_reason", wk.EVENT_CONFLICT),
-                 Label("message", "; ".join(assessment.conflicts))),
-            )
         if (
             node.transition is None
             and node.owner != OWNER_NONE
@@ -70,6 +64,18 @@ def _repair_while_held(planner: _Planner, node: NodeState, assessment: Assessmen
         ):
             # Repair as the settled phase would (HELD is only the conflict's overlay).
             _repair(planner, node, dataclasses.replace(assessment, phase=node.phase))
+
+
+def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+    """A Warning Event on the node, first thing in the node's round (nothing of this round
+    may hold it back), then again every CONFLICT_WARN_EVERY_SECONDS while it lasts."""
+    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
+    if outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS:
+        planner.ensure(
+            node, OWNER_KUBERNETES, VERB_WARN, "; ".join(assessment.conflicts),
+            (Label("event_reason", wk.EVENT_CONFLICT),
+             Label("message", "; ".join(assessment.conflicts))),
+        )
 
 
 def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
@@ -100,7 +106,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
                 _expected_drain(slurm),
             )
     elif assessment.phase == Phase.KUBERNETES:
-        if "DRAIN" not in slurm.flags:
+        if "DRAIN" not in slurm.flags and not foreign_word(slurm):
             planner.ensure(
                 node,
                 OWNER_SLURM,
