@@ -13,6 +13,7 @@ from sunkd.domain.ownership import (
     Assessment,
     has_owner_taint,
     is_lend_drain,
+    running_pods,
     slurm_drained,
 )
 from sunkd.domain.policy.lend import _abort_lend, _advance_to_kubernetes, _unlock_started
@@ -44,12 +45,31 @@ def _handle_transition(
             # Past the resume Slurm may already run jobs there: going back to Kubernetes
             # would leave an untainted, Kubernetes-owned node running a Slurm job. A
             # reclaim that resumed finishes to Slurm; with the Node object gone there is
-            # nothing left on the Kubernetes side to wait for.
-            if node.k8s is None and node.slurm is not None:
+            # nothing left on the Kubernetes side to wait for, and a hold Slurm itself
+            # reports (FAIL, DOWN) is Slurm's to clear, not a reason to wait forever.
+            slurm, k8s = node.slurm, node.k8s
+            if k8s is None and slurm is not None:
                 planner.complete(
                     node, transition,
                     "Kubernetes Node gone after Slurm resumed it: node belongs to slurm",
                 )
+            elif (
+                slurm is not None
+                and "DRAIN" not in slurm.flags
+                and has_owner_taint(k8s)
+                and not running_pods(node)
+            ):
+                planner.complete(
+                    node, transition,
+                    "resumed in Slurm, tainted, no pods: node belongs to slurm "
+                    "(held there: " + "; ".join(assessment.hold_reasons) + ")",
+                )
+            return
+        if direction == "lend" and committed and not missing:
+            # The owner taint is already coming off: finish the handover if Slurm still
+            # reports the node drained by us (a drain undone meanwhile is drained again,
+            # unless someone else's word is on it: then the lend is aborted).
+            _advance_to_kubernetes(planner, node, transition)
             return
         if not committed or missing:
             planner.abort(node, transition, "held: " + "; ".join(assessment.hold_reasons))
