@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     K8sNodeObserved,
@@ -231,3 +229,27 @@ def test_s4_a_conflict_is_counted_in_the_metrics() -> None:
     metrics.set_state(log.state(), T0, [pool_spec()])
     text = generate_latest(metrics.registry).decode()
     assert f'sunkd_nodes_in_conflict{{pool="{POOL}"}} 1.0' in text
+
+
+# ------------------------------------------- hostile input 12.2: a stolen node identity
+
+
+@pytest.mark.xfail(strict=True, reason="before its fix")
+def test_h2_two_nodes_claiming_one_slurm_name_are_held_and_nothing_acts() -> None:
+    """A second Node labelled sunkd.io/slurm-node-name=n1 must not take over n1's identity:
+    both claims are a conflict, the node is HELD, reported, and no action touches it."""
+    log = _cluster(1)
+    impostor = dataclasses.replace(k8s_obs("n1", tainted=False), node="impostor")
+    log.add(impostor, 5.0)
+    state = log.state()
+    node = state.nodes["n1"]
+    assert node.k8s_name == "n1"  # the first claimant keeps the identity ...
+    assessment = assess(state, node, T0)
+    assert assessment.held and any("identity" in r for r in assessment.hold_reasons)
+    _jobs(log, 0)
+    _pods(log, 3)  # demand that would otherwise lend n1
+    verbs = [verb for node_name, _side, verb in _actions(_decide(log, T0))]
+    assert verbs == ["warn"]  # ... and only a Warning goes out
+    log.add(K8sNodeVanished(node="impostor"), 6.0)  # resolved: the impostor is deleted
+    state = log.state()
+    assert not assess(state, state.nodes["n1"], T0).held
