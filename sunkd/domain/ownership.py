@@ -168,6 +168,11 @@ class Assessment:
         return not self.unknown_reasons
 
     @property
+    def identity_conflict(self) -> bool:
+        """Two Kubernetes Nodes claim this Slurm node: nobody knows which side is which."""
+        return any(c.startswith("identity conflict") for c in self.conflicts)
+
+    @property
     def held(self) -> bool:
         return bool(self.slurm_holds or self.k8s_holds or self.conflicts)
 
@@ -223,6 +228,11 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
             k8s_holds.append("NotReady" if k8s.ready is False else "Ready unknown")
         if k8s.unschedulable:  # every cordon is an operator's: sunkd's hold is a taint
             k8s_holds.append("cordoned")
+    identity = ""
+    if node.k8s_rivals:
+        claimants = ", ".join(sorted({node.k8s_name or node.name, *node.k8s_rivals}))
+        identity = (f"identity conflict: Kubernetes Nodes {claimants} all claim Slurm node "
+                    f"{node.name} (label {wk.LABEL_SLURM_NODE_NAME})")
 
     conflicts: list[str] = []
     pods = running_pods(node)
@@ -231,6 +241,9 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
             f"conflict: Slurm job(s) and {len(pods)} pod(s) on one node ({', '.join(pods[:3])}"
             f"{', ...' if len(pods) > 3 else ''})"
         )
+
+    if identity:
+        conflicts.append(identity)
 
     if slurm_holds or k8s_holds or conflicts:
         phase = Phase.HELD

@@ -189,6 +189,10 @@ class NodeState:
     workload: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)  # pool -> pods
     open_actions: Mapping[str, OpenAction] = field(default_factory=dict)  # by action_id
     outcomes: Mapping[str, ActionOutcome] = field(default_factory=dict)  # by "side/verb"
+    # Other Kubernetes Nodes claiming this Slurm name (label sunkd.io/slurm-node-name), by
+    # name: an identity conflict. The first claimant keeps `k8s`; nothing acts until one
+    # of them is deleted or relabelled (ownership.assess holds the node).
+    k8s_rivals: Mapping[str, K8sNodeObserved] = field(default_factory=dict)
 
     def open_action_on(self, side: str) -> OpenAction | None:
         for action in self.open_actions.values():
@@ -258,6 +262,7 @@ class _NodeDraft:
     workload: Mapping[str, tuple[PodRef, ...]]
     open_actions: Mapping[str, OpenAction]
     outcomes: Mapping[str, ActionOutcome]
+    k8s_rivals: Mapping[str, K8sNodeObserved]
 
     def __init__(self, node: NodeState) -> None:
         for name in _NODE_FIELDS:
@@ -355,11 +360,20 @@ def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     k8s_name = observation.node or event.subject
     name = observation.slurm_node or k8s_name
     names = b.k8s_names if b.k8s_names is not None else b.base.k8s_names
-    if names.get(k8s_name) != name:
+    old_name = names.get(k8s_name)
+    if old_name != name:
         if b.k8s_names is None:
             b.k8s_names = dict(b.base.k8s_names)
         b.k8s_names[k8s_name] = name
+        if old_name is not None:
+            _release_claim(b.drafts.get(old_name) or b.draft(old_name), k8s_name, seq)
     d = b.drafts.get(name) or b.draft(name)
+    if d.k8s is not None and d.k8s_name not in (None, k8s_name):
+        # A second Node claims this Slurm name: an identity conflict, never a takeover.
+        rivals = dict(d.k8s_rivals)
+        rivals[k8s_name] = observation
+        d.k8s_rivals = rivals
+        return
     previous = d.k8s
     if observation.pin != (previous.pin if previous is not None else None):
         d.pin = _pin(observation.pin, "annotation", f"annotation sunkd.io/pin on {k8s_name}",
@@ -370,12 +384,39 @@ def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     d.k8s_missing = False
 
 
-def _on_k8s_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
-    subject = event.subject
-    d = b.draft(b.slurm_name_of(p.node or subject))
+def _release_claim(d: _NodeDraft, k8s_name: str, seq: int) -> None:
+    """`k8s_name` no longer claims this Slurm node (deleted or relabelled)."""
+    if k8s_name in d.k8s_rivals:
+        rivals = dict(d.k8s_rivals)
+        del rivals[k8s_name]
+        d.k8s_rivals = rivals
+        return
+    if d.k8s_name != k8s_name:
+        return
+    if d.k8s_rivals:  # the remaining claimant is the node's Kubernetes side now
+        rivals = dict(d.k8s_rivals)
+        successor = sorted(rivals)[0]
+        d.k8s, d.k8s_name = rivals.pop(successor), successor
+        d.k8s_rivals = rivals
+        d.k8s_seq = seq
+        return
     d.k8s = None
     d.k8s_seq = seq
     d.k8s_missing = True
+
+
+def _on_k8s_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    subject = event.subject
+    k8s_name = p.node or subject
+    d = b.draft(b.slurm_name_of(k8s_name))
+    if d.k8s_name is None or d.k8s_name == k8s_name or k8s_name in d.k8s_rivals:
+        _release_claim(d, k8s_name, seq)
+        if d.k8s is None:
+            d.k8s_missing = True
+    else:  # older logs: a vanish for the node's only name
+        d.k8s = None
+        d.k8s_seq = seq
+        d.k8s_missing = True
 
 
 def _on_workload(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -636,6 +677,7 @@ def _node_to_json(node: NodeState) -> dict[str, Any]:
         "k8s_seq": node.k8s_seq,
         "slurm_missing": node.slurm_missing,
         "k8s_missing": node.k8s_missing,
+        "k8s_rivals": {name: _payload_to_json(obs) for name, obs in node.k8s_rivals.items()},
         "slurm_unhealthy_since": node.slurm_unhealthy_since,
         "owner": node.owner,
         "phase": node.phase.value,
@@ -764,7 +806,16 @@ def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
             )
             for key, o in raw["outcomes"].items()
         },
+        k8s_rivals={
+            name: _k8s_from_json(obs) for name, obs in (raw.get("k8s_rivals") or {}).items()
+        },
     )
+
+
+def _k8s_from_json(raw: Mapping[str, Any]) -> K8sNodeObserved:
+    payload = decode_payload(K8sNodeObserved.KIND, raw)
+    assert isinstance(payload, K8sNodeObserved)
+    return payload
 
 
 def state_to_json(state: ClusterState) -> dict[str, Any]:

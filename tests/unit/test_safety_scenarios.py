@@ -234,7 +234,6 @@ def test_s4_a_conflict_is_counted_in_the_metrics() -> None:
 # ------------------------------------------- hostile input 12.2: a stolen node identity
 
 
-@pytest.mark.xfail(strict=True, reason="before its fix")
 def test_h2_two_nodes_claiming_one_slurm_name_are_held_and_nothing_acts() -> None:
     """A second Node labelled sunkd.io/slurm-node-name=n1 must not take over n1's identity:
     both claims are a conflict, the node is HELD, reported, and no action touches it."""

@@ -101,6 +101,8 @@ def _step_nodes(
             continue
         if assessment.conflicts:
             _report_conflict(planner, node, assessment)
+        if assessment.identity_conflict:
+            continue  # which Node is which is unknown: no action but the Warning
         if node.transition is not None:
             _handle_transition(planner, node, assessment, spec, surplus_lends)
         elif node.owner == OWNER_NONE and not assessment.held:

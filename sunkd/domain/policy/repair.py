@@ -71,9 +71,10 @@ def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment)
     may hold it back), then again every CONFLICT_WARN_EVERY_SECONDS while it lasts."""
     outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
     if outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS:
+        event = wk.EVENT_IDENTITY_CONFLICT if assessment.identity_conflict else wk.EVENT_CONFLICT
         planner.ensure(
             node, OWNER_KUBERNETES, VERB_WARN, "; ".join(assessment.conflicts),
-            (Label("event_reason", wk.EVENT_CONFLICT),
+            (Label("event_reason", event),
              Label("message", "; ".join(assessment.conflicts))),
         )
 
