@@ -21,7 +21,14 @@ from sunkd.domain.events import (
     Taint,
 )
 from sunkd.domain.ownership import assess
-from sunkd.domain.policy import AbortTransition, CompleteTransition, RequestAction
+from sunkd.domain.policy import (
+    AbortTransition,
+    CompleteTransition,
+    RequestAction,
+    StartTransition,
+    decide,
+    membership,
+)
 from sunkd.domain.state import Phase
 from tests.unit.domain_world import POOL, Log, k8s_obs, slurm_obs
 from tests.unit.test_domain_policy import (
@@ -252,3 +259,32 @@ def test_h2_two_nodes_claiming_one_slurm_name_are_held_and_nothing_acts() -> Non
     log.add(K8sNodeVanished(node="impostor"), 6.0)  # resolved: the impostor is deleted
     state = log.state()
     assert not assess(state, state.nodes["n1"], T0).held
+
+
+# --------------------------------------------- hostile input 12.10: smaller domain holes
+
+
+@pytest.mark.xfail(strict=True, reason="before its fix")
+def test_h10_an_unknown_slurm_state_is_held_not_idle() -> None:
+    log = _cluster(1)
+    log.add(slurm_obs("n1", "BOGUS"), 5.0)
+    _pods(log, 2)
+    state = log.state()
+    assert assess(state, state.nodes["n1"], T0).held
+    assert _only(_decide(log, T0), StartTransition) == []
+
+
+@pytest.mark.xfail(strict=True, reason="before its fix")
+def test_h10_a_node_two_pools_select_is_a_reported_conflict_not_a_silent_takeover() -> None:
+    """A Nodeset in another namespace selecting the same nodes: neither pool drives them."""
+    from tests.unit.domain_world import pool_spec
+
+    log = _cluster(1)
+    _pods(log, 2)
+    ours = pool_spec()
+    theirs = dataclasses.replace(pool_spec(), name="other-team/gpu")
+    decisions = decide(log.state(), [ours, theirs], T0)
+    assert _only(decisions, StartTransition) == []
+    warns = [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
+    assert len(warns) == 1 and "other-team/gpu" in warns[0].reason
+    assert membership(log.state(), [ours, theirs]) == {}
