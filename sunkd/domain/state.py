@@ -80,9 +80,18 @@ class Phase(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
+# Base states Slurm's node_state_string() prints for a usable node; any other base state,
+# including one this sunkd does not know (a newer Slurm, a broken proxy), is unhealthy:
+# uncertainty fails closed.
+KNOWN_USABLE_SLURM_STATES = frozenset(
+    {"IDLE", "ALLOCATED", "MIXED", "COMPLETING", "PLANNED", "RESERVED"})
+
+
 def slurm_unhealthy(observation: SlurmNodeObserved) -> bool:
-    """Slurm reports the node itself broken (DOWN, FAIL, NOT_RESPONDING, ...)."""
-    if observation.state.upper() in UNHEALTHY_SLURM_STATES:
+    """Slurm reports the node itself broken (DOWN, FAIL, NOT_RESPONDING, ...), or in a
+    state sunkd does not know."""
+    state = observation.state.upper()
+    if state in UNHEALTHY_SLURM_STATES or state not in KNOWN_USABLE_SLURM_STATES:
         return True
     return not UNHEALTHY_SLURM_FLAGS.isdisjoint(observation.flags)
 

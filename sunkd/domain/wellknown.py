@@ -46,6 +46,7 @@ EVENT_ANNOTATED = "SunkdAnnotated"  # sunkd mirrored Slurm state into annotation
 EVENT_EVICTED = "SunkdEvicted"  # sunkd evicted a pod to reclaim a node for Slurm
 EVENT_CONFLICT = "SunkdConflict"  # Warning: a Slurm job and a pod share the node
 EVENT_IDENTITY_CONFLICT = "SunkdIdentityConflict"  # Warning: two Nodes claim one Slurm name
+EVENT_POOL_CONFLICT = "SunkdPoolConflict"  # Warning: two Nodesets select the node
 
 # --- Nodeset status condition types and their reasons -----------------------------------
 CONDITION_READY = "Ready"  # sources fresh: sunkd may act

@@ -264,7 +264,6 @@ def test_h2_two_nodes_claiming_one_slurm_name_are_held_and_nothing_acts() -> Non
 # --------------------------------------------- hostile input 12.10: smaller domain holes
 
 
-@pytest.mark.xfail(strict=True, reason="before its fix")
 def test_h10_an_unknown_slurm_state_is_held_not_idle() -> None:
     log = _cluster(1)
     log.add(slurm_obs("n1", "BOGUS"), 5.0)
@@ -274,7 +273,6 @@ def test_h10_an_unknown_slurm_state_is_held_not_idle() -> None:
     assert _only(_decide(log, T0), StartTransition) == []
 
 
-@pytest.mark.xfail(strict=True, reason="before its fix")
 def test_h10_a_node_two_pools_select_is_a_reported_conflict_not_a_silent_takeover() -> None:
     """A Nodeset in another namespace selecting the same nodes: neither pool drives them."""
     from tests.unit.domain_world import pool_spec

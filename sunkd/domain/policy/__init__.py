@@ -63,10 +63,12 @@ from sunkd.domain.policy.model import (
     lend_reason,
     membership,
     pool_from_nodeset,
+    pool_overlaps,
     retry_backoff,
 )
 from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.policy.pool import _plan_pool
+from sunkd.domain.policy.repair import _report_overlap
 from sunkd.domain.state import ClusterState, NodeState
 
 __all__ = [
@@ -98,6 +100,7 @@ __all__ = [
     "lend_reason",
     "membership",
     "pool_from_nodeset",
+    "pool_overlaps",
     "retry_backoff",
 ]
 
@@ -120,4 +123,6 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
         nodes = sorted(members[pool_name], key=lambda n: n.name)
         pool = by_name.get(pool_name) or PoolSpec(name=pool_name)
         _plan_pool(planner, pool, nodes)
+    for name, claimed_by in sorted(pool_overlaps(state, pools).items()):
+        _report_overlap(planner, state.nodes[name], claimed_by)
     return planner.decisions

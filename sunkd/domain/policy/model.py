@@ -104,18 +104,31 @@ def _matches(pool: PoolSpec, node: NodeState) -> bool:
 
 def membership(state: ClusterState, pools: Sequence[PoolSpec]) -> dict[str, str]:
     """Node name -> pool name. A node in a transition stays in that transition's pool
-    (even if the pool is gone: it is driven to the end with default knobs)."""
+    (even if the pool is gone: it is driven to the end with default knobs). A node two or
+    more pools select belongs to none of them (`pool_overlaps`): a Nodeset in another
+    namespace selecting the same nodes must not silently take them over."""
     ordered = sorted(pools, key=lambda pool: pool.name)
     result: dict[str, str] = {}
     for name, node in state.nodes.items():
         if node.transition is not None and node.transition.pool:
             result[name] = node.transition.pool
             continue
-        for pool in ordered:
-            if _matches(pool, node):
-                result[name] = pool.name
-                break
+        matching = [pool.name for pool in ordered if _matches(pool, node)]
+        if len(matching) == 1:
+            result[name] = matching[0]
     return result
+
+
+def pool_overlaps(state: ClusterState, pools: Sequence[PoolSpec]) -> dict[str, tuple[str, ...]]:
+    """Nodes (not moving) that two or more pools select, with those pools' names."""
+    overlaps: dict[str, tuple[str, ...]] = {}
+    for name, node in state.nodes.items():
+        if node.transition is not None:
+            continue
+        matching = tuple(sorted(pool.name for pool in pools if _matches(pool, node)))
+        if len(matching) > 1:
+            overlaps[name] = matching
+    return overlaps
 
 
 # -------------------------------------------------------------------------- decisions

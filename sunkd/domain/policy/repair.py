@@ -79,6 +79,23 @@ def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment)
         )
 
 
+def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, ...]) -> None:
+    """A node several pools select belongs to none of them: say so on the node, once per
+    CONFLICT_WARN_EVERY_SECONDS (only when both sides can be trusted right now)."""
+    state = planner.state
+    if not (state.source_fresh(OWNER_SLURM) and state.source_fresh(OWNER_KUBERNETES)):
+        return
+    if node.k8s is None:
+        return
+    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
+    if outcome is not None and planner.now - outcome.at < CONFLICT_WARN_EVERY_SECONDS:
+        return
+    why = (f"pool conflict: selected by {', '.join(claimed_by)}; no pool drives it until "
+           "one Nodeset stops selecting it")
+    planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, why,
+                   (Label("event_reason", wk.EVENT_POOL_CONFLICT), Label("message", why)))
+
+
 def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
     """Put back the side effects of a settled phase that someone or something undid."""
     slurm = node.slurm
