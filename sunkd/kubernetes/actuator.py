@@ -327,12 +327,17 @@ class KubernetesActuator:
 
     # -- eviction -------------------------------------------------------------------------
 
-    async def evict(self, namespace: str, pod: str) -> bool:
+    async def evict(
+        self, namespace: str, pod: str, *, uid: str | None = None, node: str | None = None
+    ) -> bool:
         """Evict through policy/v1 Eviction so PodDisruptionBudgets are honoured.
 
-        False when the pod is already gone or terminating. A PDB answering 429 is a retryable
-        ActionError whose message names the PDB (API docs, "API-initiated eviction": 429 while a
-        PDB forbids it)."""
+        False when the pod is already gone or terminating, or is not the pod decided on: a
+        different uid (re-created under the same name, as a StatefulSet does) or no longer
+        on `node`. The eviction carries `deleteOptions.preconditions.uid` of the pod whose
+        node was checked, so the API server refuses it (409) if the pod was replaced in
+        between. A PDB answering 429 is a retryable ActionError whose message names the
+        PDB (API docs, "API-initiated eviction": 429 while a PDB forbids it)."""
         what = f"evict {namespace}/{pod}"
         try:
             current = await self.client.get(PODS, pod, namespace)
@@ -345,18 +350,31 @@ class KubernetesActuator:
         meta = current.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             return False
-        node = (current.get("spec") or {}).get("nodeName")
-        body = {
+        current_uid = meta.get("uid")
+        on_node = (current.get("spec") or {}).get("nodeName")
+        if uid and current_uid != uid:
+            log.info("evict.skipped", pod=f"{namespace}/{pod}", why="a different pod (uid)",
+                     decided_uid=uid, current_uid=current_uid)
+            return False
+        if node is not None and on_node != node:
+            log.info("evict.skipped", pod=f"{namespace}/{pod}", why="not on the node",
+                     node=node, on_node=on_node)
+            return False
+        node = on_node
+        body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": pod, "namespace": namespace},
         }
+        if current_uid:
+            body["deleteOptions"] = {"preconditions": {"uid": current_uid}}
         self._check_leader(what)
         try:
             await self.client.create(PODS, body, namespace, name=pod, subresource="eviction")
         except KubeApiError as error:
-            if error.status == 404:
-                return False
+            replaced = error.status == 409 and "precondition" in error.message.lower()
+            if error.status == 404 or replaced:
+                return False  # gone, or replaced since we looked (the uid precondition)
             if error.status == 429:
                 causes = "; ".join(str(c.get("message") or "") for c in error.causes)
                 raise ActionError(

@@ -50,7 +50,8 @@ class KubernetesActions(Protocol):
     async def cordon(self, node: str, reason: str) -> bool: ...
     async def uncordon(self, node: str) -> bool: ...
     async def annotate(self, node: str, values: dict[str, str | None]) -> bool: ...
-    async def evict(self, namespace: str, pod: str) -> bool: ...
+    async def evict(self, namespace: str, pod: str, *, uid: str | None = None,
+                    node: str | None = None) -> bool: ...
     async def record_event(self, node: str, reason: str, message: str,
                            type: str = "Normal") -> bool: ...
 
@@ -143,10 +144,14 @@ class ActuatorExecutor:
             return True
         if action.verb == VERB_EVICT:
             changed = False
+            # "pod_uid" args are "<namespace>/<name>=<uid>": evict exactly the pod decided
+            # on, and only while it is on this node (safety scenario 10).
+            uids = dict(item.rpartition("=")[::2] for item in _args(action, "pod_uid"))
             for pod in _args(action, "pod"):
                 namespace, _, name = pod.partition("/")
                 if not name:
                     raise ActionError(f"bad pod argument {pod!r}", retryable=False)
-                changed = await actuator.evict(namespace, name) or changed
+                changed = await actuator.evict(
+                    namespace, name, uid=uids.get(pod) or None, node=node) or changed
             return changed
         raise ActionError(f"unknown Kubernetes verb {action.verb!r}", retryable=False)

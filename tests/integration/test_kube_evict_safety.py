@@ -32,7 +32,6 @@ async def kube() -> AsyncIterator[tuple[Any, KubeClient]]:
             await client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="before its fix")
 async def test_s10_a_pod_recreated_elsewhere_under_the_same_name_is_not_evicted(
     kube: tuple[Any, KubeClient],
 ) -> None:
@@ -54,7 +53,6 @@ async def test_s10_a_pod_recreated_elsewhere_under_the_same_name_is_not_evicted(
     assert pod["metadata"].get("deletionTimestamp") is None  # the new pg-0 runs on
 
 
-@pytest.mark.xfail(strict=True, reason="before its fix")
 async def test_s10_the_decided_pod_on_the_reclaimed_node_is_evicted(
     kube: tuple[Any, KubeClient],
 ) -> None:

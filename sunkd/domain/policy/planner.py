@@ -47,6 +47,17 @@ def _expected_drain(slurm: SlurmNodeObserved) -> tuple[Label, ...]:
     return tuple(labels)
 
 
+def _evict_args(node: NodeState) -> tuple[Label, ...]:
+    """`pod` = namespace/name for every pod to evict, and `pod_uid` = namespace/name=uid
+    where the source saw its uid: the actuator evicts exactly that pod (a StatefulSet pod
+    re-created under the same name elsewhere is not it)."""
+    pods = running_pods(node)
+    uids = {f"{p.namespace}/{p.name}": p.uid for refs in node.workload.values() for p in refs}
+    labels = [Label("pod", pod) for pod in pods]
+    labels += [Label("pod_uid", f"{pod}={uids[pod]}") for pod in pods if uids.get(pod)]
+    return tuple(labels)
+
+
 def _may_resume(node: NodeState) -> bool:
     """Slurm may get the node back only while pool pods are kept off and gone."""
     return has_owner_taint(node.k8s) and not _active_pods(node)

@@ -8,10 +8,16 @@ with an `adopt` transition).
 
 from __future__ import annotations
 
-from sunkd.domain.events import Label, OwnershipSpec
+from sunkd.domain.events import OwnershipSpec
 from sunkd.domain.ownership import Assessment, has_owner_taint, is_ours, slurm_usable
 from sunkd.domain.policy.model import VERB_EVICT, VERB_LOCK, VERB_RESUME, PoolSpec
-from sunkd.domain.policy.planner import _FAILED, _active_pods, _expected_drain, _Planner
+from sunkd.domain.policy.planner import (
+    _FAILED,
+    _active_pods,
+    _evict_args,
+    _expected_drain,
+    _Planner,
+)
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
     OWNER_SLURM,
@@ -62,7 +68,7 @@ def _advance_to_slurm(
                 VERB_EVICT,
                 f"reclaim_grace ({spec.reclaim_grace_seconds:g}s) over: evict {len(pods)} "
                 "pool pod(s)",
-                tuple(Label("pod", pod) for pod in pods),
+                _evict_args(node),
                 tx,
             )
             if result == _FAILED:

@@ -27,7 +27,13 @@ from sunkd.domain.policy.model import (
     VERB_WARN,
     lend_reason,
 )
-from sunkd.domain.policy.planner import _active_pods, _expected_drain, _may_resume, _Planner
+from sunkd.domain.policy.planner import (
+    _active_pods,
+    _evict_args,
+    _expected_drain,
+    _may_resume,
+    _Planner,
+)
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, NodeState, Phase
 
 CONFLICT_WARN_EVERY_SECONDS = 600.0  # a standing conflict is re-reported this often
@@ -113,7 +119,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
                 OWNER_KUBERNETES,
                 VERB_EVICT,
                 f"repair: {len(pods)} pool pod(s) on a Slurm-owned node",
-                tuple(Label("pod", pod) for pod in pods),
+                _evict_args(node),
             )
         if "DRAIN" in slurm.flags and is_lend_drain(slurm.reason) and _may_resume(node):
             planner.ensure(
