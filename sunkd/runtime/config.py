@@ -10,6 +10,7 @@ Pools are only configurable in the file (or as Nodeset objects in Kubernetes).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import tomllib
@@ -46,6 +47,8 @@ class SlurmSettings:
     poll_interval: float = 5.0
     request_timeout: float = 15.0
     partitions: tuple[str, ...] = ()  # empty: every partition
+    # Largest slurmrestd answer read; a bigger one makes the source stale (`too_large`).
+    max_response_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,68 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Every number in the settings, with its allowed range [low, high] (`low_open`: low
+# itself excluded). Values outside, NaN and infinities are refused naming the key: a
+# NaN lease length poisoned the shared leadership row, a NaN poll interval polled in a
+# tight loop (issue 12.4). Pool keys are checked for every [[pools]] entry.
+_DAY = 86400.0
+_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "lease_seconds": (3.0, 3600.0, False),
+    "snapshot_every": (1, 10_000_000, False),
+    "slurm.poll_interval": (0.1, 3600.0, False),
+    # A slurmrestd whose slurmctld is down blocks ~9 s before answering (docs/slurm.md,
+    # "Measured behaviour"); a shorter timeout would report a timeout instead of the
+    # controller's real error.
+    "slurm.request_timeout": (10.0, 3600.0, True),
+    "slurm.max_response_bytes": (64 * 1024, 16 * 1024**3, False),
+    "kubernetes.request_timeout": (1.0, 3600.0, False),
+    "pools.min_slurm": (0, 1_000_000, False),
+    "pools.min_kubernetes": (0, 1_000_000, False),
+    "pools.max_kubernetes": (0, 1_000_000, False),
+    "pools.max_in_flight": (1, 1_000_000, False),
+    "pools.dwell_seconds": (0.0, 30 * _DAY, False),
+    "pools.drain_timeout_seconds": (0.0, 30 * _DAY, False),
+    "pools.reclaim_grace_seconds": (0.0, 30 * _DAY, False),
+}
+
+
+def _bounds_key(key: str) -> str:
+    """`pools[3].dwell_seconds (env X)` -> `pools.dwell_seconds`."""
+    key = key.split(" ", 1)[0]
+    if key.startswith("pools["):
+        return "pools." + key.split(".", 1)[1]
+    return key
+
+
+def _check_number(key: str, value: Any) -> None:
+    """Raise ConfigError(key) unless `value` is a finite number in the key's range."""
+    bounds = _BOUNDS.get(_bounds_key(key))
+    if bounds is None or value is None:
+        return
+    low, high, low_open = bounds
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {value!r}")
+    inside = (low < value if low_open else low <= value) and value <= high
+    if not inside:
+        low_text = f"above {low:g}" if low_open else f"at least {low:g}"
+        raise ConfigError(key, f"must be {low_text} and at most {high:g}, got {value!r}")
+
+
+def _validate_numbers(settings: Settings) -> None:
+    for key in _BOUNDS:
+        if key.startswith("pools."):
+            attr = key.split(".", 1)[1]
+            for index, pool in enumerate(settings.pools):
+                _check_number(f"pools[{index}].{attr}", getattr(pool, attr))
+            continue
+        value: Any = settings
+        for part in key.split("."):
+            value = getattr(value, part)
+        _check_number(key, value)
+
+
 def _validate(settings: Settings) -> None:
+    _validate_numbers(settings)
     for key, choices in _CHOICES.items():
         if key.startswith("pools."):
             attr = key.split(".", 1)[1]
@@ -130,29 +194,12 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("database_url",
                           "must be a sqlite+aiosqlite:// or postgresql+asyncpg:// URL")
     _check_listen("listen", settings.listen)
-    if settings.lease_seconds < 3:
-        raise ConfigError("lease_seconds", "must be at least 3 seconds")
-    if settings.snapshot_every < 1:
-        raise ConfigError("snapshot_every", "must be positive")
-    if settings.slurm.poll_interval <= 0:
-        raise ConfigError("slurm.poll_interval", "must be positive")
-    if settings.slurm.request_timeout <= 10:
-        # A slurmrestd whose slurmctld is down blocks ~9 s before answering
-        # (docs/slurm.md, "Measured behaviour"); a shorter timeout would report a timeout instead of
-        # the controller's real error.
-        raise ConfigError("slurm.request_timeout", "must be above 10 seconds")
     url = settings.slurm.url
     if url is not None and not url.startswith(("http://", "https://", "unix:")):
         raise ConfigError("slurm.url", "must start with http://, https:// or unix:")
     names = [pool.name for pool in settings.pools]
     if len(set(names)) != len(names):
         raise ConfigError("pools", "pool names must be unique")
-    for index, pool in enumerate(settings.pools):
-        for attr in ("min_slurm", "min_kubernetes", "max_in_flight"):
-            if getattr(pool, attr) < 0:
-                raise ConfigError(f"pools[{index}].{attr}", "must not be negative")
-        if pool.max_in_flight < 1:
-            raise ConfigError(f"pools[{index}].max_in_flight", "must be at least 1")
 
 
 def _check_listen(key: str, value: str) -> None:
@@ -186,23 +233,34 @@ def _coerce(key: str, hint: Any, raw: Any, *, from_env: bool) -> Any:
             return False
         raise ConfigError(key, f"expected true or false, got {raw!r}")
     if hint is int:
+        integer: int | None = None
         if isinstance(raw, int) and not isinstance(raw, bool):
-            return raw
-        if from_env and isinstance(raw, str):
+            integer = raw
+        elif from_env and isinstance(raw, str) and len(raw) <= 30:
             try:
-                return int(raw)
+                integer = int(raw)
             except ValueError:
                 pass
-        raise ConfigError(key, f"expected an integer, got {raw!r}")
+        if integer is None:
+            raise ConfigError(key, f"expected an integer, got {raw!r}")
+        _check_number(key, integer)
+        return integer
     if hint is float:
+        number: float | None = None
         if isinstance(raw, int | float) and not isinstance(raw, bool):
-            return float(raw)
-        if from_env and isinstance(raw, str):
             try:
-                return float(raw)
+                number = float(raw)
+            except OverflowError:  # an integer beyond float range
+                number = math.inf
+        elif from_env and isinstance(raw, str):
+            try:
+                number = float(raw)
             except ValueError:
                 pass
-        raise ConfigError(key, f"expected a number, got {raw!r}")
+        if number is None:
+            raise ConfigError(key, f"expected a number, got {raw!r}")
+        _check_number(key, number)
+        return number
     if hint is str:
         if isinstance(raw, str):
             return raw

@@ -1,7 +1,7 @@
 """slurmrestd client: version negotiation, HTTP, error mapping.
 
 sunkd has to run against every Slurm an operator may have: Debian 12's 22.05 (REST
-v0.0.36-38, read-only for nodes) up to 25.11 (v0.0.41-44). Their JSON comes in three
+v0.0.36-38, read-only for nodes) up to 26.05 (v0.0.42-45). Their JSON comes in three
 families (v0.0.38; v0.0.39; v0.0.40+ with `{set,infinite,number}` wrappers), so this
 module probes the newest version the server serves, speaks it, and hands the bodies to
 `normalize` (one model: `SlurmNode`, `SlurmJob`; errors in `model`; tokens from `auth`).
@@ -46,6 +46,7 @@ log = structlog.get_logger(__name__)
 # Newest first: negotiation takes the first one the server answers (docs/slurm.md, "Supported
 # versions").
 SUPPORTED_VERSIONS: tuple[str, ...] = (
+    "v0.0.45",
     "v0.0.44",
     "v0.0.43",
     "v0.0.42",
@@ -64,6 +65,11 @@ DEFAULT_TIMEOUT = 20.0
 # See SlurmRestClient._raise_for: a 22.05 "500 errno -1" slower than this is a down
 # slurmctld, faster is a refused JWT.
 AMBIGUOUS_500_SLOW = 4.0
+# The largest answer read (slurm.max_response_bytes): a 400 MB answer took RSS to
+# 1.45 GB before answers were capped (issue 12.10). A v0.0.42 node is ~1 KB of JSON, so
+# 64 MiB is ~60,000 nodes; `GET /jobs` grows with the queue (a few KB per job).
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+_READ_CHUNK = 256 * 1024
 
 __all__ = [
     "FIRST_WRITABLE_VERSION",
@@ -76,6 +82,10 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- client
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 class SlurmSettingsLike(Protocol):
@@ -119,6 +129,7 @@ class SlurmRestClient:
         timeout: float = DEFAULT_TIMEOUT,
         token_lifespan: int = DEFAULT_TOKEN_LIFESPAN,
         versions: Sequence[str] = SUPPORTED_VERSIONS,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if url.startswith("unix:"):
             self._socket_path: str | None = url[len("unix:") :]
@@ -138,6 +149,9 @@ class SlurmRestClient:
             lifespan=token_lifespan,
         )
         self._timeout = timeout
+        if max_response_bytes < 1:
+            raise ValueError(f"max_response_bytes must be positive, got {max_response_bytes!r}")
+        self._max_response_bytes = max_response_bytes
         self._versions = tuple(versions)
         self._session: aiohttp.ClientSession | None = None
         self._negotiated: _Negotiated | None = None
@@ -150,6 +164,9 @@ class SlurmRestClient:
         timeout = getattr(settings, "request_timeout", None)
         if isinstance(timeout, int | float) and "timeout" not in kwargs:
             kwargs["timeout"] = float(timeout)
+        limit = getattr(settings, "max_response_bytes", None)
+        if isinstance(limit, int) and "max_response_bytes" not in kwargs:
+            kwargs["max_response_bytes"] = limit
         return cls(
             settings.url,
             user=settings.user,
@@ -244,9 +261,9 @@ class SlurmRestClient:
         for attempt in (1, 2):
             try:
                 async with session.request(method, url, headers=headers, data=data) as response:
-                    raw = await response.read()
                     status = response.status
                     content_type = response.content_type
+                    raw = await self._read_capped(response, method, path)
                 self.last_elapsed = time.monotonic() - started
                 break
             except TimeoutError as error:
@@ -267,6 +284,17 @@ class SlurmRestClient:
                     f"{method} {path}: cannot connect to slurmrestd at {self.url}: {error}",
                     cause="unreachable",
                 ) from error
+            except aiohttp.ClientPayloadError as error:  # body cut short, bad chunking
+                raise SlurmPayloadError(f"{method} {path}", f"incomplete answer body: {error}",
+                                        cause="truncated") from error
+            except aiohttp.ClientResponseError as error:  # bad status line, bad headers
+                raise SlurmPayloadError(f"{method} {path}",
+                                        f"not a valid HTTP answer: {error.message}",
+                                        cause="bad_response") from error
+            except aiohttp.ClientError as error:  # anything else aiohttp can raise
+                raise SlurmPayloadError(f"{method} {path}",
+                                        f"{type(error).__name__}: {error}",
+                                        cause="bad_response") from error
         if status in (401, 403, 511):
             # 401 text/plain "Authentication failure" (missing/invalid headers);
             # 511 (24.11+) when slurmctld rejects the token.
@@ -280,12 +308,38 @@ class SlurmRestClient:
         parsed: Any
         if content_type == "application/json" or raw[:1] in (b"{", b"["):
             try:
-                parsed = json.loads(raw)
+                # NaN/Infinity are not JSON (RFC 8259) though Python's parser takes them.
+                parsed = json.loads(raw, parse_constant=_refuse_constant)
             except ValueError as error:
                 raise SlurmPayloadError(f"{method} {path}", f"invalid JSON: {error}") from error
+            except RecursionError as error:
+                raise SlurmPayloadError(f"{method} {path}",
+                                        "invalid JSON: nested too deeply") from error
         else:
             parsed = raw.decode(errors="replace")
         return status, parsed
+
+    async def _read_capped(self, response: aiohttp.ClientResponse, method: str,
+                           path: str) -> bytes | bytearray:
+        """The body, refused (`too_large`) as soon as it is known to exceed the cap: from
+        Content-Length before reading anything, else while streaming."""
+        limit = self._max_response_bytes
+
+        def too_large(size: str) -> SlurmPayloadError:
+            return SlurmPayloadError(
+                f"{method} {path}",
+                f"answer of {size} bytes exceeds the {limit}-byte limit "
+                "(slurm.max_response_bytes)", cause="too_large")
+
+        length = response.content_length
+        if length is not None and length > limit:
+            raise too_large(str(length))
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(_READ_CHUNK):
+            body += chunk
+            if len(body) > limit:
+                raise too_large(f"more than {limit}")
+        return body
 
     def _raise_for(
         self, method: str, path: str, status: int, parsed: Any, elapsed: float = 0.0

@@ -52,12 +52,18 @@ class SlurmApiError(SlurmError):
 
 
 class SlurmPayloadError(SlurmError):
-    """The server answered JSON we cannot interpret; `field` names the culprit."""
+    """The server answered something we cannot interpret; `field` names the culprit
+    (a JSON path, or the request when the answer as a whole is bad). `cause` is the
+    source.health cause it turns into: `bad_payload` (malformed or hostile JSON),
+    `duplicate_node` (one node name listed twice), `too_large` (over
+    slurm.max_response_bytes), `truncated` (the body ended early), `bad_response`
+    (not a valid HTTP answer at all)."""
 
-    def __init__(self, field_path: str, problem: str) -> None:
+    def __init__(self, field_path: str, problem: str, *, cause: str = "bad_payload") -> None:
         super().__init__(f"malformed slurmrestd payload at {field_path}: {problem}")
         self.field = field_path
         self.problem = problem
+        self.cause = cause
 
 
 # ----------------------------------------------------------------------------- model

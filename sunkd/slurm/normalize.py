@@ -11,11 +11,40 @@ SchedMD's code and live captures (docs/slurm.md).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sunkd.domain.hostlist import HostlistError, expand
 from sunkd.slurm.model import SlurmApiError, SlurmJob, SlurmNode, SlurmPayloadError
+
+# ----------------------------------------------------------------------- sanitizing
+
+# C0 and C1 control characters (NUL, ESC, DEL ...) and lone surrogates: a `\u0000` in a
+# node comment made PostgreSQL's JSONB refuse the append (issue 12.1), an ESC reaches
+# terminals through `sunkd status`, a lone surrogate is not UTF-8. Slurm's free text
+# (reasons, comments, partitions, features, job fields) has them replaced by U+FFFD
+# before anything reaches the log; identifiers a node is known by (name, state, flags)
+# carrying them make the payload invalid instead (`SlurmPayloadError`). Tab, CR and LF
+# become a space (text stays readable on one line), everything else U+FFFD.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def _replacement(match: re.Match[str]) -> str:
+    return " " if match.group() in "\t\r\n" else REPLACEMENT
+
+
+def clean_text(value: str) -> str:
+    """`value` with control characters and lone surrogates replaced (see above)."""
+    if value.isprintable():  # one C-level scan: the common case costs ~nothing
+        return value
+    return _UNSAFE.sub(_replacement, value)
+
+
+def _safe_identifier(value: str) -> bool:
+    return value.isprintable() or _UNSAFE.search(value) is None
+
 
 # ----------------------------------------------------------------------- normalizing
 
@@ -28,7 +57,11 @@ def _unwrap_number(value: Any, where: str) -> float | None:
         return None
     if isinstance(value, bool):
         raise SlurmPayloadError(where, f"expected a number, got {value!r}")
-    if isinstance(value, int | float):
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):  # NaN/Infinity: not JSON, but Python's parser takes it
+            raise SlurmPayloadError(where, f"expected a finite number, got {value!r}")
         return value
     if isinstance(value, dict):
         if value.get("infinite"):
@@ -38,6 +71,8 @@ def _unwrap_number(value: Any, where: str) -> float | None:
         number = value.get("number")
         if isinstance(number, bool) or not isinstance(number, int | float):
             raise SlurmPayloadError(f"{where}.number", f"expected a number, got {number!r}")
+        if isinstance(number, float) and not math.isfinite(number):
+            raise SlurmPayloadError(f"{where}.number", f"expected a finite number, got {number!r}")
         return number
     raise SlurmPayloadError(where, f"expected a number, got {type(value).__name__}")
 
@@ -63,7 +98,7 @@ def _text(value: Any, where: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise SlurmPayloadError(where, f"expected a string, got {type(value).__name__}")
-    return value or None
+    return clean_text(value) if value else None
 
 
 def _string_list(value: Any, where: str) -> tuple[str, ...]:
@@ -71,12 +106,12 @@ def _string_list(value: Any, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return tuple(item for item in value.split(",") if item)
+        return tuple(clean_text(item) for item in value.split(",") if item)
     if isinstance(value, list):
         for i, item in enumerate(value):
             if not isinstance(item, str):
                 raise SlurmPayloadError(f"{where}[{i}]", "expected a string")
-        return tuple(value)
+        return tuple(clean_text(item) for item in value)
     raise SlurmPayloadError(where, f"expected a list or CSV string, got {type(value).__name__}")
 
 
@@ -167,7 +202,7 @@ def _fast_text(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if type(value) is str:
-        return str(value)
+        return value if value.isprintable() else clean_text(value)
     raise _Slow
 
 
@@ -175,12 +210,14 @@ def _fast_list(value: Any) -> tuple[str, ...]:
     kind = type(value)
     if kind is list:
         for item in value:
-            if type(item) is not str:
+            if type(item) is not str or not item.isprintable():
                 raise _Slow
         return tuple(value)
     if value is None or value == "":
         return ()
     if kind is str:
+        if not value.isprintable():
+            raise _Slow
         return tuple(item for item in value.split(",") if item)
     raise _Slow
 
@@ -192,7 +229,7 @@ def _fast_node(raw: Any) -> SlurmNode:
         raise _Slow
     name = raw.get("name")
     state_raw = raw.get("state")
-    if type(name) is not str or not name:
+    if type(name) is not str or not name or not name.isprintable():
         raise _Slow
     if type(state_raw) is str:
         state = state_raw.upper()
@@ -208,22 +245,24 @@ def _fast_node(raw: Any) -> SlurmNode:
         flag_list = state_raw[1:]
     else:
         raise _Slow
-    if type(state) is not str:
+    if type(state) is not str or not state.isprintable():
         raise _Slow
     for flag in flag_list:  # before frozenset(): a list or dict "flag" is unhashable
-        if type(flag) is not str:
+        if type(flag) is not str or not flag.isprintable():
             raise _Slow
     flags = frozenset(flag_list) if flag_list else _EMPTY
     if "cpus" not in raw:
         raise _Slow
     gres = _fast_text(raw.get("gres"))
     gres_used = _fast_text(raw.get("gres_used"))
+    reason = _fast_text(raw.get("reason"))
+    set_by = _fast_text(raw.get("reason_set_by_user"))
     return SlurmNode(
         name,
         state,
         flags,
-        _fast_text(raw.get("reason")),
-        _fast_text(raw.get("reason_set_by_user")),
+        reason,
+        set_by if reason is not None else None,  # see _checked_node
         _fast_time(raw.get("reason_changed_at")),
         _fast_count(raw["cpus"]),
         _fast_count(raw.get("alloc_cpus")),
@@ -251,6 +290,8 @@ def _checked_node(raw: Any, where: str) -> SlurmNode:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise SlurmPayloadError(f"{where}.name", f"expected a node name, got {name!r}")
+    if not _safe_identifier(name):
+        raise SlurmPayloadError(f"{where}.name", f"control character in node name {name!r}")
     where = f"{where}({name})"
     state_raw = raw.get("state", _NO_DEFAULT)
     if isinstance(state_raw, str):
@@ -275,17 +316,23 @@ def _checked_node(raw: Any, where: str) -> SlurmNode:
     for flag in flag_list:  # before frozenset(): a list or dict "flag" is unhashable
         if not isinstance(flag, str):
             raise SlurmPayloadError(f"{where}.state", f"non-string flag {flag!r}")
+    for word in (state, *flag_list):
+        if not _safe_identifier(word):
+            raise SlurmPayloadError(f"{where}.state", f"control character in {word!r}")
     flags = frozenset(flag_list)
     if "cpus" not in raw:
         raise SlurmPayloadError(f"{where}.cpus", "missing")
     partitions = raw.get("partitions")
+    reason = _text(raw.get("reason"), f"{where}.reason")
+    # `null` when unset on v0.0.38, `""` on v0.0.39+; 24.11 says `root` on nodes that
+    # never had a reason (reason_uid 0), so a setter without a reason is dropped.
+    set_by = _text(raw.get("reason_set_by_user"), f"{where}.reason_set_by_user")
     return SlurmNode(
         name=name,
         state=state,
         flags=flags,
-        reason=_text(raw.get("reason"), f"{where}.reason"),
-        # `null` when unset on v0.0.38, `""` on v0.0.39+.
-        reason_set_by=_text(raw.get("reason_set_by_user"), f"{where}.reason_set_by_user"),
+        reason=reason,
+        reason_set_by=set_by if reason is not None else None,
         reason_time=_time(raw.get("reason_changed_at"), f"{where}.reason_changed_at"),
         cpus=_count(raw["cpus"], f"{where}.cpus"),
         alloc_cpus=_count(raw.get("alloc_cpus"), f"{where}.alloc_cpus"),
@@ -344,7 +391,22 @@ def normalize_nodes(body: Any) -> list[SlurmNode]:
             append(_fast_node(raw))
         except _Slow:
             append(_checked_node(raw, f"nodes[{len(out)}]"))
+    _refuse_duplicates(out)
     return out
+
+
+def _refuse_duplicates(nodes: list[SlurmNode]) -> None:
+    """A node listed twice (with different states, in the fault run) would alternate
+    between its two descriptions every poll; which one is true is unknowable, so the
+    whole answer is invalid (issue 12.6)."""
+    first: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        seen = first.setdefault(node.name, index)
+        if seen != index:
+            raise SlurmPayloadError(
+                f"nodes[{index}].name",
+                f"duplicate node name {node.name!r} (also nodes[{seen}]): the answer is "
+                "ambiguous, so the whole poll is ignored", cause="duplicate_node")
 
 
 def normalize_job(raw: Any, where: str = "job") -> SlurmJob:
@@ -356,18 +418,21 @@ def normalize_job(raw: Any, where: str = "job") -> SlurmJob:
     where = f"{where}({job_id})"
     state_raw = raw.get("job_state")
     # v0.0.38/39: a string; v0.0.40+: an array (CHANGELOG 23.11.0rc1).
+    state_flags: tuple[str, ...] = ()
     if isinstance(state_raw, str):
-        state, state_flags = state_raw.upper(), ()
+        state = clean_text(state_raw.upper())
     elif isinstance(state_raw, list) and state_raw and all(isinstance(s, str) for s in state_raw):
-        state, state_flags = state_raw[0], tuple(state_raw[1:])
+        state, state_flags = clean_text(state_raw[0]), tuple(clean_text(s) for s in state_raw[1:])
     else:
         raise SlurmPayloadError(f"{where}.job_state", f"unexpected value {state_raw!r}")
     partition = raw.get("partition") or ""
     if not isinstance(partition, str):
         raise SlurmPayloadError(f"{where}.partition", "expected a string")
+    partition = clean_text(partition)
     nodes_raw = raw.get("nodes") or ""
     if not isinstance(nodes_raw, str):
         raise SlurmPayloadError(f"{where}.nodes", "expected a hostlist string")
+    nodes_raw = clean_text(nodes_raw)
     try:
         nodes = tuple(expand(nodes_raw))
     except HostlistError as error:

@@ -9,14 +9,21 @@ a node's normalized content changed, `slurm.node.vanished` when it disappears,
 the source turns fresh / stale / lost (with the cause). Seeded with the last payloads
 from the fold, a restarted daemon does not re-emit what the log already has.
 
-A malformed payload never crashes the loop: the last good state stands and health
-goes stale with cause `bad_payload` naming the offending field.
+A failed poll never crashes the loop and never leaves the source looking fresh: the
+last good state stands and health goes stale with a cause. Failures slurmrestd's answer
+explains are typed below this module (`SlurmError`: `auth`, `timeout`,
+`controller_down`, `unreachable`, `api_error`, and the `SlurmPayloadError` causes
+`bad_payload` (naming the field), `duplicate_node`, `too_large`, `truncated`,
+`bad_response`); whatever else goes wrong in a poll is caught here, at the source
+boundary: `append_failed` when the sink refused the observations (the log would not
+take them), `internal_error` for anything else (the exception named). Issue 12.1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -42,6 +49,7 @@ from sunkd.slurm.model import (
     SlurmTimeoutError,
     SlurmUnavailableError,
 )
+from sunkd.slurm.normalize import clean_text
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +63,13 @@ ACTIVE_RUNNING = frozenset({"RUNNING", "CONFIGURING"})
 # If idle nodes exist the job simply starts there, and the policy subtracts idle
 # Slurm-owned nodes from the demand, so this never moves a node needlessly.
 RESOURCE_REASONS = ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required", "None")
+
+# The interval used if `poll_interval` is changed to something that is not a positive
+# finite number after construction (a NaN interval used to poll in a tight loop), and
+# the least pause between two polls whatever the interval (a poll slower than the
+# interval, failing at once, must not spin).
+DEFAULT_POLL_INTERVAL = 5.0
+MIN_POLL_GAP = 0.05
 
 __all__ = ["SlurmSource", "compute_demand"]
 
@@ -113,6 +128,8 @@ def compute_demand(
 
 
 def _cause(error: BaseException) -> tuple[str, str]:
+    """(cause, detail) for source.health. Causes are a small fixed set (they label the
+    sunkd_source_errors_total metric); the detail says which node, field or exception."""
     if isinstance(error, SlurmAuthError):
         return "auth", str(error)
     if isinstance(error, SlurmTimeoutError):
@@ -120,10 +137,12 @@ def _cause(error: BaseException) -> tuple[str, str]:
     if isinstance(error, SlurmUnavailableError):
         return error.cause, str(error)
     if isinstance(error, SlurmPayloadError):
-        return "bad_payload", f"field {error.field}: {error.problem}"
+        return error.cause, f"field {error.field}: {error.problem}"
     if isinstance(error, SlurmApiError):
         return "api_error", str(error)
-    return "error", str(error)
+    if isinstance(error, SlurmError):
+        return "error", str(error)
+    return "internal_error", f"{type(error).__name__}: {error}"
 
 
 class SlurmSource:
@@ -146,6 +165,9 @@ class SlurmSource:
         self._client = client
         self._sink = sink
         self.partitions = tuple(partitions)
+        if not _positive_finite(poll_interval):
+            raise ValueError(
+                f"poll_interval must be a positive finite number of seconds, got {poll_interval!r}")
         self.poll_interval = poll_interval
         self._nodes: dict[str, SlurmNodeObserved] = dict(initial_nodes or {})
         self._demand: dict[str, SlurmDemandObserved] = dict(initial_demand or {})
@@ -178,29 +200,45 @@ class SlurmSource:
                 await self.poll_once()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a sink failure: log it, the next poll retries
+            except Exception:  # not even source.health could be appended: next poll retries
                 log.exception("slurm.source.poll_failed")
-            delay = max(0.0, self.poll_interval - (self._clock() - started))
+            interval = self.poll_interval
+            if not _positive_finite(interval):
+                interval = DEFAULT_POLL_INTERVAL
+            delay = max(MIN_POLL_GAP, interval - (self._clock() - started))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
             except TimeoutError:
                 pass
 
     async def poll_once(self) -> list[Event]:
-        """One cycle; returns the events handed to the sink (possibly none)."""
+        """One cycle; returns the events handed to the sink (possibly none).
+
+        Any failure of the poll or of handing its events to the sink turns the source
+        stale (or lost) with a cause, and nothing of that poll counts as emitted. Raises
+        only if the sink refuses even that source.health event (or on cancellation)."""
         try:
             await self._client.negotiate()
             raw_nodes, jobs = await asyncio.gather(
                 self._client.get_nodes(), self._client.get_jobs()
             )
-        except SlurmError as error:
+            events = self._diff(raw_nodes, jobs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # typed SlurmErrors, and the catch-all: internal_error
+            self._pending_raw = {}
             return await self._failed(error)
-        events = self._diff(raw_nodes, jobs)
         health = self._health_event("fresh", None, None)
         if health is not None:
             events.append(health)
         if events:
-            await self._sink(events)
+            try:
+                await self._sink(events)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # e.g. the database refused the batch
+                self._pending_raw = {}
+                return await self._failed(error, cause="append_failed")
         self._commit(events)
         self._last_success = self._clock()
         self.last_good_at = time.time()
@@ -287,17 +325,30 @@ class SlurmSource:
             payload=SourceHealth(source=SOURCE, status=status, cause=cause, detail=detail),
         )
 
-    async def _failed(self, error: SlurmError) -> list[Event]:
-        cause, detail = _cause(error)
+    async def _failed(self, error: BaseException, *, cause: str | None = None) -> list[Event]:
+        typed_cause, detail = _cause(error)
+        if cause is not None:
+            detail = f"{type(error).__name__}: {error}"
+        else:
+            cause = typed_cause
+        # The detail quotes what slurmrestd or the database said: make it safe to log,
+        # append and print.
+        detail = clean_text(detail[:1000])
         silent_for = self._clock() - self._last_success
         status = "lost" if silent_for >= self._lost_after else "stale"
-        log.warning("slurm.source.poll_error", cause=cause, status=status, detail=detail[:300])
-        event = self._health_event(status, cause, detail[:1000])
+        log.warning("slurm.source.poll_error", cause=cause, status=status, detail=detail[:300],
+                    exc_info=cause == "internal_error")
+        event = self._health_event(status, cause, detail)
         if event is None:
             return []
         await self._sink([event])
         self._commit([event])
         return [event]
+
+
+def _positive_finite(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
 
 
 def _replace_flags(observed: SlurmNodeObserved, flags: tuple[str, ...]) -> SlurmNodeObserved:

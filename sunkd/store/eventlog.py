@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,31 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+
+# Lease lengths the log writes and believes: finite, positive, at most a day. The row
+# is shared by every replica, so a number in it is never used unchecked: a NaN written
+# by a daemon that accepted `SUNKD_LEASE_SECONDS=nan` made `timedelta(seconds=nan)`
+# fail every acquisition, forever (issue 12.4).
+MAX_LEASE_SECONDS = 86400.0
+
+
+def _valid_lease_seconds(value: object) -> bool:
+    # Not a str either: SQLite can hand back text ('nan') from a REAL column.
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and 0 < value <= MAX_LEASE_SECONDS)
+
+
+def _row_lease_seconds(row: Any, fallback: float) -> float:
+    """The row's lease length, or `fallback` (the caller's own) when the row's number
+    cannot be trusted: the holder is then judged by our lease length, so a corrupt row
+    neither wedges acquisition nor lets a just-renewed holder be taken over at once."""
+    value = row["lease_seconds"]
+    if _valid_lease_seconds(value):
+        return float(value)
+    log.warning("leadership.bad_lease_row", lease_seconds=repr(value), holder=row["holder"],
+                using=fallback)
+    return fallback
+
 
 # The supported databases, by SQLAlchemy dialect name.
 _BACKENDS: dict[str, type[Backend]] = {
@@ -286,7 +312,12 @@ class EventLog:
     async def acquire(self, identity: str, lease_seconds: float = 15.0) -> Lease | None:
         """Become leader if nobody holds a live lease. A takeover (and any new
         acquisition) increments the epoch; the new leader's first append is its
-        `leader.elected` event. Returns None when someone else holds a live lease."""
+        `leader.elected` event. Returns None when someone else holds a live lease.
+        Raises ValueError (writing nothing) unless `lease_seconds` is a positive finite
+        number of at most MAX_LEASE_SECONDS."""
+        if not _valid_lease_seconds(lease_seconds):
+            raise ValueError(f"lease_seconds must be a positive finite number of at most "
+                             f"{MAX_LEASE_SECONDS:g}, got {lease_seconds!r}")
         started = time.monotonic()
         async with self._write_transaction() as connection:
             row = await self._locked_leadership_row(connection)
@@ -296,7 +327,7 @@ class EventLog:
             live = (
                 holder is not None
                 and renewed_at is not None
-                and renewed_at + timedelta(seconds=float(row["lease_seconds"])) > now
+                and renewed_at + timedelta(seconds=_row_lease_seconds(row, lease_seconds)) > now
             )
             if live:
                 return None
@@ -351,7 +382,9 @@ class EventLog:
             row = (await connection.execute(
                 select(leadership).where(leadership.c.id == LEADERSHIP_ROW))).one()._mapping
         renewed_at = as_utc(row["renewed_at"]) if row["renewed_at"] is not None else None
-        return LeaderInfo(row["holder"], int(row["epoch"]), renewed_at, float(row["lease_seconds"]))
+        # Reported as it is (NaN when it is not even a number): this is for people.
+        return LeaderInfo(row["holder"], int(row["epoch"]), renewed_at,
+                          _as_float(row["lease_seconds"]))
 
     # ------------------------------------------------------------------ snapshots
 
@@ -370,6 +403,13 @@ class EventLog:
         if row is None:
             return None
         return int(row.seq), dict(row.state)
+
+
+def _as_float(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _to_recorded(row: Any) -> RecordedEvent:

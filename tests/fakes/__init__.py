@@ -1,0 +1,1 @@
+"""Fakes for tests (not the real thing): tests/fakes/slurmrestd.py."""
