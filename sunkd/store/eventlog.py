@@ -31,7 +31,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -122,6 +122,10 @@ class Lease:
     epoch: int
     lease_seconds: float
     renewed_monotonic: float
+    # The database clock minus this host's wall clock, measured at this acquire/renew (the
+    # midpoint of the clock query). Event times are the database's, so the policy's `now`
+    # must be too: host time + db_offset (docs/safety.md, "Clocks").
+    db_offset: float = 0.0
 
     def remaining(self, now_monotonic: float | None = None) -> float:
         now = time.monotonic() if now_monotonic is None else now_monotonic
@@ -145,6 +149,7 @@ class EventLog:
         self.dialect = engine.dialect.name
         self._backend = backend_class(self.dialect)(url)
         self._closed = False
+        self.wall_clock: Callable[[], float] = time.time  # this host's clock (tests skew it)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -321,7 +326,7 @@ class EventLog:
         started = time.monotonic()
         async with self._write_transaction() as connection:
             row = await self._locked_leadership_row(connection)
-            now = await self._db_now(connection)
+            now, offset = await self._db_now_and_offset(connection)
             holder = row["holder"]
             renewed_at = as_utc(row["renewed_at"]) if row["renewed_at"] is not None else None
             live = (
@@ -337,7 +342,7 @@ class EventLog:
                 .where(leadership.c.id == LEADERSHIP_ROW)
                 .values(holder=identity, epoch=epoch, renewed_at=now, lease_seconds=lease_seconds)
             )
-        lease = Lease(identity, epoch, lease_seconds, started)
+        lease = Lease(identity, epoch, lease_seconds, started, offset)
         await self.append([Event(subject=identity,
                                  payload=LeaderElected(epoch=epoch, identity=identity))], epoch)
         log.info("leadership.acquired", identity=identity, epoch=epoch,
@@ -360,11 +365,17 @@ class EventLog:
                 raise StaleLeaderError(
                     f"lease epoch {lease.epoch} lost: now held by {row['holder']!r} "
                     f"at epoch {row['epoch']}")
-            now = await self._db_now(connection)
+            now, offset = await self._db_now_and_offset(connection)
             await connection.execute(
                 leadership.update().where(leadership.c.id == LEADERSHIP_ROW).values(renewed_at=now)
             )
-        return Lease(lease.identity, lease.epoch, lease.lease_seconds, started)
+        return Lease(lease.identity, lease.epoch, lease.lease_seconds, started, offset)
+
+    async def _db_now_and_offset(self, connection: AsyncConnection) -> tuple[datetime, float]:
+        before = self.wall_clock()
+        now = await self._db_now(connection)
+        after = self.wall_clock()
+        return now, now.timestamp() - (before + after) / 2
 
     async def release(self, lease: Lease) -> None:
         """Give up the lease so a standby can take over at once (graceful shutdown)."""
