@@ -23,10 +23,12 @@ system-deps:
 	scripts/ensure-system-deps.sh
 
 # The real Kubernetes control plane (kube-apiserver, controller-manager, scheduler,
-# kubectl, etcd) built from Go modules once per machine and cached by version outside
-# the clone (/var/cache/sunkd/kubernetes-vX.Y.Z; about 7 minutes cold, instant warm).
+# kubectl, etcd) and helm, built from Go modules once per machine and cached by version
+# outside the clone (/var/cache/sunkd/kubernetes-vX.Y.Z, helm-vX.Y.Z; about 9 minutes
+# cold, instant warm).
 kube-binaries:
 	scripts/build-kubernetes.sh
+	scripts/build-helm.sh
 
 lint: venv
 	$(BIN)/ruff check sunkd tests bench
