@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Any, ClassVar, Union, get_args, get_origin
 
 # The version key inside every stored payload. Kept short: it is in every row.
 VERSION_KEY = "v"
@@ -313,6 +313,16 @@ class ActionFailed(Payload):
     retryable: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class NodeForgotten(Payload):
+    """The policy forgets a node gone from both Slurm and Kubernetes for a while: its
+    NodeState and name mappings leave the fold, so memory follows the live cluster."""
+
+    KIND: ClassVar[str] = "node.forgotten"
+    node: str = ""
+    reason: str = ""
+
+
 # ------------------------------------------------------------------------ leadership
 
 
@@ -343,29 +353,10 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
         ActionSucceeded,
         ActionFailed,
         LeaderElected,
+        NodeForgotten,
     )
 }
 
-KNOWN_KINDS: frozenset[str] = frozenset(PAYLOAD_TYPES)
-EventKind = Literal[
-    "slurm.node.observed",
-    "slurm.node.vanished",
-    "slurm.demand.observed",
-    "k8s.node.observed",
-    "k8s.node.vanished",
-    "k8s.workload.observed",
-    "k8s.demand.observed",
-    "k8s.nodeset.observed",
-    "source.health",
-    "operator.pinned",
-    "transition.started",
-    "transition.completed",
-    "transition.aborted",
-    "action.requested",
-    "action.succeeded",
-    "action.failed",
-    "leader.elected",
-]
 
 
 # ---------------------------------------------------------------------------- events

@@ -38,6 +38,7 @@ from sunkd.domain.events import (
     K8sWorkloadObserved,
     Label,
     LeaderElected,
+    NodeForgotten,
     OperatorPinned,
     Payload,
     PodRef,
@@ -202,6 +203,9 @@ class NodeState:
     # name: an identity conflict. The first claimant keeps `k8s`; nothing acts until one
     # of them is deleted or relabelled (ownership.assess holds the node).
     k8s_rivals: Mapping[str, K8sNodeObserved] = field(default_factory=dict)
+    # When the node was last seen vanish so that neither side knows it (None while either
+    # side observes it): after a grace the policy forgets it (`node.forgotten`).
+    gone_since: float | None = None
 
     def open_action_on(self, side: str) -> OpenAction | None:
         for action in self.open_actions.values():
@@ -272,6 +276,7 @@ class _NodeDraft:
     open_actions: Mapping[str, OpenAction]
     outcomes: Mapping[str, ActionOutcome]
     k8s_rivals: Mapping[str, K8sNodeObserved]
+    gone_since: float | None
 
     def __init__(self, node: NodeState) -> None:
         for name in _NODE_FIELDS:
@@ -288,6 +293,7 @@ class _Builder:
         self.base = base
         self.nodes: dict[str, NodeState] | None = None
         self.drafts: dict[str, _NodeDraft] = {}
+        self.forgotten: set[str] = set()
         self.k8s_names: dict[str, str] | None = None
         self.nodesets: dict[str, K8sNodesetObserved] | None = None
         self.slurm_demand: dict[str, SlurmDemandObserved] | None = None
@@ -301,7 +307,8 @@ class _Builder:
     def draft(self, name: str) -> _NodeDraft:
         draft = self.drafts.get(name)
         if draft is None:
-            node = self.base.nodes.get(name)
+            node = self.base.nodes.get(name) if name not in self.forgotten else None
+            self.forgotten.discard(name)
             draft = _NodeDraft(node if node is not None else NodeState(name=name))
             self.drafts[name] = draft
         return draft
@@ -313,8 +320,10 @@ class _Builder:
     def build(self) -> ClusterState:
         base = self.base
         nodes: Mapping[str, NodeState] = base.nodes
-        if self.drafts:
+        if self.drafts or self.forgotten:
             copied = dict(base.nodes)
+            for name in self.forgotten:
+                copied.pop(name, None)
             for name, draft in self.drafts.items():
                 copied[name] = draft.freeze()
             nodes = copied
@@ -353,6 +362,7 @@ def _on_slurm_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     d.slurm = p
     d.slurm_seq = seq
     d.slurm_missing = False
+    d.gone_since = None
 
 
 def _on_slurm_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -362,6 +372,8 @@ def _on_slurm_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> N
     d.slurm_seq = seq
     d.slurm_missing = True
     d.slurm_unhealthy_since = None
+    if d.k8s is None:
+        d.gone_since = _at(event)
 
 
 def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -384,6 +396,7 @@ def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         d.k8s_rivals = rivals
         return
     previous = d.k8s
+    d.gone_since = None
     if observation.pin != (previous.pin if previous is not None else None):
         d.pin = _pin(observation.pin, "annotation", f"annotation sunkd.io/pin on {k8s_name}",
                      "", _at(event))
@@ -426,6 +439,8 @@ def _on_k8s_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> Non
         d.k8s = None
         d.k8s_seq = seq
         d.k8s_missing = True
+    if d.k8s is None and d.slurm is None:
+        d.gone_since = _at(event)
 
 
 def _on_workload(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -598,6 +613,19 @@ def _on_outcome(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         )
 
 
+def _on_forgotten(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    name = p.node or event.subject
+    b.drafts.pop(name, None)
+    b.forgotten.add(name)
+    names = b.k8s_names if b.k8s_names is not None else b.base.k8s_names
+    stale = [k8s for k8s, slurm in names.items() if slurm == name or k8s == name]
+    if stale:
+        if b.k8s_names is None:
+            b.k8s_names = dict(b.base.k8s_names)
+        for k8s in stale:
+            del b.k8s_names[k8s]
+
+
 def _on_leader(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     elected: LeaderElected = p
     if elected.epoch >= b.leader_epoch:
@@ -623,6 +651,7 @@ _HANDLERS: dict[type[Payload], Any] = {
     ActionSucceeded: _on_outcome,
     ActionFailed: _on_outcome,
     LeaderElected: _on_leader,
+    NodeForgotten: _on_forgotten,
 }
 
 
@@ -687,6 +716,7 @@ def _node_to_json(node: NodeState) -> dict[str, Any]:
         "slurm_missing": node.slurm_missing,
         "k8s_missing": node.k8s_missing,
         "k8s_rivals": {name: _payload_to_json(obs) for name, obs in node.k8s_rivals.items()},
+        "gone_since": node.gone_since,
         "slurm_unhealthy_since": node.slurm_unhealthy_since,
         "owner": node.owner,
         "phase": node.phase.value,
@@ -818,6 +848,7 @@ def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
         k8s_rivals={
             name: _k8s_from_json(obs) for name, obs in (raw.get("k8s_rivals") or {}).items()
         },
+        gone_since=_float_or_none(raw.get("gone_since")),
     )
 
 

@@ -286,3 +286,25 @@ def test_h10_a_node_two_pools_select_is_a_reported_conflict_not_a_silent_takeove
     warns = [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
     assert len(warns) == 1 and "other-team/gpu" in warns[0].reason
     assert membership(log.state(), [ours, theirs]) == {}
+
+
+# --------------------------------------------------- bounded growth (issue 15, item 4)
+
+
+def test_a_node_gone_from_both_sides_is_forgotten_after_a_grace() -> None:
+    from sunkd.domain.events import SlurmNodeVanished
+    from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode
+
+    log = _cluster(2)
+    log.add(SlurmNodeVanished(node="n2"), 10.0)
+    log.add(K8sNodeVanished(node="n2"), 11.0)
+    assert _only(_decide(log, 11.0 + FORGET_AFTER_SECONDS - 1), ForgetNode) == []
+    decisions = _decide(log, 11.0 + FORGET_AFTER_SECONDS)
+    assert [d.node for d in _only(decisions, ForgetNode)] == ["n2"]
+    _record(log, decisions, 11.0 + FORGET_AFTER_SECONDS)
+    state = log.state()
+    assert "n2" not in state.nodes and "n2" not in state.k8s_names
+    assert "n1" in state.nodes
+    # It may come back: a new sighting starts it afresh.
+    log.add(k8s_obs("n2"), 20_000.0)
+    assert log.state().nodes["n2"].owner == "none"

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sunkd.domain.policy.model import (
+    FORGET_AFTER_SECONDS,
     MODE_AUTO,
     MODE_KUBERNETES,
     MODE_SLURM,
@@ -55,6 +56,7 @@ from sunkd.domain.policy.model import (
     AbortTransition,
     CompleteTransition,
     Decision,
+    ForgetNode,
     PoolSpec,
     RequestAction,
     StartTransition,
@@ -72,6 +74,7 @@ from sunkd.domain.policy.repair import _report_overlap
 from sunkd.domain.state import ClusterState, NodeState
 
 __all__ = [
+    "FORGET_AFTER_SECONDS",
     "MODE_AUTO",
     "MODE_KUBERNETES",
     "MODE_SLURM",
@@ -91,6 +94,7 @@ __all__ = [
     "AbortTransition",
     "CompleteTransition",
     "Decision",
+    "ForgetNode",
     "PoolSpec",
     "RequestAction",
     "StartTransition",
@@ -125,4 +129,26 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
         _plan_pool(planner, pool, nodes)
     for name, claimed_by in sorted(pool_overlaps(state, pools).items()):
         _report_overlap(planner, state.nodes[name], claimed_by)
+    _forget_gone(planner, state)
     return planner.decisions
+
+
+def _forget_gone(planner: _Planner, state: ClusterState) -> None:
+    """Forget nodes gone from both sides for FORGET_AFTER_SECONDS (bounded memory): not
+    while anything is open on them, not while an operator's pin names them, and only
+    while both sources are fresh in this term (decisions need that, always)."""
+    if not (state.source_fresh("slurm") and state.source_fresh("kubernetes")):
+        return
+    for name in sorted(state.nodes):
+        node = state.nodes[name]
+        if (
+            node.gone_since is not None
+            and planner.now - node.gone_since >= FORGET_AFTER_SECONDS
+            and node.slurm is None
+            and node.k8s is None
+            and node.transition is None
+            and not node.open_actions
+            and node.pin is None
+        ):
+            planner.decisions.append(ForgetNode(
+                name, f"gone from Slurm and Kubernetes for {FORGET_AFTER_SECONDS:g} s"))

@@ -16,6 +16,7 @@ from sunkd.domain.events import (
     Event,
     K8sNodesetObserved,
     Label,
+    NodeForgotten,
     OwnershipSpec,
     TransitionAborted,
     TransitionCompleted,
@@ -190,11 +191,26 @@ class RequestAction:
         return None
 
 
-Decision = StartTransition | CompleteTransition | AbortTransition | RequestAction
+@dataclass(frozen=True, slots=True)
+class ForgetNode:
+    """-> `node.forgotten`: a node gone from both sides for FORGET_AFTER_SECONDS."""
+
+    node: str
+    reason: str
+
+
+# A node that vanished from both Slurm and Kubernetes is forgotten after this long (it
+# can come back: a later observation starts it afresh, as a first sighting).
+FORGET_AFTER_SECONDS = 3600.0
+
+Decision = StartTransition | CompleteTransition | AbortTransition | RequestAction | ForgetNode
 
 
 def decision_to_event(decision: Decision) -> Event:
     """The event to append for a decision (subject = node name)."""
+    if isinstance(decision, ForgetNode):
+        return Event(subject=decision.node,
+                     payload=NodeForgotten(node=decision.node, reason=decision.reason))
     if isinstance(decision, RequestAction):
         return Event(
             subject=decision.node,
