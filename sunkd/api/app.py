@@ -10,12 +10,15 @@ The daemon (and the demo) implement `DaemonView`; keep it small.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import bisect
-import json
+import math
+import ssl
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -23,7 +26,7 @@ from typing import Any, Protocol
 import structlog
 from aiohttp import web
 
-from sunkd.api.extender import ApiPool, BadRequest, Extender
+from sunkd.api.extender import ApiPool, BadRequest, Extender, TooLarge
 from sunkd.api.metrics import CONTENT_TYPE, NO_POOL, Metrics
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import assess
@@ -32,14 +35,27 @@ from sunkd.domain.state import ClusterState, NodeState
 from sunkd.runtime.config import PoolSettings, pool_spec
 from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
+from sunkd.store.projections import observed
 
 log = structlog.get_logger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # extender requests carry node lists: bounded
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 1000
+MAX_OFFSET = 2**62  # beyond what any table holds; SQL integers end at 2**63 - 1
 VIEW_KEY = web.AppKey("sunkd_view", object)
 EXTENDER_KEY = web.AppKey("sunkd_extender", Extender)
+WORKER_KEY = web.AppKey("sunkd_extender_worker", ThreadPoolExecutor)
+SLOTS_KEY = web.AppKey("sunkd_extender_slots", asyncio.Semaphore)
+
+# Every route is reachable without authentication (issue 12), so the HTTP server bounds
+# what one client can hold: an idle or slowly-sending connection is closed after
+# `HTTP_IDLE_TIMEOUT` seconds (aiohttp's keep-alive timer also runs while the request
+# line and headers trickle in), a body must arrive within `BODY_TIMEOUT`, and at most
+# `EXTENDER_SLOTS` extender calls wait for the extender's worker thread at once.
+HTTP_IDLE_TIMEOUT = 15.0
+BODY_TIMEOUT = 10.0
+EXTENDER_SLOTS = 16
 
 
 class DaemonView(Protocol):
@@ -123,9 +139,11 @@ def _offset(request: web.Request) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise web.HTTPBadRequest(text=f"offset must be an integer, got {raw!r}") from None
+        raise web.HTTPBadRequest(text=f"offset must be an integer, got {raw[:50]!r}") from None
     if value < 0:
         raise web.HTTPBadRequest(text="offset must be >= 0")
+    if value > MAX_OFFSET:
+        raise web.HTTPBadRequest(text=f"offset must be at most {MAX_OFFSET}")
     return value
 
 
@@ -148,9 +166,17 @@ def parse_since(raw: str | None, now: datetime) -> datetime | None:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     if raw[-1:] in units:
         try:
-            return now - timedelta(seconds=float(raw[:-1]) * units[raw[-1]])
+            amount = float(raw[:-1])
         except ValueError:
-            pass
+            amount = None
+        if amount is not None:
+            if not math.isfinite(amount) or amount < 0:
+                raise ValueError(f"not a finite, non-negative duration: {raw!r}")
+            try:
+                return now - timedelta(seconds=amount * units[raw[-1]])
+            except OverflowError:
+                # Longer ago than datetime reaches: everything (sunkd is younger than 1970).
+                return datetime(1970, 1, 1, tzinfo=UTC)
     try:
         moment = datetime.fromisoformat(raw)
     except ValueError:
@@ -197,6 +223,13 @@ def node_json(state: ClusterState, node: NodeState, pool: str | None, now: float
     }
 
 
+def visible_nodes(state: ClusterState) -> list[str]:
+    """Names of the nodes the API lists, sorted: not the phantoms a pin of a name never
+    observed creates (`projections.observed`); `GET /api/v1/nodes/{name}` still shows one,
+    with its pending pin."""
+    return sorted(name for name, node in state.nodes.items() if observed(node))
+
+
 def _find_node(state: ClusterState, name: str) -> NodeState | None:
     node = state.nodes.get(name)
     if node is None and name in state.k8s_names:
@@ -226,6 +259,8 @@ def pool_summaries(state: ClusterState, pools: Sequence[ApiPool], now: float
         by_pool[pool.name] = PoolSummary(pool.name, {}, {}, slurm_pending,
                                          len(demand.pending) if demand else 0, pool.spec)
     for name, node in state.nodes.items():
+        if not observed(node):
+            continue
         pool_name = members.get(name, NO_POOL)
         summary = by_pool.get(pool_name)
         if summary is None:
@@ -264,7 +299,7 @@ async def list_nodes(request: web.Request) -> web.Response:
     limit = _limit(request)
     token = request.query.get("continue")
     after = _decode_token(token) if token else None
-    names = sorted(state.nodes)
+    names = visible_nodes(state)
     if after is not None:
         names = names[bisect.bisect_right(names, after):]
     page = names[:limit]
@@ -275,7 +310,7 @@ async def list_nodes(request: web.Request) -> web.Response:
     return web.json_response({
         "items": items,
         "continue": _encode_token(page[-1]) if more and page else None,
-        "total": len(state.nodes),
+        "total": len(visible_nodes(state)),
     })
 
 
@@ -338,25 +373,38 @@ async def list_pools(request: web.Request) -> web.Response:
 
 async def _extender_call(request: web.Request, verb: str) -> web.Response:
     view = _view(request)
-    extender = request.app[EXTENDER_KEY]
+    app = request.app
+    extender = app[EXTENDER_KEY]
     started = time.perf_counter()
-    body = await request.read()  # aiohttp answers 413 beyond client_max_size
-    try:
-        if verb == "filter":
-            payload = extender.filter_bytes(body)
-        else:
-            payload = _compact_json(extender.prioritize(body)).encode()
-    except BadRequest as error:
-        view.metrics.observe_extender(verb, "bad_request", time.perf_counter() - started)
-        log.info("extender.bad_request", verb=verb, error=str(error))
-        return web.json_response({"Error": str(error)}, status=400)
+
+    def refuse(status: int, result: str, error: str) -> web.Response:
+        view.metrics.observe_extender(verb, result, time.perf_counter() - started)
+        log.info("extender.refused", verb=verb, status=status, error=error[:300])
+        return web.json_response({"Error": error}, status=status)
+
+    slots = app[SLOTS_KEY]
+    if slots.locked():
+        return refuse(503, "busy", f"sunkd: more than {EXTENDER_SLOTS} extender calls "
+                                   "waiting; retry later")
+    async with slots:
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT):
+                body = await request.read()  # aiohttp answers 413 beyond client_max_size
+        except TimeoutError:
+            return refuse(408, "bad_request", f"body not received within {BODY_TIMEOUT:g} s")
+        work = extender.filter_bytes if verb == "filter" else extender.prioritize_bytes
+        try:
+            # Off the event loop: a big answer must not delay health checks, metrics or
+            # the lease renewal (issue 12). One thread, so calls never run concurrently.
+            payload = await asyncio.get_running_loop().run_in_executor(
+                app[WORKER_KEY], work, body)
+        except TooLarge as error:
+            return refuse(413, "too_large", str(error))
+        except BadRequest as error:
+            return refuse(400, "bad_request", str(error))
     response = web.Response(body=payload, content_type="application/json")
     view.metrics.observe_extender(verb, "ok", time.perf_counter() - started)
     return response
-
-
-def _compact_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 async def scheduler_filter(request: web.Request) -> web.Response:
@@ -375,16 +423,27 @@ async def status_page(request: web.Request) -> web.Response:
         hours = float(request.query.get("hours", "6"))
     except ValueError:
         raise web.HTTPBadRequest(text="hours must be a number") from None
+    if not math.isfinite(hours):
+        raise web.HTTPBadRequest(text="hours must be a finite number")
     hours = min(max(hours, 0.1), 24 * 14)
     html = await render_status(view, hours=hours, offset=_offset(request))
     return web.Response(text=html, content_type="text/html", charset="utf-8")
 
 
 def build_app(view: DaemonView, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
-    """The application; run it with `web.AppRunner`/`web.TCPSite` (the daemon does)."""
+    """The application; serve it with `start_http` (the daemon does), which bounds idle
+    and slow connections, or any `web.AppRunner`/`web.TCPSite`."""
     app = web.Application(client_max_size=max_body_bytes)
     app[VIEW_KEY] = view
     app[EXTENDER_KEY] = Extender(view.state, view.pools)
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sunkd-extender")
+    app[WORKER_KEY] = worker
+    app[SLOTS_KEY] = asyncio.Semaphore(EXTENDER_SLOTS)
+
+    async def stop_worker(_app: web.Application) -> None:
+        worker.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(stop_worker)
     app.router.add_get("/", status_page)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
@@ -397,3 +456,26 @@ def build_app(view: DaemonView, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.
     app.router.add_post("/scheduler/prioritize", scheduler_prioritize)
     return app
 
+
+
+async def start_http(app: web.Application, host: str, port: int, *,
+                     ssl_context: ssl.SSLContext | None = None,
+                     idle_timeout: float = HTTP_IDLE_TIMEOUT) -> tuple[web.AppRunner, int]:
+    """Serve `app` on host:port (HTTPS with `ssl_context`); returns the runner (call its
+    `cleanup()`) and the bound port. Connections idle, or sending their request slower
+    than `idle_timeout` allows, are closed (slowloris, issue 12)."""
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    await site.start()
+    server = getattr(site, "_server", None)
+    sockets = getattr(server, "sockets", None) or []
+    return runner, sockets[0].getsockname()[1] if sockets else port
+
+
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A server TLS context from a PEM certificate (chain) and key; TLS 1.2 at least."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    return context

@@ -38,6 +38,7 @@ from sunkd.domain.events import (
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import PoolSpec, membership
 from sunkd.domain.state import ClusterState, Phase
+from sunkd.store.projections import observed
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 NO_POOL = "none"  # pool label of nodes in no pool
@@ -242,6 +243,8 @@ class Metrics:
         moving: dict[tuple[str, ...], int] = {("lend",): 0, ("reclaim",): 0, ("adopt",): 0}
         conflicts: dict[tuple[str, ...], int] = {}
         for name, node in state.nodes.items():
+            if not observed(node):
+                continue  # a pin of a node never observed is no node (yet)
             pool = members.get(name, NO_POOL)
             assessment = assess(state, node, now)
             if assessment.conflicts:

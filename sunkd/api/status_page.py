@@ -39,14 +39,14 @@ def _fmt(seconds: float | None) -> str:
 
 
 async def render_status(view: DaemonView, *, hours: float, offset: int) -> str:
-    from sunkd.api.app import node_json, pool_summaries
+    from sunkd.api.app import node_json, pool_summaries, visible_nodes
 
     state = view.state()
     pools = view.pools()
     now = time.time()
     now_dt = datetime.fromtimestamp(now, tz=UTC)
     start_dt = now_dt - timedelta(hours=hours)
-    names = sorted(state.nodes)
+    names = visible_nodes(state)
     page = names[offset:offset + PAGE_NODES]
     from sunkd.domain.policy import membership
 

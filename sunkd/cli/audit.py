@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from sunkd.cli.text import printable
 from sunkd.runtime.config import Settings
 from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
@@ -53,7 +54,7 @@ def _fmt_duration(seconds: float | None) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
     """A plain aligned text table."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row]
+    cells = [[str(h) for h in headers]] + [["" if c is None else printable(c) for c in row]
                                             for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for index, row in enumerate(cells):

@@ -16,6 +16,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from sunkd.cli.text import printable
 from sunkd.runtime.config import Settings
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import SlurmAuthError, SlurmError, SlurmNode, SlurmPayloadError
@@ -149,17 +150,24 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
     else:
         try:
             report = await slurm_report(settings)
-        except (SlurmError, ValueError) as error:
+        except Exception as error:
+            # Whatever slurmrestd (or something pretending to be it) answers, the doctor
+            # says what went wrong in a sentence, never with a traceback (issue 12): a
+            # truncated body, a bad status line and JSON nested too deeply are findings.
             kind = (
                 "auth"
                 if isinstance(error, SlurmAuthError)
                 else "bad_payload"
-                if isinstance(error, SlurmPayloadError)
+                if isinstance(error, SlurmPayloadError | RecursionError)
                 else "error"
             )
+            message = str(error) if isinstance(error, SlurmError | ValueError) else \
+                f"{type(error).__name__}: {error}"
+            if isinstance(error, RecursionError):
+                message = "slurmrestd answered JSON nested too deeply to decode"
             failed = True
-            result["slurm"] = {"ok": False, "cause": kind, "error": str(error)}
-            lines.append(f"slurm: FAILED ({kind}): {error}\n")
+            result["slurm"] = {"ok": False, "cause": kind, "error": message}
+            lines.append(f"slurm: FAILED ({kind}): {message}\n")
         else:
             result["slurm"] = report.as_dict()
             lines.append(
@@ -192,7 +200,8 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
         out.write(json.dumps({"ok": configured and not failed and bool(settings.slurm.url),
                               **result}, indent=2) + "\n")
     else:
-        out.write("".join(lines))
+        # Node reasons and error texts come from outside: escape control characters.
+        out.write("\n".join(printable(line) for line in "".join(lines).split("\n")))
     if failed:
         return 1
     return 0 if settings.slurm.url else 2

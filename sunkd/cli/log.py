@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from sunkd.cli.text import printable
 from sunkd.runtime.config import Settings
 from sunkd.runtime.logs import redact_text
 
@@ -38,8 +39,19 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _event_line(recorded: Any, as_json: bool) -> str:
+    """One event, or one row that does not decode (`CorruptRow`: shown as corrupt, with
+    its raw text, so the log can be inspected past it; issue 12)."""
     from sunkd.domain.events import encode_payload
+    from sunkd.store.projections import CorruptRow
 
+    if isinstance(recorded, CorruptRow):
+        if as_json:
+            return json.dumps(recorded.to_json(), separators=(",", ":"), sort_keys=True)
+        stamp = recorded.recorded_at.strftime("%Y-%m-%d %H:%M:%S") \
+            if recorded.recorded_at else "-"
+        return printable(f"{recorded.seq:>8} {stamp} {recorded.kind:<22} "
+                         f"{recorded.subject:<16} CORRUPT ({recorded.error}) "
+                         f"raw={recorded.raw}")
     body = encode_payload(recorded.payload)
     if as_json:
         return json.dumps({
@@ -50,11 +62,18 @@ def _event_line(recorded: Any, as_json: bool) -> str:
     shown = {k: v for k, v in body.items() if k != "v" and v not in (None, [], "", {})}
     details = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in shown.items())
     stamp = recorded.recorded_at.strftime("%Y-%m-%d %H:%M:%S")
-    return f"{recorded.seq:>8} {stamp} {recorded.kind:<22} {recorded.subject:<16} {details}"
+    return printable(f"{recorded.seq:>8} {stamp} {recorded.kind:<22} {recorded.subject:<16} "
+                     f"{details}")
+
+
+FOLLOW_POLL_SECONDS = 0.5
 
 
 def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    """`sunkd events [--after SEQ] [--follow] [--json] ...`. Reads row by row, tolerantly:
+    a row that does not decode is printed as corrupt and the listing goes on."""
     from sunkd.store.eventlog import EventLog
+    from sunkd.store.projections import read_tolerant
 
     kinds = args.kind or None
     out: TextIO = sys.stdout
@@ -62,20 +81,19 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> None:
         event_log = await EventLog.open(settings.database_url)
         try:
-            if args.follow:
-                async for recorded in event_log.subscribe(args.after, kinds=kinds):
-                    if args.subject is None or recorded.subject == args.subject:
-                        print(_event_line(recorded, args.json), file=out, flush=True)
-                return
             position, remaining = args.after, args.limit
-            while remaining > 0:
-                batch = await event_log.read(position, min(remaining, 1000), kinds=kinds,
-                                             subject=args.subject)
-                if not batch:
-                    break
+            while args.follow or remaining > 0:
+                size = 1000 if args.follow else min(remaining, 1000)
+                batch = await read_tolerant(event_log.engine, position, size, kinds=kinds,
+                                            subject=args.subject)
                 for recorded in batch:
-                    print(_event_line(recorded, args.json), file=out)
-                position, remaining = batch[-1].seq, remaining - len(batch)
+                    print(_event_line(recorded, args.json), file=out, flush=args.follow)
+                if batch:
+                    position, remaining = batch[-1].seq, remaining - len(batch)
+                elif args.follow:
+                    await asyncio.sleep(FOLLOW_POLL_SECONDS)
+                else:
+                    break
         finally:
             await event_log.close()
 

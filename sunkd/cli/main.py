@@ -31,7 +31,28 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["listen"] = args.listen
     if args.log_level:
         overrides["log_level"] = args.log_level
-    return load_settings(args.config, **overrides)
+    path: Path | None = args.config
+    if path is not None and path.is_dir():
+        raise ConfigError("--config", f"{path} is a directory, not a TOML file")
+    try:
+        return load_settings(path, **overrides)
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError("--config", f"cannot read {path}: {error}") from error
+
+
+# Seqs and counts are SQL BIGINTs: larger values are refused here, not by the driver.
+MAX_BIGINT = 2**63 - 1
+
+
+def _count(value: str) -> int:
+    """An argparse type: an integer from 0 to 2**63 - 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if not 0 <= number <= MAX_BIGINT:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_BIGINT}, got {value}")
+    return number
 
 
 # ------------------------------------------------------------------ delegations
@@ -92,10 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "print the event log")
     database(events)
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    events.add_argument("--after", type=int, default=0, metavar="SEQ")
+    events.add_argument("--after", type=_count, default=0, metavar="SEQ")
     events.add_argument("--subject", help="only events about this node or pool")
     events.add_argument("--kind", action="append", help="only this kind (repeatable)")
-    events.add_argument("--limit", type=int, default=10_000_000)
+    events.add_argument("--limit", type=_count, default=10_000_000)
     events.add_argument("--json", action="store_true", help="one JSON object per line")
 
     doctor = add("doctor", cmd_doctor, "check the connections to Slurm (and Kubernetes)")
@@ -104,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = add("run", _optional("sunkd.runtime.daemon", "cmd_run"), "run the daemon")
     database(run)
     run.add_argument("--listen", metavar="HOST:PORT", help="HTTP address (default 127.0.0.1:8080)")
+    run.add_argument("--tls-cert", type=Path, metavar="PEM",
+                     help="serve HTTPS with this certificate (chain); needs --tls-key")
+    run.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's key")
 
     status = add("status", _optional("sunkd.cli.operator", "cmd_status"),
                  "where every node is, and why")
@@ -117,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     pin.add_argument("--to", required=True, choices=["slurm", "kubernetes", "auto"])
     pin.add_argument("--reason", required=True)
     pin.add_argument("--who", help="defaults to the login name")
+    pin.add_argument("--force", action="store_true",
+                     help="pin a node sunkd has not observed yet (it applies once it is)")
 
     replay = add("replay", _optional("sunkd.cli.operator", "cmd_replay"),
                  "rebuild state from the whole log and compare")
@@ -147,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--phase-seconds", type=float, default=30.0,
                       help="how long each demand phase lasts (default 30)")
     demo.add_argument("--listen", metavar="HOST:PORT")
+
+    from sunkd.cli.simulate import add_arguments as simulate_arguments
+
+    simulate_arguments(add("simulate", _optional("sunkd.cli.simulate", "cmd_simulate"),
+                           "separate clusters vs sunkd's pool vs an ideal pool, on traces"))
 
     sim = commands.add_parser("sim", help="simulators for tests and demos")
     sim_commands = sim.add_subparsers(dest="sim_command", metavar="SIMULATOR", required=True)
@@ -186,7 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(error, SchemaError):
             print(f"sunkd: {error}", file=sys.stderr)
             return 1
-        raise
+        if settings.log_level == "debug":
+            raise
+        # An operator tool answers with a sentence, not a traceback (issue 12).
+        print(f"sunkd {args.command}: {type(error).__name__}: {error} (run with "
+              "--log-level debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

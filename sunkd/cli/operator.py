@@ -14,14 +14,16 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from sunkd.cli.text import printable
 from sunkd.domain.events import Event, OperatorPinned
 from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership
-from sunkd.domain.state import EMPTY, ClusterState, fold, state_from_json, state_to_json
+from sunkd.domain.state import EMPTY, ClusterState, state_from_json, state_to_json
 from sunkd.runtime.config import Settings, pool_spec
 from sunkd.runtime.engine import load_state
 from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
+from sunkd.store.projections import CorruptRow, observed
 
 
 def _when(moment: float | None) -> str:
@@ -36,6 +38,8 @@ def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dic
     rows = []
     for name in sorted(state.nodes):
         node = state.nodes[name]
+        if not observed(node):
+            continue  # only pinned, never seen: see pending_pins
         assessment = assess(state, node, now)
         slurm = node.slurm
         k8s = node.k8s
@@ -64,25 +68,48 @@ def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dic
     return rows
 
 
+def pending_pins(state: ClusterState) -> list[dict[str, Any]]:
+    """Pins of nodes never observed (`sunkd pin --force`): they apply once the node is."""
+    return [{"node": name, "to": node.pin.to, "who": node.pin.who, "why": node.pin.why}
+            for name, node in sorted(state.nodes.items())
+            if node.pin is not None and not observed(node)]
+
+
+def report_corrupt(rows: list[CorruptRow], command: str) -> None:
+    for row in rows:
+        print(printable(f"sunkd {command}: warning: {row.describe()}; it is skipped"),
+              file=sys.stderr)
+    if rows:
+        print(f"sunkd {command}: find it with `sunkd events --after {rows[0].seq - 1} --json` "
+              "(docs/operations.md, a row sunkd cannot decode)", file=sys.stderr)
+
+
 def cmd_status(args: Any, settings: Settings) -> int:
+    corrupt: list[CorruptRow] = []
+
     async def run() -> ClusterState:
         event_log = await EventLog.open(settings.database_url)
         try:
-            return (await load_state(event_log))[0]
+            return (await load_state(event_log, on_corrupt=corrupt.append))[0]
         finally:
             await event_log.close()
 
     state = asyncio.run(run())
     rows = status_rows(state, settings, time.time())
+    waiting = pending_pins(state)
+    report_corrupt(corrupt, "status")
     if args.json:
         print(json.dumps({"last_seq": state.last_seq, "nodes": rows,
                           "sources": {name: {"status": s.status, "cause": s.cause}
-                                      for name, s in state.sources.items()}}, indent=2))
+                                      for name, s in state.sources.items()},
+                          "pending_pins": waiting,
+                          "corrupt_rows": [row.to_json() for row in corrupt]}, indent=2))
         return 0
     header = ("NODE", "POOL", "OWNER", "PHASE", "SINCE", "SLURM", "KUBERNETES", "REASON")
     table = [header] + [
-        (row["node"], row["pool"] or "-", row["owner"], row["phase"], _when(row["since"]),
-         row["slurm_state"], row["kubernetes_state"], row["reason"] or "-")
+        tuple(printable(cell) for cell in (
+            row["node"], row["pool"] or "-", row["owner"], row["phase"], _when(row["since"]),
+            row["slurm_state"], row["kubernetes_state"], row["reason"] or "-"))
         for row in rows]
     widths = [max(len(str(line[i])) for line in table) for i in range(len(header) - 1)]
     for line in table:
@@ -90,6 +117,9 @@ def cmd_status(args: Any, settings: Settings) -> int:
               + "  " + str(line[-1]))
     sources = ", ".join(f"{name} {s.status}" for name, s in sorted(state.sources.items()))
     print(f"\n{len(rows)} nodes; sources: {sources or 'none yet'}; log at seq {state.last_seq}")
+    for pin in waiting:
+        print(printable(f"pin waiting for a node never observed: {pin['node']} to {pin['to']} "
+                        f"by {pin['who']}: {pin['why']}"))
     return 0
 
 
@@ -99,10 +129,18 @@ def cmd_pin(args: Any, settings: Settings) -> int:
     async def run() -> int:
         event_log = await EventLog.open(settings.database_url)
         try:
-            state, _ = await load_state(event_log)
-            if args.node not in state.nodes and args.node not in state.k8s_names:
-                print(f"sunkd: warning: {args.node} has not been observed yet; the pin is "
-                      "recorded and applies once it is", file=sys.stderr)
+            state, _ = await load_state(event_log, on_corrupt=lambda _row: None)
+            known = state.nodes.get(state.k8s_names.get(args.node, args.node))
+            if known is None or not observed(known):
+                if not args.force:
+                    print(printable(
+                        f"sunkd pin: no node {args.node!r} has been observed, by that Slurm "
+                        "or Kubernetes name; check the name with `sunkd status`, or pin it "
+                        "anyway with --force (the pin then applies once the node is "
+                        "observed)"), file=sys.stderr)
+                    return 2
+                print(printable(f"sunkd: warning: {args.node} has not been observed yet; the "
+                                "pin is recorded and applies once it is"), file=sys.stderr)
             node = state.k8s_names.get(args.node, args.node)
             seqs = await event_log.append_unfenced([Event(subject=node, payload=OperatorPinned(
                 node=node, to=args.to, who=who, why=args.reason))])
@@ -132,25 +170,29 @@ def compare_states(expected: ClusterState, actual: ClusterState) -> list[str]:
 
 
 async def replay_check(event_log: EventLog) -> list[str]:
-    """Rebuild from the whole log (one pass, stopping by the latest snapshot's position
-    on the way) and compare: the snapshot with the replay up to its seq, the daemon's way
-    of loading (snapshot + tail) with the full replay, and the read models with it."""
+    """Rebuild from the whole log and compare: the snapshot with the replay up to its
+    seq, the daemon's way of loading (snapshot + tail) with the full replay, and the read
+    models with it. A row that does not decode is a problem, reported with its seq, kind
+    and raw text; the check goes on without it."""
     problems: list[str] = []
+    corrupt: dict[int, CorruptRow] = {}
+
+    def note(row: CorruptRow) -> None:
+        corrupt.setdefault(row.seq, row)
+
     snapshot = await event_log.latest_snapshot()
     full = EMPTY
-    if snapshot is not None:
+    if snapshot is not None:  # one pass, stopping by the snapshot's position on the way
         seq, body = snapshot
-        async for batch in event_log.read_range(0, upto=seq):
-            full = fold(batch, full)
+        full, _ = await load_state(event_log, from_snapshot=False, upto=seq, on_corrupt=note)
         problems += [f"snapshot {seq} vs replay to {seq}: {d}"
                      for d in compare_states(full, state_from_json(body))]
-    async for batch in event_log.read_range(full.last_seq):
-        full = fold(batch, full)
-    incremental, _ = await load_state(event_log, from_snapshot=True)
+    full, _ = await load_state(event_log, from_snapshot=False, start=full, on_corrupt=note)
+    incremental, _ = await load_state(event_log, from_snapshot=True, on_corrupt=note)
     problems += [f"snapshot+tail vs full replay: {d}" for d in compare_states(full, incremental)]
     problems += [f"read models: {d}"
                  for d in await projections.check_against_state(event_log.engine, full)]
-    return problems
+    return [row.describe() for _seq, row in sorted(corrupt.items())] + problems
 
 
 def cmd_replay(args: Any, settings: Settings) -> int:
@@ -168,7 +210,7 @@ def cmd_replay(args: Any, settings: Settings) -> int:
             latest = await event_log.latest_seq()
             if problems:
                 for problem in problems:
-                    print(problem)
+                    print(printable(problem))
                 print(f"replay check FAILED: {len(problems)} difference(s) over {latest} events")
                 return 1
             print(f"replay check passed: {latest} events, state rebuilt in {seconds:.2f}s, "

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import json
+import math
 import os
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -37,6 +39,7 @@ from urllib.parse import quote
 
 import aiohttp
 import structlog
+from aiohttp.http_exceptions import LineTooLong
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
@@ -218,8 +221,11 @@ _SUFFIX = {
 
 
 def parse_quantity(value: object) -> Decimal:
-    """resource.Quantity ("500m", "2", "1Gi", "1e9") to a Decimal; malformed -> ValueError."""
+    """resource.Quantity ("500m", "2", "1Gi", "1e9") to a Decimal; malformed -> ValueError.
+    A JSON NaN or Infinity (Python's json accepts both) is malformed too."""
     if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"not a quantity: {value!r}")
     if isinstance(value, int | float):
         return Decimal(str(value))
@@ -232,19 +238,86 @@ def parse_quantity(value: object) -> Decimal:
         number = Decimal(match.group(1))
     except InvalidOperation as error:
         raise ValueError(f"not a quantity: {value!r}") from error
+    if number.is_finite() and number and number.adjusted() > 40:
+        # "1e999999999" would overflow the arithmetic below (decimal.Overflow).
+        raise ValueError(f"quantity out of range: {value!r}")
     return number * _SUFFIX[match.group(2)]
+
+
+class MalformedObject(ValueError):
+    """An object from the API server that sunkd refuses to cache or observe: its identity
+    is missing or unusable, or a field has a shape no real API server sends. `field`
+    names the offending field (e.g. `metadata.name`, `spec.taints[0]`)."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field = field
+        self.why = why
+
+
+# Longest name a Kubernetes object can have (a DNS subdomain, RFC 1123).
+MAX_NAME_LENGTH = 253
+_BAD_NAME_CHARACTERS = re.compile("[\x00-\x20\x7f-\x9f\ud800-\udfff/]")
+
+
+def checked_name(value: Any, field: str, *, required: bool = True) -> str:
+    """A name (or namespace) that can serve as an identity: a non-empty string of at most
+    253 characters without control characters, spaces or `/`. Real API servers enforce
+    stricter rules; anything else comes from a broken server, proxy or emulator, and is
+    rejected rather than recorded as node "" or pool "/" (issue 12)."""
+    if type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and \
+            _BAD_NAME_CHARACTERS.search(value) is None:
+        return value  # the common case, first
+    if value is None or value == "":
+        if required:
+            raise MalformedObject(field, "missing")
+        return ""
+    if not isinstance(value, str):
+        raise MalformedObject(field, f"not a string ({type(value).__name__})")
+    if len(value) > MAX_NAME_LENGTH:
+        raise MalformedObject(field, f"longer than {MAX_NAME_LENGTH} characters")
+    bad = _BAD_NAME_CHARACTERS.search(value)
+    if bad is not None:
+        raise MalformedObject(field, f"contains the character U+{ord(bad.group()):04X}")
+    return value
+
+
+def checked_key(obj: Any) -> str:
+    """`object_key` of an object whose identity is usable, else `MalformedObject`."""
+    if not isinstance(obj, Mapping):
+        raise MalformedObject("object", f"not an object ({type(obj).__name__})")
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise MalformedObject("metadata", "missing or not an object")
+    name = checked_name(meta.get("name"), "metadata.name")
+    namespace = checked_name(meta.get("namespace"), "metadata.namespace", required=False)
+    return f"{namespace}/{name}" if namespace else name
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
     """`namespace/name` for namespaced objects, `name` otherwise (client-go's cache key)."""
-    meta = obj.get("metadata") or {}
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return ""
     namespace = meta.get("namespace")
     name = str(meta.get("name") or "")
     return f"{namespace}/{name}" if namespace else name
 
 
 def resource_version(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return ""
+    return str(meta.get("resourceVersion") or "")
+
+
+def loads(raw: bytes | str) -> Any:
+    """json.loads, with JSON nested too deeply for the decoder (RecursionError) reported as
+    the ValueError every other malformed body raises."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 @contextlib.contextmanager
@@ -262,6 +335,48 @@ def gc_paused() -> Any:
     finally:
         if was_enabled:
             gc.enable()
+
+
+# ------------------------------------------------------------------------- kubeconfig
+
+
+class KubeConfigNotFound(Exception):
+    """No kubeconfig where sunkd looked, and not running in a pod. The message says
+    where it looked (kubernetes-asyncio's own error, "Invalid kube-config file. Expected
+    key current-context", does not)."""
+
+
+def find_kubeconfig(configured: str | None, env: Mapping[str, str] | None = None) -> str:
+    """The kubeconfig to load: the configured file, else `$KUBECONFIG` (a list of files
+    separated by `:`), else `~/.kube/config`; client-go's default loading rules. Raises
+    `KubeConfigNotFound` naming every place looked at when none of them exists."""
+    env = os.environ if env is None else env
+    if configured:
+        if not os.path.isfile(os.path.expanduser(configured)):
+            raise KubeConfigNotFound(
+                f"the kubeconfig {configured} (kubernetes.kubeconfig) does not exist")
+        return configured
+    looked: list[str] = ["kubernetes.kubeconfig is not set"]
+    listed = env.get("KUBECONFIG", "")
+    if listed:
+        paths = [p for p in listed.split(os.pathsep) if p]
+        if any(os.path.isfile(os.path.expanduser(p)) for p in paths):
+            return listed
+        looked.append(f"$KUBECONFIG={listed} names no existing file")
+    else:
+        looked.append("$KUBECONFIG is unset")
+    home = env.get("HOME")
+    default = os.path.join(home, ".kube", "config") if home else \
+        os.path.expanduser("~/.kube/config")
+    if not listed:
+        if os.path.isfile(default):
+            return default
+        looked.append(f"{default} does not exist")
+    if not env.get("KUBERNETES_SERVICE_HOST"):
+        looked.append("not in a pod (KUBERNETES_SERVICE_HOST is unset)")
+    raise KubeConfigNotFound(
+        "no kubeconfig found: " + "; ".join(looked) + ". Set kubernetes.kubeconfig "
+        "(SUNKD_KUBERNETES_KUBECONFIG) or $KUBECONFIG, or kubernetes.enabled = false")
 
 
 # ----------------------------------------------------------------------------- client
@@ -308,6 +423,8 @@ class KubeClient:
                 and not os.environ.get("KUBECONFIG")
                 and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
             )
+        if not in_cluster:
+            kubeconfig = find_kubeconfig(kubeconfig)
         if in_cluster:
             configuration = k8s_client.Configuration()
             # Re-reads the projected service-account token periodically (bound tokens expire).
@@ -397,7 +514,7 @@ class KubeClient:
                 raise KubeApiError.from_body(
                     response.status, raw.decode("utf-8", "replace"), response.headers
                 )
-        return json.loads(raw) if raw else None
+        return loads(raw) if raw else None
 
     # -- typed helpers ------------------------------------------------------------
 
@@ -523,10 +640,15 @@ class KubeClient:
                         response.status, raw.decode("utf-8", "replace"), response.headers
                     )
             with gc_paused():
-                page = json.loads(raw)
+                page = loads(raw)
+            if not isinstance(page, dict):
+                raise ValueError(f"list answer is not an object: {raw[:100]!r}")
             page_items = page.get("items") or []
+            if not isinstance(page_items, list):
+                raise ValueError("list answer: items is not a list")
             items.extend(page_items)
-            meta = page.get("metadata") or {}
+            meta = page.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
             if not list_rv:
                 list_rv = str(meta.get("resourceVersion") or "")
             token = meta.get("continue") or None
@@ -579,15 +701,45 @@ class KubeClient:
             yield _watch_lines(response)
 
 
-async def _watch_lines(response: aiohttp.ClientResponse) -> AsyncIterator[JSON]:
+# The longest watch line (one event) read before giving up on the stream. A real API server
+# never sends one this long (etcd limits an object to ~1.5 MiB); kubernetes-asyncio's read
+# buffer made it the effective limit already, but as an uncaught LineTooLong (issue 12).
+MAX_WATCH_LINE_BYTES = 4 * 1024 * 1024
+
+
+class WatchLineTooLong(ValueError):
+    """A watch event longer than `MAX_WATCH_LINE_BYTES`: the stream cannot be resumed past
+    it (the rest of the line is unread), so the caller must list again."""
+
+
+def _readline_takes_a_limit(content: Any) -> bool:
+    try:
+        return "max_line_length" in inspect.signature(content.readline).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+async def _watch_lines(response: aiohttp.ClientResponse,
+                       max_line_bytes: int = MAX_WATCH_LINE_BYTES) -> AsyncIterator[JSON]:
+    content = response.content
+    limited = _readline_takes_a_limit(content)
     while True:
-        line = await response.content.readline()
+        try:
+            if limited:
+                line = await content.readline(max_line_length=max_line_bytes)
+            else:  # aiohttp < 3.12: bounded by the read buffer's high-water mark
+                line = await content.readline()
+        except (LineTooLong, ValueError) as error:
+            if isinstance(error, ValueError) and "too big" not in str(error).lower():
+                raise
+            raise WatchLineTooLong(
+                f"a watch event longer than {max_line_bytes} bytes: {error}") from None
         if not line:
             return  # the server ended the chunked body: normal at timeoutSeconds
         line = line.strip()
         if not line:
             continue
-        event = json.loads(line)
+        event = loads(line)
         if not isinstance(event, dict):
             raise ValueError(f"watch event is not an object: {line[:100]!r}")
         yield event

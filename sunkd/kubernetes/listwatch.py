@@ -20,7 +20,10 @@ from sunkd.kubernetes.client import (
     JSON,
     KubeApiError,
     KubeClient,
+    MalformedObject,
     ResourceType,
+    WatchLineTooLong,
+    checked_key,
     gc_paused,
     object_key,
     resource_version,
@@ -82,9 +85,14 @@ class Relisted:
 class WatchTrouble:
     """The loop failed to list or watch; it is backing off and will retry."""
 
-    cause: str  # timeout | connection | gone | server_error | throttled | auth | bad_payload | api
+    # timeout | connection | gone | server_error | throttled | auth | bad_payload | api |
+    # too_large | internal_error
+    cause: str
     detail: str
     consecutive: int
+    # Stale at once, not only after repeated failures: the view is known to be incomplete
+    # (e.g. a watch event too long to read was skipped until the relist).
+    immediate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +115,7 @@ class ListWatchStats:
     gone: int = 0
     failures: int = 0
     duplicates: int = 0
+    rejected: int = 0  # objects refused (MalformedObject): never cached, never observed
 
 
 class ListWatch:
@@ -114,6 +123,11 @@ class ListWatch:
 
     The cache holds each object after `transform` (drop what you do not need: a relist diff
     only compares resourceVersions, so the transform may strip anything but metadata).
+
+    One bad object never stops the loop (issue 12): an object without a usable name, or one
+    the transform refuses (`MalformedObject`, or any error in it), is rejected and logged
+    with the field at fault. A new object is then not cached; a known one keeps its last
+    good version (the last good state stands, as for a bad Slurm poll).
     """
 
     def __init__(
@@ -151,11 +165,40 @@ class ListWatch:
         with gc_paused():
             return self._reconcile_now(items, list_rv, initial)
 
+    def _reject(self, key: str | None, error: Exception) -> None:
+        self.stats.rejected += 1
+        field = error.field if isinstance(error, MalformedObject) else "object"
+        why = error.why if isinstance(error, MalformedObject) else \
+            f"{type(error).__name__}: {error}"
+        self._log.warning("kube.object_rejected", key=clean_key(key), field=field,
+                          cause=why[:300])
+
+    def _admit(self, item: Any) -> tuple[str | None, JSON | None]:
+        """(key, transformed object); the object is None when it is rejected, and the key
+        too when even its identity is unusable."""
+        try:
+            key = checked_key(item)
+        except MalformedObject as error:
+            self._reject(None, error)
+            return None, None
+        try:
+            return key, self.transform(item) if self.transform else item
+        except Exception as error:
+            self._reject(key, error)
+            return key, None
+
     def _reconcile_now(self, items: list[JSON], list_rv: str, initial: bool) -> Relisted:
         fresh: dict[str, JSON] = {}
         for item in items:
-            obj = self.transform(item) if self.transform else item
-            fresh[object_key(obj)] = obj
+            key, obj = self._admit(item)
+            if key is None:
+                continue
+            if obj is None:
+                previous = self.cache.get(key)
+                if previous is None:
+                    continue
+                obj = previous  # it exists; its last good version stands
+            fresh[key] = obj
         events: list[WatchEvent] = []
         for key, old in self.cache.items():
             if key not in fresh:
@@ -171,24 +214,32 @@ class ListWatch:
         return Relisted(tuple(events), list_rv, initial, len(fresh))
 
     def _apply(self, kind: str, obj: JSON) -> WatchEvent | None:
-        key = object_key(obj)
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            raise ValueError(f"unknown watch event type {kind!r}")
         if kind == "DELETED":
+            try:
+                key = checked_key(obj)
+            except MalformedObject as error:
+                self._reject(None, error)
+                return None
             old = self.cache.pop(key, None)
             if old is None:
                 self.stats.duplicates += 1
                 return None
-            gone = self.transform(obj) if self.transform else obj
-            return WatchEvent("DELETED", key, gone)
-        if kind not in ("ADDED", "MODIFIED"):
-            raise ValueError(f"unknown watch event type {kind!r}")
-        current = self.cache.get(key)
+            # The final state is informational (the cache had the object): keep the last
+            # good version when the final one does not transform.
+            _key, gone = self._admit(obj)
+            return WatchEvent("DELETED", key, gone if gone is not None else old)
+        current = self.cache.get(object_key(obj))
         if current is not None and resource_version(current) == resource_version(obj):
             # Replayed event (same object state): nothing changed for us.
             self.stats.duplicates += 1
             return None
-        stored = self.transform(obj) if self.transform else obj
-        self.cache[key] = stored
-        return WatchEvent("ADDED" if current is None else "MODIFIED", key, stored)
+        admitted, stored = self._admit(obj)
+        if admitted is None or stored is None:
+            return None
+        self.cache[admitted] = stored
+        return WatchEvent("ADDED" if current is None else "MODIFIED", admitted, stored)
 
     async def items(self) -> AsyncIterator[WatchItem]:
         """Run forever (until the consumer stops iterating or the task is cancelled)."""
@@ -292,6 +343,19 @@ class ListWatch:
                 await asyncio.sleep(delay)
                 if failures >= self.relist_after_failures:
                     need_list = True
+            except WatchLineTooLong as error:
+                # The rest of that event is unread: resuming from our resourceVersion would
+                # meet it again. A list has no line limit; until it is done, the view misses
+                # that change, so the source is stale at once (not after N failures).
+                failures += 1
+                troubled = True
+                self.stats.failures += 1
+                need_list = True
+                self._log.warning("list/watch failed", cause="too_large", error=str(error),
+                                  consecutive=failures)
+                yield WatchTrouble("too_large", str(error), failures, immediate=True)
+                if failures > 1:
+                    await asyncio.sleep(self.backoff.next_delay())
             except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as error:
                 # ClientPayloadError on a dropped stream, ServerTimeoutError on a stalled one
                 # (half-open connection), connection refused, garbage on the wire.
@@ -311,6 +375,25 @@ class ListWatch:
                 await asyncio.sleep(self.backoff.next_delay())
                 if failures >= self.relist_after_failures:
                     need_list = True
+            except Exception as error:
+                # Anything else (a bug here or in a transform, a hostile answer of a shape
+                # nobody foresaw) must not end the informer: report, back off, list again.
+                failures += 1
+                troubled = True
+                self.stats.failures += 1
+                need_list = True
+                self._log.exception("list/watch crashed", cause="internal_error",
+                                    consecutive=failures)
+                yield WatchTrouble("internal_error", f"{type(error).__name__}: {error}",
+                                   failures)
+                await asyncio.sleep(self.backoff.next_delay())
+
+
+def clean_key(key: str | None) -> str | None:
+    """An object key safe to log (it may come from a rejected, hostile object)."""
+    if key is None:
+        return None
+    return key.encode("unicode_escape").decode("ascii")[:300]
 
 
 def _status_error(status: Mapping[str, Any]) -> KubeApiError:

@@ -6,9 +6,12 @@ JSON dicts, so the source, tests and benchmarks share them without a client."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -17,9 +20,12 @@ from sunkd.domain.events import (
     K8sNodesetObserved,
     Label,
     OwnershipSpec,
+    Payload,
 )
 from sunkd.kubernetes.client import (
     JSON,
+    MalformedObject,
+    checked_name,
     parse_quantity,
 )
 
@@ -27,70 +33,229 @@ log = structlog.get_logger("sunkd.kubernetes.source")
 
 SUNKD_PREFIX = wk.PREFIX
 GPU_RESOURCE = "nvidia.com/gpu"
+PayloadT = TypeVar("PayloadT", bound=Payload)
+
+# ---------------------------------------------------------------------- sanitising
+# Strings from the API server reach the log. PostgreSQL's JSONB refuses `\u0000`, lone
+# surrogates cannot be encoded at all, and control characters turn `sunkd status` into a
+# terminal-escape injection: every string of an observation is cleaned before it is
+# emitted (issue 12). Identities (object names) are checked instead (`checked_name`): a
+# name that needs cleaning is rejected, since a cleaned name would be someone else's.
+
+MAX_TEXT = 1024  # longest free-text field kept (annotation values are unbounded upstream)
+REPLACEMENT = "\ufffd"
+_DIRTY = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+MAX_QUANTITY = Decimal(2**63 - 1)
+
+
+def clean_text(value: str) -> str:
+    """`value` with control characters (C0, DEL, C1) and lone surrogates replaced by
+    U+FFFD, cut to `MAX_TEXT` characters (the cut marked with "...")."""
+    if _DIRTY.search(value) is not None:
+        value = _DIRTY.sub(REPLACEMENT, value)
+    if len(value) > MAX_TEXT:
+        value = value[: MAX_TEXT - 3] + "..."
+    return value
+
+
+def _clean_value(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        # orjson would write null and the row would no longer decode.
+        raise MalformedObject(where, f"not a finite number: {value!r}")
+    if isinstance(value, tuple):
+        cleaned = tuple(_clean_value(item, f"{where}[]") for item in value)
+        return value if all(a is b for a, b in zip(cleaned, value, strict=True)) else cleaned
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _clean_dataclass(value, where)
+    return value
+
+
+def _clean_dataclass(value: Any, where: str) -> Any:
+    changes: dict[str, Any] = {}
+    for item in dataclasses.fields(value):
+        if item.name == "extra":
+            continue
+        current = getattr(value, item.name)
+        cleaned = _clean_value(current, f"{where}.{item.name}")
+        if cleaned is not current:
+            changes[item.name] = cleaned
+    return dataclasses.replace(value, **changes) if changes else value
+
+
+def clean_payload(payload: PayloadT) -> PayloadT:
+    """The payload with every string cleaned (`clean_text`); the same object when nothing
+    needed cleaning. A non-finite float raises `MalformedObject`."""
+    cleaned: PayloadT = _clean_dataclass(payload, payload.kind)
+    return cleaned
+
 
 # ------------------------------------------------------------------------ transforms
 # The caches keep only what the payloads read; a 50k-pod relist then costs a fraction of the
-# memory, and the relist diff (resourceVersion equality) still works.
+# memory, and the relist diff (resourceVersion equality) still works. The transforms also
+# check the shape of what they keep: a field no real API server would send in that shape
+# raises `MalformedObject`, and the informer rejects that one object instead of the payload
+# code failing on it later (issue 12).
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if type(value) is dict or isinstance(value, Mapping):
+        return value
+    raise MalformedObject(where, f"not an object ({type(value).__name__})")
+
+
+def _objects(value: Any, where: str) -> list[Mapping[str, Any]]:
+    if value is None:
+        return []
+    if type(value) is not list:
+        raise MalformedObject(where, f"not a list ({type(value).__name__})")
+    for index, item in enumerate(value):
+        if type(item) is not dict and not isinstance(item, Mapping):
+            raise MalformedObject(f"{where}[{index}]", "not an object")
+    return value
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# slim_node and slim_pod run for every object of every relist (50,000 pods: bench/
+# kube_watch.py), so they check shapes with `type() is` fast paths and copy maps with
+# dict(); label values of another type than string only fail to match (the payloads
+# convert them), so they are not converted here.
 
 
 def slim_node(obj: JSON) -> JSON:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
+    meta = _mapping(obj.get("metadata"), "metadata")
+    checked_name(meta.get("name"), "metadata.name")
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
     annotations = {
-        k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(SUNKD_PREFIX)
+        k: "" if v is None else str(v)
+        for k, v in _mapping(meta.get("annotations"), "metadata.annotations").items()
+        if k.startswith(SUNKD_PREFIX)
     }
-    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    taints = [
+        {"key": str(t.get("key") or ""), "value": str(t.get("value") or ""),
+         "effect": str(t.get("effect") or "")}
+        for t in _objects(spec.get("taints"), "spec.taints")
+    ]
+    ready = [c for c in _objects(status.get("conditions"), "status.conditions")
+             if c.get("type") == "Ready"]
     return {
         "metadata": {
             "name": meta.get("name"),
             "uid": meta.get("uid"),
             "resourceVersion": meta.get("resourceVersion"),
-            "labels": dict(meta.get("labels") or {}),
+            "labels": dict(_mapping(meta.get("labels"), "metadata.labels")),
             "annotations": annotations,
         },
-        "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": spec.get("taints")},
+        "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": taints or None},
         "status": {
-            "allocatable": dict(status.get("allocatable") or {}),
-            "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
+            "allocatable": dict(_mapping(status.get("allocatable"), "status.allocatable")),
+            "conditions": [{"type": "Ready", "status": _optional_str(c.get("status"))}
+                           for c in ready],
         },
     }
 
 
-def _requests(containers: Any) -> list[dict[str, Any]]:
+def _requests(containers: Any, where: str) -> list[dict[str, Any]]:
     out = []
-    for container in containers or []:
-        resources = container.get("resources") or {}
-        out.append({"resources": {"requests": dict(resources.get("requests") or {})}})
+    for container in _objects(containers, where):
+        resources = container.get("resources")
+        if type(resources) is not dict:
+            resources = _mapping(resources, f"{where}[].resources")
+        requests = resources.get("requests")
+        if type(requests) is not dict:
+            requests = _mapping(requests, f"{where}[].resources.requests")
+        out.append({"resources": {"requests": dict(requests)}})
     return out
 
 
 def slim_pod(obj: JSON) -> JSON:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    scheduled = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
+    meta = _mapping(obj.get("metadata"), "metadata")
+    checked_name(meta.get("name"), "metadata.name")
+    checked_name(meta.get("namespace"), "metadata.namespace")
+    spec = obj.get("spec")
+    if type(spec) is not dict:
+        spec = _mapping(spec, "spec")
+    status = obj.get("status")
+    if type(status) is not dict:
+        status = _mapping(status, "status")
+    node_name = spec.get("nodeName")
+    if node_name is not None and type(node_name) is not str:
+        raise MalformedObject("spec.nodeName", f"not a string ({type(node_name).__name__})")
+    scheduled = [c for c in _objects(status.get("conditions"), "status.conditions")
+                 if c.get("type") == "PodScheduled"]
+    phase = status.get("phase") or "Pending"
     return {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "resourceVersion": meta.get("resourceVersion"),
-            "labels": dict(meta.get("labels") or {}),
+            "labels": dict(_mapping(meta.get("labels"), "metadata.labels")),
         },
         "spec": {
-            "nodeName": spec.get("nodeName"),
-            "containers": _requests(spec.get("containers")),
-            "initContainers": _requests(spec.get("initContainers")),
-            "overhead": dict(spec.get("overhead") or {}),
+            "nodeName": node_name or None,
+            "containers": _requests(spec.get("containers"), "spec.containers"),
+            "initContainers": _requests(spec.get("initContainers"), "spec.initContainers"),
+            "overhead": dict(_mapping(spec.get("overhead"), "spec.overhead")),
         },
         "status": {
-            "phase": status.get("phase") or "Pending",
+            "phase": phase if type(phase) is str else str(phase),
             "conditions": [
                 {"type": "PodScheduled", "status": c.get("status"), "reason": c.get("reason")}
                 for c in scheduled
             ],
         },
     }
+
+
+def _check_selector(value: Any, where: str) -> None:
+    """A LabelSelector (matchLabels + matchExpressions) or a plain label map."""
+    selector = _mapping(value, where)
+    if "matchLabels" not in selector and "matchExpressions" not in selector:
+        return
+    _mapping(selector.get("matchLabels"), f"{where}.matchLabels")
+    expressions = _objects(selector.get("matchExpressions"), f"{where}.matchExpressions")
+    for index, expression in enumerate(expressions):
+        values = expression.get("values")
+        if values is not None and not isinstance(values, list):
+            raise MalformedObject(f"{where}.matchExpressions[{index}].values", "not a list")
+
+
+MAX_COUNT = 1_000_000  # bound on node counts in a Nodeset (minSlurm, maxInFlight, ...)
+MAX_SECONDS = 10 * 365 * 86400.0  # bound on durations in a Nodeset
+
+
+def slim_nodeset(obj: JSON) -> JSON:
+    """A Nodeset is cached whole, but only once it parses: every field `parse_nodeset` and
+    the workload selector match read has the right shape, numbers are finite and bounded."""
+    meta = _mapping(obj.get("metadata"), "metadata")
+    checked_name(meta.get("name"), "metadata.name")
+    checked_name(meta.get("namespace"), "metadata.namespace")
+    spec = _mapping(obj.get("spec"), "spec")
+    _check_selector(spec.get("nodeSelector"), "spec.nodeSelector")
+    _check_selector(spec.get("workloadSelector"), "spec.workloadSelector")
+    _mapping(spec.get("slurm"), "spec.slurm")
+    _mapping(spec.get("ownership"), "spec.ownership")
+    try:
+        nodeset = parse_nodeset(obj)
+    except (ValueError, TypeError, ArithmeticError, AttributeError) as error:
+        raise MalformedObject("spec", f"does not parse: {error}") from None
+    ownership = nodeset.ownership
+    for name in ("min_slurm", "min_kubernetes", "max_kubernetes", "max_in_flight"):
+        count = getattr(ownership, name)
+        if count is not None and not 0 <= count <= MAX_COUNT:
+            raise MalformedObject(f"spec.ownership.{name}", f"out of range: {count}")
+    for name in ("dwell_seconds", "drain_timeout_seconds", "reclaim_grace_seconds"):
+        seconds = getattr(ownership, name)
+        if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SECONDS):
+            raise MalformedObject(f"spec.ownership.{name}", f"out of range: {seconds}")
+    return obj
 
 
 # -------------------------------------------------------------------------- parsing
@@ -246,10 +411,21 @@ def _matches(selector: tuple[Label, ...], labels: Mapping[str, Any]) -> bool:
 
 
 def _decimal_or_zero(value: Any) -> Decimal:
+    """A quantity clamped to [0, 2**63 - 1]; malformed is 0. Unbounded, "1e999999999"
+    would overflow the arithmetic or become an integer too long to write."""
     try:
-        return parse_quantity(value)
+        number = parse_quantity(value)
     except ValueError:
         return Decimal(0)
+    if number.is_nan() or number < 0:
+        return Decimal(0)
+    return min(number, MAX_QUANTITY)
+
+
+def quantity_int(value: Decimal, scale: int = 1, rounding: str | None = None) -> int:
+    """`value * scale` as an integer within [0, 2**63 - 1]."""
+    scaled = min(value * scale, MAX_QUANTITY)
+    return int(scaled.to_integral_value(rounding=rounding))
 
 
 def pod_requests(pod: JSON) -> tuple[int, int, int]:
@@ -269,9 +445,9 @@ def pod_requests(pod: JSON) -> tuple[int, int, int]:
         if name in totals:
             totals[name] += _decimal_or_zero(value)
     return (
-        int((totals["cpu"] * 1000).to_integral_value(rounding="ROUND_CEILING")),
-        int(totals["memory"].to_integral_value(rounding="ROUND_CEILING")),
-        int(totals[GPU_RESOURCE].to_integral_value(rounding="ROUND_CEILING")),
+        quantity_int(totals["cpu"], 1000, "ROUND_CEILING"),
+        quantity_int(totals["memory"], 1, "ROUND_CEILING"),
+        quantity_int(totals[GPU_RESOURCE], 1, "ROUND_CEILING"),
     )
 
 

@@ -12,11 +12,21 @@ later, and a previously seen node missing from an incomplete view would be repor
 After that first sync, anything the seed (payloads from the fold) knows but the cluster no
 longer has is reported gone: `K8sNodeVanished`, a Nodeset with `deleted=True`, an empty
 workload or demand.
+
+Failures (issue 12): nothing that comes from the cluster or the log ends `run()`, except the
+errors the owner names fatal (`fatal_errors`: the daemon passes StaleLeaderError, whose
+term is over). A failed append makes the source stale with cause `append_failed` (recorded
+as soon as the log takes an event again), everything is recomputed and retried with
+backoff; when the log takes other events but refuses one observation, that observation is
+rejected with its cause (`rejected_observations()`, retried when it changes or after
+`REJECTED_RETRY_SECONDS`) and the rest goes on. Every string is cleaned of control
+characters before it is emitted (`normalize.clean_payload`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -46,6 +56,7 @@ from sunkd.kubernetes.client import (
     NODESETS,
     PODS,
     KubeClient,
+    MalformedObject,
     ResourceType,
 )
 from sunkd.kubernetes.listwatch import (
@@ -60,10 +71,14 @@ from sunkd.kubernetes.normalize import (
     GPU_RESOURCE,
     _decimal_or_zero,
     _matches,
+    clean_payload,
+    clean_text,
     parse_nodeset,
     pod_is_pending_unschedulable,
     pod_requests,
+    quantity_int,
     slim_node,
+    slim_nodeset,
     slim_pod,
     workload_selector_matches,
 )
@@ -71,6 +86,8 @@ from sunkd.kubernetes.normalize import (
 log = structlog.get_logger("sunkd.kubernetes.source")
 
 SOURCE = "kubernetes"
+RETRY_MAX_SECONDS = 30.0
+REJECTED_RETRY_SECONDS = 60.0
 ANNOTATION_CORDONED_BY = wk.ANNOTATION_CORDONED_BY
 ANNOTATION_PIN = wk.ANNOTATION_PIN
 LABEL_SLURM_NODE_NAME = wk.LABEL_SLURM_NODE_NAME
@@ -101,6 +118,10 @@ def _subject(payload: Payload) -> str:
     return family[1]
 
 
+class _SinkDown(Exception):
+    """The sink refused even a lone health event: the log itself is unavailable."""
+
+
 @dataclass(slots=True)
 class _Dirty:
     nodes: set[str] = field(default_factory=set)
@@ -120,9 +141,10 @@ class KubernetesSource:
     against them are emitted. Call `run(stop_event)`; tests await `wait_synced()`, then
     `wait_idle()` to know every change received so far has reached the sink.
 
-    A failing sink (e.g. the event log refusing a stale leader's epoch) ends `run()` with that
-    error: payloads are remembered as emitted only once the sink accepted them, so a new
-    source seeded from the log's fold picks up exactly where the log is.
+    A sink error listed in `fatal_errors` (the event log refusing a stale leader's epoch) ends
+    `run()` with that error; any other makes the source stale and is retried (module
+    docstring). Payloads are remembered as emitted only once the sink accepted them, so a
+    retry, or a new source seeded from the log's fold, picks up exactly where the log is.
     """
 
     def __init__(
@@ -138,11 +160,13 @@ class KubernetesSource:
         page_size: int = 500,
         stale_after_failures: int = 2,
         lost_after: float = 60.0,
+        fatal_errors: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.client = client
         self.sink = sink
         self.stale_after_failures = stale_after_failures
         self.lost_after = lost_after
+        self.fatal_errors = fatal_errors
         self._last: dict[tuple[str, str], Payload] = {}
         for payload in previous:
             family = _family(payload)
@@ -163,11 +187,17 @@ class KubernetesSource:
         self.watches: dict[str, ListWatch] = {
             "nodes": make(NODES, None, slim_node),
             "pods": make(PODS, None, slim_pod),
-            "nodesets": make(nodeset_resource, nodeset_namespace, None),
+            "nodesets": make(nodeset_resource, nodeset_namespace, slim_nodeset),
         }
         self._synced_once: set[str] = set()
         self._synced = asyncio.Event()
         self._trouble: dict[str, WatchTrouble] = {}
+        # Failures of our own side (appends, internal errors), by kind.
+        self._sync_trouble: dict[str, WatchTrouble] = {}
+        self._retry_at: float | None = None
+        self._retry_delay = 1.0
+        # Observations the log refused on their own: family -> (payload, retry after).
+        self._rejected: dict[tuple[str, str], tuple[Payload, float]] = {}
         self._unhealthy_since: float | None = None
         self._dirty = _Dirty()
         # Indexes over the ListWatch caches.
@@ -200,17 +230,29 @@ class KubernetesSource:
         """What the source believes the log says (the seed plus everything it emitted)."""
         return list(self._last.values())
 
+    def rejected_observations(self) -> list[str]:
+        """Subjects whose current observation the log refused (see the module docstring)."""
+        return sorted({family[1] for family in self._rejected})
+
     # -- running --------------------------------------------------------------------
 
     async def run(self, stop_event: asyncio.Event) -> None:
-        async with asyncio.TaskGroup() as group:
-            tasks = [
-                group.create_task(self._consume(name, lw)) for name, lw in self.watches.items()
-            ]
-            tasks.append(group.create_task(self._health_ticker()))
-            await stop_event.wait()
-            for task in tasks:
-                task.cancel()
+        """Until `stop_event` is set; raises only one of `fatal_errors` (unwrapped from the
+        task group, so the owner can tell a deposed leader from anything else)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(self._consume(name, lw))
+                    for name, lw in self.watches.items()
+                ]
+                tasks.append(group.create_task(self._health_ticker()))
+                await stop_event.wait()
+                for task in tasks:
+                    task.cancel()
+        except BaseExceptionGroup as failed:
+            if len(failed.exceptions) == 1:
+                raise failed.exceptions[0] from None
+            raise
 
     async def wait_synced(self, within: float = 30.0) -> None:
         async with asyncio.timeout(within):
@@ -223,21 +265,99 @@ class KubernetesSource:
                 await self._idle.wait_for(lambda: self._flushed >= self._received)
 
     async def _consume(self, name: str, lw: ListWatch) -> None:
-        async for item in lw.items():
-            self._received += 1
+        while True:
             try:
+                async for item in lw.items():
+                    self._received += 1
+                    try:
+                        async with self._lock:
+                            try:
+                                await self._handle(name, item)
+                            except self.fatal_errors:
+                                raise
+                            except Exception as error:
+                                await self._failed("internal", "internal_error", error)
+                    finally:
+                        self._flushed += 1
+                        async with self._idle:
+                            self._idle.notify_all()
+            except self.fatal_errors:
+                raise
+            except Exception as error:  # the informer itself; it catches all it knows
+                log.exception("kubernetes.watch_crashed", resource=name)
                 async with self._lock:
-                    await self._handle(name, item)
-            finally:
-                self._flushed += 1
-                async with self._idle:
-                    self._idle.notify_all()
+                    await self._failed("internal", "internal_error", error)
+                await asyncio.sleep(self._retry_delay)
 
     async def _health_ticker(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             async with self._lock:
+                now = time.monotonic()
+                if self._retry_at is None:
+                    retry = self._dirty.everything  # a recomputation is still owed
+                else:
+                    retry = now >= self._retry_at
+                if retry:
+                    try:
+                        await self._flush()
+                    except self.fatal_errors:
+                        raise
+                    except Exception as error:
+                        await self._failed("internal", "internal_error", error)
+                if not self._sync_trouble:
+                    await self._retry_rejected(now)
                 await self._emit_health()
+
+    async def _retry_rejected(self, now: float) -> None:
+        """Offer each refused observation again, alone, once its retry time has come (no
+        probe, so a permanently refused one does not make the source blink stale)."""
+        for family, (payload, until) in list(self._rejected.items()):
+            if until > now:
+                continue
+            try:
+                await self.sink([Event(subject=_subject(payload), payload=payload)])
+            except self.fatal_errors:
+                raise
+            except Exception as error:
+                self._rejected[family] = (payload, now + REJECTED_RETRY_SECONDS)
+                log.warning("kubernetes.observation_rejected", kind=payload.kind,
+                            subject=clean_text(_subject(payload)),
+                            cause=clean_text(f"{type(error).__name__}: {error}")[:300],
+                            retry_in=REJECTED_RETRY_SECONDS)
+                continue
+            del self._rejected[family]
+            self._last[family] = payload
+            self.emitted += 1
+
+    async def _failed(self, what: str, cause: str, error: Exception) -> None:
+        """Our side failed (`what`: append | internal): stale at once with `cause`, recompute
+        everything on the next try, retry with backoff."""
+        previous = self._sync_trouble.get(what)
+        detail = clean_text(f"{type(error).__name__}: {error}")[:300]
+        self._sync_trouble[what] = WatchTrouble(
+            cause, detail, (previous.consecutive if previous else 0) + 1, immediate=True)
+        if self._unhealthy_since is None:
+            self._unhealthy_since = time.monotonic()
+        self._dirty.everything = True
+        self._retry_at = time.monotonic() + self._retry_delay
+        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_SECONDS)
+        log.warning("kubernetes.sync_failed", what=what, cause=cause, error=detail,
+                    retry_in=round(self._retry_at - time.monotonic(), 1))
+        if what != "append":
+            with contextlib.suppress(_SinkDown):
+                await self._emit_health()
+
+    def _recovered(self, what: str) -> bool:
+        if self._sync_trouble.pop(what, None) is None:
+            return False
+        log.info("kubernetes.sync_recovered", what=what)
+        if not self._sync_trouble:
+            self._retry_at = None
+            self._retry_delay = 1.0
+        if not self._trouble and not self._sync_trouble:
+            self._unhealthy_since = None
+        return True
 
     # -- handling --------------------------------------------------------------------
 
@@ -313,7 +433,11 @@ class KubernetesSource:
             parsed: dict[str, K8sNodesetObserved] = {}
             selectors: dict[str, Any] = {}
             for obj in self.nodeset_objects.values():
-                nodeset = parse_nodeset(obj)
+                try:  # slim_nodeset already refused what does not parse
+                    nodeset = parse_nodeset(obj)
+                except (ValueError, TypeError, ArithmeticError, AttributeError) as error:
+                    log.warning("kubernetes.nodeset_rejected", error=str(error)[:300])
+                    continue
                 parsed[nodeset.pool] = nodeset
                 selectors[nodeset.pool] = (obj.get("spec") or {}).get("workloadSelector")
             self._nodeset_cache = parsed
@@ -386,11 +510,9 @@ class KubernetesSource:
                 if k in relevant_keys or k.startswith(SUNKD_PREFIX)
             ),
             pin=str(pin) if pin else None,
-            cpu_millis=int(
-                (_decimal_or_zero(allocatable.get("cpu", 0)) * 1000).to_integral_value()
-            ),
-            memory_bytes=int(_decimal_or_zero(allocatable.get("memory", 0)).to_integral_value()),
-            gpus=int(_decimal_or_zero(allocatable.get(GPU_RESOURCE, 0)).to_integral_value()),
+            cpu_millis=quantity_int(_decimal_or_zero(allocatable.get("cpu", 0)), 1000),
+            memory_bytes=quantity_int(_decimal_or_zero(allocatable.get("memory", 0))),
+            gpus=quantity_int(_decimal_or_zero(allocatable.get(GPU_RESOURCE, 0))),
         )
 
     def _workload_payload(
@@ -471,9 +593,15 @@ class KubernetesSource:
                 if isinstance(last_workload, K8sWorkloadObserved) and last_workload.pods:
                     out.append(K8sWorkloadObserved(node=name, pool=last_workload.pool, pods=()))
                 continue
-            out.append(self._node_payload(node, nodesets, relevant))
-            labels = (node.get("metadata") or {}).get("labels") or {}
-            workload = self._workload_payload(name, labels, nodesets)
+            try:
+                payload = self._node_payload(node, nodesets, relevant)
+                labels = (node.get("metadata") or {}).get("labels") or {}
+                workload = self._workload_payload(name, labels, nodesets)
+            except Exception as error:  # the transforms should have refused it already
+                log.warning("kubernetes.object_rejected", key=name, field="object",
+                            cause=f"{type(error).__name__}: {error}"[:300])
+                continue
+            out.append(payload)
             if workload is not None:
                 out.append(workload)
             else:
@@ -490,36 +618,128 @@ class KubernetesSource:
                     out.append(K8sDemandObserved(pool=pool, pending=()))
         dirty.clear()
         await self._emit(out)
+        if self._recovered("internal"):
+            await self._emit_health()
 
     async def _emit(self, payloads: list[Payload]) -> None:
         events: list[Event] = []
+        now = time.monotonic()
         for payload in payloads:
+            try:
+                payload = clean_payload(payload)
+            except MalformedObject as error:
+                log.warning("kubernetes.observation_rejected", kind=payload.kind,
+                            subject=clean_text(_subject(payload)), field=error.field,
+                            cause=error.why)
+                continue
             family = _family(payload)
             assert family is not None
             last = self._last.get(family)
             if isinstance(payload, K8sNodeVanished) and not isinstance(last, K8sNodeObserved):
                 continue  # never seen, or already reported gone
             if last == payload:
+                self._rejected.pop(family, None)
                 continue
+            refused = self._rejected.get(family)
+            if refused is not None and refused[0] == payload and now < refused[1]:
+                continue  # the log refused exactly this; wait for a change or the retry
             events.append(Event(subject=_subject(payload), payload=payload))
         if not events:
             return
-        await self.sink(events)
-        # Remember only after the sink accepted them: if the append fails, the next flush
-        # retries instead of believing the log already has them.
-        for event in events:
+        trouble = self._sync_trouble.get("append")
+        last_health = self._last.get(("health", SOURCE))
+        if trouble is not None and not (isinstance(last_health, SourceHealth)
+                                        and last_health.cause == trouble.cause):
+            # The log was down: what it missed starts with the source having been stale.
+            events.insert(0, Event(subject=SOURCE, payload=SourceHealth(
+                source=SOURCE, status="stale", cause=trouble.cause, detail=trouble.detail)))
+        try:
+            accepted = await self._append(events)
+        except _SinkDown as down:
+            cause = down.__cause__
+            await self._failed("append", "append_failed",
+                               cause if isinstance(cause, Exception) else down)
+            return
+        # Remember only what the sink accepted: what it did not is retried (recomputed) on
+        # the next flush instead of being believed to be in the log.
+        for event in accepted:
             family = _family(event.payload)
             assert family is not None
             self._last[family] = event.payload
-        self.emitted += len(events)
+            self._rejected.pop(family, None)
+        self.emitted += len(accepted)
+        if self._recovered("append"):
+            await self._emit_health()
+
+    async def _append(self, events: list[Event]) -> list[Event]:
+        """Append `events`; returns those the log took. Raises `_SinkDown` when the log
+        takes nothing at all."""
+        try:
+            await self.sink(events)
+            return events
+        except self.fatal_errors:
+            raise
+        except Exception as error:
+            first_error = error
+        # Does the log take anything? Try to record that this source is stale: if even
+        # that fails, the log is down (nothing is lost: everything is retried later).
+        detail = clean_text(f"{type(first_error).__name__}: {first_error}")[:300]
+        probe = SourceHealth(source=SOURCE, status="stale", cause="append_failed",
+                             detail=detail)
+        try:
+            await self.sink([Event(subject=SOURCE, payload=probe)])
+        except self.fatal_errors:
+            raise
+        except Exception as error:
+            raise _SinkDown(str(error)) from first_error
+        self._last[("health", SOURCE)] = probe
+        log.warning("kubernetes.append_failed", events=len(events), error=detail,
+                    next="isolating the observations the log refuses")
+        accepted: list[Event] = []
+        await self._append_halves(events, accepted)
+        return accepted
+
+    async def _append_halves(self, events: list[Event], accepted: list[Event]) -> None:
+        """Bisect a refused batch: O(k log n) appends find the k events the log refuses."""
+        if len(events) == 1:
+            event = events[0]
+            try:
+                await self.sink(events)
+            except self.fatal_errors:
+                raise
+            except Exception as error:
+                family = _family(event.payload)
+                assert family is not None
+                self._rejected[family] = (event.payload,
+                                          time.monotonic() + REJECTED_RETRY_SECONDS)
+                log.error("kubernetes.observation_rejected", kind=event.kind,
+                          subject=clean_text(event.subject),
+                          cause=clean_text(f"{type(error).__name__}: {error}")[:300],
+                          retry_in=REJECTED_RETRY_SECONDS)
+                return
+            accepted.append(event)
+            return
+        middle = len(events) // 2
+        for half in (events[:middle], events[middle:]):
+            try:
+                await self.sink(half)
+            except self.fatal_errors:
+                raise
+            except Exception:
+                await self._append_halves(half, accepted)
+            else:
+                accepted.extend(half)
 
     async def _emit_health(self) -> None:
-        if self._trouble:
-            worst = max(self._trouble.values(), key=lambda t: t.consecutive)
-            since = self._unhealthy_since or time.monotonic()
+        troubles = [*self._trouble.values(), *self._sync_trouble.values()]
+        if troubles:
+            worst = max(troubles, key=lambda t: (t.immediate, t.consecutive))
+            if self._unhealthy_since is None:
+                self._unhealthy_since = time.monotonic()
+            since = self._unhealthy_since
             if time.monotonic() - since >= self.lost_after:
                 status = "lost"
-            elif worst.consecutive >= self.stale_after_failures:
+            elif worst.immediate or worst.consecutive >= self.stale_after_failures:
                 status = "stale"
             else:
                 return  # a single blip: the loop is already retrying
@@ -530,6 +750,8 @@ class KubernetesSource:
             health = SourceHealth(source=SOURCE, status="fresh")
         else:
             return
+        if health.status == "fresh" and (self._dirty.everything or self._retry_at is not None):
+            return  # a recomputation is pending: fresh only once it went through
         last = self._last.get(("health", SOURCE))
         # Detail text varies from retry to retry; only status and cause make a new event.
         if isinstance(last, SourceHealth) and (last.status, last.cause) == (

@@ -30,23 +30,36 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from sqlalchemy import select
 
-from sunkd.api.app import api_pools, build_app
+from sunkd.api.app import HTTP_IDLE_TIMEOUT, api_pools, build_app, start_http, tls_context
 from sunkd.api.extender import ApiPool
 from sunkd.api.metrics import Metrics
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import EventDecodeError, Payload
 from sunkd.domain.state import ClusterState
 from sunkd.runtime.config import Settings, load_settings, parse_listen, pool_spec
-from sunkd.runtime.engine import Engine, LeaderTerm, leader_sink
+from sunkd.runtime.engine import (
+    CorruptRowError,
+    Engine,
+    LeaderTerm,
+    LogWentBackwardsError,
+    leader_sink,
+)
 from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.runtime.logs import configure_logging
 from sunkd.store.eventlog import EventLog, Lease, StaleLeaderError
+from sunkd.store.models import events as events_table
 
 log = structlog.get_logger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 20.0
 NODESET_STATUS_INTERVAL = 2.0
+# How often the log is checked for reachability and for having gone backwards, how long
+# one check may take, and for how long failed checks make /readyz answer 503.
+LOG_CHECK_INTERVAL = 2.0
+LOG_CHECK_TIMEOUT = 5.0
+LOG_UNREACHABLE_GRACE = 3.0
 
 
 # ------------------------------------------------------------------------ systemd
@@ -107,8 +120,18 @@ class Daemon:
 
     def __init__(self, settings: Settings, *, config_path: Path | None = None,
                  slurm_client: Any = None, kube_client: Any = None,
-                 slurm_env: dict[str, str] | None = None) -> None:
+                 slurm_env: dict[str, str] | None = None,
+                 tls_cert: Path | None = None, tls_key: Path | None = None) -> None:
         self.settings = settings
+        self.tls_cert = tls_cert
+        self.tls_key = tls_key
+        # Connections idle (or sending their request slower) than this are closed.
+        self.http_idle_timeout = HTTP_IDLE_TIMEOUT
+        self.log_check_interval = LOG_CHECK_INTERVAL
+        self._log_failed_since: float | None = None
+        self._log_error = ""
+        self._log_identity: tuple[Any, ...] | None = None
+        self._last_renew_error: str | None = None
         self.config_path = config_path
         self._slurm_client = slurm_client
         self._kube_client = kube_client
@@ -138,6 +161,11 @@ class Daemon:
     def is_ready(self) -> tuple[bool, str]:
         if self._follow_task is None or self._follow_task.done():
             return False, "not following the event log"
+        failed_since = self._log_failed_since
+        if failed_since is not None and \
+                time.monotonic() - failed_since >= LOG_UNREACHABLE_GRACE:
+            return False, (f"event log unreachable for {time.monotonic() - failed_since:.0f} s:"
+                           f" {self._log_error}")
         state = self.state()
         for source in self._enabled_sources():
             health = state.sources.get(source)
@@ -186,10 +214,15 @@ class Daemon:
             )
             try:
                 await self.engine.load()
+            except CorruptRowError as error:
+                return self._fatal(f"the event log has an undecodable row: {error}",
+                                   seq=error.row.seq)
             except EventDecodeError as error:
                 return self._fatal(f"the event log has an undecodable event: {error}")
+            self._log_identity = await self._first_row()
             self._follow_task = asyncio.create_task(self.engine.follow(), name="sunkd-follow")
             self._follow_task.add_done_callback(self._follow_ended)
+            guard = asyncio.create_task(self._guard_log(), name="sunkd-log-guard")
             await self._start_http()
             sd_notify("READY=1\nSTATUS=following the event log")
             watchdog = asyncio.create_task(self._watchdog(), name="sunkd-watchdog")
@@ -197,16 +230,22 @@ class Daemon:
                 await self._leadership_loop()
             finally:
                 watchdog.cancel()
+                guard.cancel()
                 sd_notify("STOPPING=1")
         finally:
             await self._shutdown()
         return 1 if self.fatal_error else 0
 
-    def _fatal(self, why: str) -> int:
+    def _fatal(self, why: str, *, seq: int | None = None,
+               hint: str = "inspect with `sunkd events --after <seq> --json`; the log is "
+                           "untouched") -> int:
         """Stop, loudly: state can no longer be trusted, so nothing may be decided."""
+        if self.fatal_error is not None:
+            return 1  # the first reason is the one that counts
         self.fatal_error = why
-        log.critical("daemon.fatal", error=why,
-                     hint="inspect with `sunkd events --after <seq>`; the log is untouched")
+        if seq is not None:
+            hint = hint.replace("<seq>", str(max(seq - 1, 0)))
+        log.critical("daemon.fatal", error=why, seq=seq, hint=hint)
         self.metrics.set_leader(False, self.lease.epoch if self.lease else 0)
         self.stop_event.set()
         return 1
@@ -215,9 +254,66 @@ class Daemon:
         if task.cancelled() or self.stop_event.is_set():
             return
         error = task.exception()
-        if error is not None:
+        if isinstance(error, CorruptRowError):
+            self._fatal(f"the event log has an undecodable row: {error}", seq=error.row.seq)
+        elif error is not None:
             self._fatal(f"following the event log failed after seq "
-                        f"{self.state().last_seq}: {error!r}")
+                        f"{self.state().last_seq}: {error!r}", seq=self.state().last_seq + 1)
+
+    # ------------------------------------------------------------ log guard
+
+    async def _first_row(self) -> tuple[Any, ...] | None:
+        """What identifies this log: its first row (seq 1). A recreated database has
+        another one (or none yet)."""
+        assert self.event_log is not None
+        query = select(events_table.c.recorded_at, events_table.c.kind,
+                       events_table.c.subject).where(events_table.c.seq == 1)
+        async with self.event_log.engine.connect() as connection:
+            row = (await connection.execute(query)).first()
+        return None if row is None else tuple(row)
+
+    async def check_log(self) -> None:
+        """Raise LogWentBackwardsError when the log ends before what we folded, or its
+        first row is not the one we loaded (issue 12: a database recreated under a running
+        daemon used to leave it "ready" on a log it never folded again)."""
+        assert self.event_log is not None
+        folded = self.state().last_seq
+        latest = await self.event_log.latest_seq()
+        if latest < folded:
+            raise LogWentBackwardsError(
+                f"the event log went backwards: it ends at seq {latest}, but this process "
+                f"has folded it up to seq {folded}")
+        identity = await self._first_row()
+        if self._log_identity is None:
+            self._log_identity = identity
+        elif identity != self._log_identity:
+            raise LogWentBackwardsError(
+                f"the event log was replaced: its first row is now {identity!r}, it was "
+                f"{self._log_identity!r}")
+
+    async def _guard_log(self) -> None:
+        """Every few seconds: is the log reachable (for /readyz), and is it still the log
+        we folded? A replaced log stops the process: the restart loads it as it is."""
+        while not self.stop_event.is_set():
+            try:
+                async with asyncio.timeout(LOG_CHECK_TIMEOUT):
+                    await self.check_log()
+            except LogWentBackwardsError as error:
+                self._fatal(f"{error} (was the database recreated, or restored from an "
+                            "older backup?). Restart sunkd to load the log as it is now",
+                            hint="check the database; a restart starts from the log as "
+                                 "it is now")
+                return
+            except Exception as error:
+                if self._log_failed_since is None:
+                    self._log_failed_since = time.monotonic()
+                    log.warning("daemon.log_unreachable", error=str(error)[:300])
+                self._log_error = f"{type(error).__name__}: {error}"[:300]
+            else:
+                if self._log_failed_since is not None:
+                    log.info("daemon.log_reachable")
+                self._log_failed_since = None
+            await asyncio.sleep(self.log_check_interval)
 
     def reload(self) -> None:
         if self.config_path is None:
@@ -266,24 +362,49 @@ class Daemon:
     async def _lead(self, lease: Lease) -> None:
         assert self.event_log is not None and self.engine is not None
         self.lease, self.leading, self._stepping_down = lease, True, False
+        self._last_renew_error = None
         term = LeaderTerm(epoch=lease.epoch, may_act=self.may_act)
         log.info("daemon.leading", epoch=lease.epoch, identity=lease.identity)
         sd_notify(f"STATUS=leader (epoch {lease.epoch})")
         sources_stop = asyncio.Event()
         tasks: list[asyncio.Task[Any]] = []
         closers: list[Callable[[], Awaitable[None]]] = []
+        reason = "the term ended"
         try:
+            latest = await self.event_log.latest_seq()
+            if latest < self.state().last_seq:
+                # Our leader.elected went into a log that ends before what we folded.
+                reason = "the event log went backwards"
+                self._fatal(f"the event log went backwards: it ends at seq {latest}, but "
+                            f"this process has folded it up to seq {self.state().last_seq} "
+                            "(was the database recreated, or restored from an older "
+                            "backup?). Restart sunkd to load the log as it is now",
+                            hint="check the database; a restart starts from the log as it "
+                                 "is now")
+                return
             # Fold up to our own leader.elected first: sources are seeded from the state.
-            await self.engine.wait_folded(await self.event_log.latest_seq())
-            self.engine.executor = await self._build_executor(term, closers)
+            await self.engine.wait_folded(latest)
             tasks.append(asyncio.create_task(self._renew_forever(), name="sunkd-renew"))
+            try:
+                self.engine.executor = await self._build_executor(term, closers)
+            except Exception as failure:
+                reason = f"cannot build the actuators: {type(failure).__name__}: {failure}"
+                self._adapter_failed(failure)
+                return
             if self.settings.kubernetes.lease and self._kube_client is not None:
                 # In-cluster HA belt and braces: also hold a coordination.k8s.io Lease,
                 # so that Kubernetes-side tooling sees one leader; acting needs both.
                 if not await self._acquire_kube_lease(sources_stop, tasks):
+                    reason = ("shutdown requested" if self.stop_event.is_set() else
+                              "the Kubernetes Lease was not acquired")
                     return
             sink = leader_sink(self.engine, term)
-            sources = await self._build_sources(sink, closers)
+            try:
+                sources = await self._build_sources(sink, closers)
+            except Exception as failure:
+                reason = f"cannot build the sources: {type(failure).__name__}: {failure}"
+                self._adapter_failed(failure)
+                return
             for source in sources:
                 tasks.append(asyncio.create_task(source.run(sources_stop)))
             tasks.append(asyncio.create_task(self._mark_polls(sources), name="sunkd-polls"))
@@ -295,6 +416,7 @@ class Daemon:
             stop_wait = asyncio.create_task(self.stop_event.wait())
             done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
             stop_wait.cancel()
+            reason = self._why_term_ended(done, lead_task)
             for task in done:
                 if task is not stop_wait and not task.cancelled() and task.exception():
                     error = task.exception()
@@ -326,7 +448,48 @@ class Daemon:
                 with contextlib.suppress(Exception):
                     await self.event_log.release(lease)
             self.leading, self.lease = False, None
-            log.info("daemon.stepped_down", epoch=lease.epoch)
+            if self.stop_event.is_set() and self.fatal_error is None:
+                log.info("daemon.stepped_down", epoch=lease.epoch, reason="shutdown requested")
+            else:
+                log.warning("daemon.stepped_down", epoch=lease.epoch,
+                            reason=self.fatal_error or reason)
+
+    def _why_term_ended(self, done: set[asyncio.Task[Any]], lead_task: asyncio.Task[Any]
+                        ) -> str:
+        """Why leadership is being given up, in words for the `daemon.stepped_down` line
+        (issue 12: it used to say nothing, and a lost lease looked like a clean exit)."""
+        if self.stop_event.is_set():
+            return self.fatal_error or "shutdown requested"
+        for task in done:
+            if task.cancelled() or (task is lead_task and task.exception() is None):
+                continue
+            error = task.exception()
+            if error is None:
+                return f"{task.get_name()} ended"
+            if isinstance(error, StaleLeaderError):
+                text = str(error)  # our own renewal gave up, or someone took the lease
+                return text if text.startswith("lease expired") else f"deposed: {text}"
+            return f"{task.get_name()} failed: {type(error).__name__}: {error}"
+        if self._kube_elector is not None and not self._kube_elector.holds_lease():
+            return "the Kubernetes Lease was lost"
+        lease = self.lease
+        if lease is not None:
+            renew = f"; last renewal error: {self._last_renew_error}" \
+                if self._last_renew_error else ""
+            return (f"the lease was not renewed in time: {max(lease.remaining(), 0.0):.1f} s "
+                    f"of {lease.lease_seconds:g} s left, less than the third that acting "
+                    f"needs{renew}")
+        return "the term ended"
+
+    def _adapter_failed(self, error: Exception) -> None:
+        """Building a client failed. A missing kubeconfig will not appear by itself:
+        stop with the message. Anything else is retried with the next term."""
+        from sunkd.kubernetes.client import KubeConfigNotFound
+
+        if isinstance(error, KubeConfigNotFound):
+            self._fatal(f"kubernetes: {error}", hint="fix the configuration")
+        else:
+            log.error("daemon.adapter_failed", error=f"{type(error).__name__}: {error}")
 
     async def _mark_polls(self, sources: list[Any]) -> None:
         """Feed `sunkd_source_seconds_since_success` from the poller's last good poll
@@ -390,21 +553,31 @@ class Daemon:
         return True
 
     async def _renew_forever(self) -> None:
+        """Renew at a third of the lease, measured from the last renewal (not from when
+        the previous attempt ended, so a slow attempt does not push the next one back);
+        after a failure retry soon, each attempt bounded so a hung database call cannot
+        hold the loop past the point where acting stops."""
         assert self.event_log is not None
         while True:
             lease = self.lease
             if lease is None:
                 return
-            await asyncio.sleep(lease.lease_seconds / 3)
+            due = lease.remaining() - lease.lease_seconds * 2 / 3
+            await asyncio.sleep(0.5 if self._last_renew_error is not None else max(due, 0.0))
             try:
-                self.lease = await self.event_log.renew(lease)
+                async with asyncio.timeout(max(lease.lease_seconds / 3, 1.0)):
+                    self.lease = await self.event_log.renew(lease)
+                self._last_renew_error = None
             except StaleLeaderError:
                 raise
             except Exception as error:
                 # Keep trying; may_act() turns false on its own as the lease runs out.
-                log.warning("leadership.renew_failed", error=str(error))
+                self._last_renew_error = f"{type(error).__name__}: {error}"[:300]
+                log.warning("leadership.renew_failed", error=self._last_renew_error,
+                            remaining=round(lease.remaining(), 1))
                 if lease.remaining() <= 0:
-                    raise StaleLeaderError("lease expired without renewal") from error
+                    raise StaleLeaderError(
+                        f"lease expired without renewal ({self._last_renew_error})") from error
 
     # ------------------------------------------------------------------ adapters
 
@@ -489,22 +662,24 @@ class Daemon:
         if kube_client is not None:
             from sunkd.kubernetes.source import KubernetesSource
 
-            sources.append(KubernetesSource(kube_client, sink, previous=kubernetes_seed(state)))
+            # Only a fenced append ends the source (our term is over); anything else makes
+            # it stale and it recovers by itself.
+            sources.append(KubernetesSource(kube_client, sink, previous=kubernetes_seed(state),
+                                            fatal_errors=(StaleLeaderError,)))
         return sources
 
     # ---------------------------------------------------------------------- HTTP
 
     async def _start_http(self) -> None:
         app = build_app(self)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
         host, port = parse_listen(self.settings.listen)
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.http_port = sockets[0].getsockname()[1] if sockets else port
-        log.info("daemon.http", listen=f"{host}:{self.http_port}")
+        context = None
+        if self.tls_cert is not None and self.tls_key is not None:
+            context = tls_context(str(self.tls_cert), str(self.tls_key))
+        self._runner, self.http_port = await start_http(
+            app, host, port, ssl_context=context, idle_timeout=self.http_idle_timeout)
+        log.info("daemon.http", listen=f"{host}:{self.http_port}",
+                 scheme="https" if context is not None else "http")
 
     async def _shutdown(self) -> None:
         if self._follow_task is not None:
@@ -518,6 +693,20 @@ class Daemon:
 
 
 def cmd_run(args: Any, settings: Settings) -> int:
-    """`sunkd run`."""
-    daemon = Daemon(settings, config_path=getattr(args, "config", None))
+    """`sunkd run [--tls-cert PEM --tls-key PEM]`."""
+    import sys
+
+    cert, key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
+    if (cert is None) != (key is None):
+        print("sunkd run: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    if cert is not None and key is not None:
+        try:
+            tls_context(str(cert), str(key))
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            print(f"sunkd run: cannot use --tls-cert {cert} / --tls-key {key}: {error}",
+                  file=sys.stderr)
+            return 2
+    daemon = Daemon(settings, config_path=getattr(args, "config", None),
+                    tls_cert=cert, tls_key=key)
     return asyncio.run(daemon.run())

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import structlog
@@ -46,8 +46,36 @@ from sunkd.domain.state import (
     state_to_json,
 )
 from sunkd.store.eventlog import EventLog, StaleLeaderError
+from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
 
 log = structlog.get_logger(__name__)
+
+
+class CorruptRowError(Exception):
+    """The log has a row the fold cannot decode; deciding on a state that skipped it
+    would be deciding on a lie, so the daemon stops and names the row (issue 12)."""
+
+    def __init__(self, row: CorruptRow) -> None:
+        super().__init__(row.describe())
+        self.row = row
+
+
+class LogWentBackwardsError(Exception):
+    """The log ends before what this process has folded, or its first row changed: the
+    database was recreated (or restored from an older backup) under the running process."""
+
+
+async def locate_corrupt_row(event_log: EventLog, after_seq: int, error: BaseException,
+                             upto: int | None = None) -> CorruptRowError:
+    """Turn a failed read after `after_seq` into the CorruptRowError naming the row, or
+    re-raise `error` when every row there decodes (the failure was something else)."""
+    try:
+        row = await first_corrupt_row(event_log.engine, after_seq, upto)
+    except Exception:
+        row = None
+    if row is None:
+        raise error
+    return CorruptRowError(row)
 
 
 class ActionExecutor(Protocol):
@@ -115,9 +143,16 @@ class Engine:
                  from_snapshot=self._last_snapshot_seq)
 
     async def follow(self) -> None:
-        """Fold every new event forever (leader and standby alike)."""
-        async for batch in self.event_log.subscribe_batches(self.state.last_seq):
-            await self._apply(batch)
+        """Fold every new event forever (leader and standby alike). A row that does not
+        decode ends it with CorruptRowError naming the row."""
+        try:
+            async for batch in self.event_log.subscribe_batches(self.state.last_seq):
+                await self._apply(batch)
+        except (ValueError, TypeError, AttributeError, KeyError) as error:
+            # What a payload that is not JSON, not an object, or not of its kind's types
+            # raises while being read (database errors are retried by the subscription).
+            raise await locate_corrupt_row(self.event_log, self.state.last_seq,
+                                           error) from error
 
     async def _apply(self, batch: list[RecordedEvent]) -> None:
         self.state = fold(batch, self.state)
@@ -268,13 +303,19 @@ class Engine:
         log.info("engine.snapshot", seq=state.last_seq)
 
 
-async def load_state(event_log: EventLog, *, from_snapshot: bool = True
+async def load_state(event_log: EventLog, *, from_snapshot: bool = True,
+                     upto: int | None = None, start: ClusterState = EMPTY,
+                     on_corrupt: Callable[[CorruptRow], None] | None = None,
                      ) -> tuple[ClusterState, int]:
     """The state folded from the log (from the latest snapshot, when asked and readable,
-    plus the tail) and the seq of the snapshot used (0: none)."""
-    state, snapshot_seq = EMPTY, 0
+    else from `start`, plus the tail, up to `upto` when given) and the seq of the
+    snapshot used (0: none).
+
+    A row that does not decode raises CorruptRowError naming it; with `on_corrupt`, the
+    row is reported to it and skipped instead (for tools that show a damaged log)."""
+    state, snapshot_seq = start, 0
     snapshot = await event_log.latest_snapshot() if from_snapshot else None
-    if snapshot is not None:
+    if snapshot is not None and (upto is None or snapshot[0] <= upto):
         seq, body = snapshot
         try:
             state, snapshot_seq = state_from_json(body), seq
@@ -282,9 +323,28 @@ async def load_state(event_log: EventLog, *, from_snapshot: bool = True
             # A snapshot is only a cache: an unreadable one (older format) costs a
             # full replay, never correctness.
             log.warning("engine.snapshot_unreadable", seq=seq, error=str(error))
-    async for batch in event_log.read_range(state.last_seq):
-        state = fold(batch, state)
-    return state, snapshot_seq
+    while True:
+        position = state.last_seq
+        try:
+            async for batch in event_log.read_range(position, upto):
+                state = fold(batch, state)
+            return state, snapshot_seq
+        except (ValueError, TypeError, AttributeError, KeyError) as error:
+            # The fast read failed on a row: find it, then (tolerant callers) fold the
+            # page around it row by row and carry on after it.
+            position = state.last_seq
+            corrupt = await locate_corrupt_row(event_log, position, error, upto)
+            if on_corrupt is None:
+                raise corrupt from error
+            page = await read_tolerant(event_log.engine, position, corrupt.row.seq - position,
+                                       upto=corrupt.row.seq)
+            good = [item for item in page if isinstance(item, RecordedEvent)]
+            for item in page:
+                if isinstance(item, CorruptRow):
+                    on_corrupt(item)
+            state = fold(good, state)
+            # Past the bad row: later events fold onto the state without it.
+            state = replace(state, last_seq=max(state.last_seq, corrupt.row.seq))
 
 
 Sink = Callable[[Sequence[Event]], Awaitable[object]]

@@ -49,19 +49,28 @@ Internal helper views (`sunkd_leaders`, `sunkd_transition_events`,
 
 Timestamps are `timestamptz` on PostgreSQL and SQLAlchemy's naive-UTC text on
 SQLite; the helpers below return aware UTC datetimes on both.
+
+Two helpers serve the tools that must keep working on a damaged log (issue 12):
+`read_tolerant` returns a row sunkd cannot decode as a `CorruptRow` (seq, kind, raw text,
+why) instead of raising, and `observed` tells a node the fold knows only from an operator
+pin (`sunkd pin --force` of a name never seen: no view row, shown nowhere) from real ones.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Text, cast, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from sunkd.domain.events import RecordedEvent, decode_payload
+from sunkd.domain.state import OWNER_NONE, NodeState
 from sunkd.store.migrations_api import SchemaError
+from sunkd.store.models import events
 
 READ_MODELS = ("node_ownership", "ownership_intervals", "transitions", "action_latency")
 
@@ -180,12 +189,26 @@ async def rows(engine: AsyncEngine, sql: str, params: Mapping[str, Any] | None =
         return [dict(row._mapping) for row in result.all()]
 
 
+def observed(node: NodeState) -> bool:
+    """Whether the log ever said anything about `node` besides a pin: an observation from
+    either side, a transition, an action or an owner. A pin of a name never observed
+    (`sunkd pin --force typo-node`) makes the fold create the node; it is a phantom until
+    observed: `node_ownership` has no row for it, and `status`, `/metrics` and the API
+    lists leave it out (issue 12)."""
+    return (node.slurm is not None or node.k8s is not None or node.slurm_seq > 0
+            or node.k8s_seq > 0 or node.transition is not None or bool(node.open_actions)
+            or node.owner != OWNER_NONE)
+
+
 async def check_against_state(engine: AsyncEngine, state: Any) -> list[str]:
     """Differences between the `node_ownership` view and a folded state (node ->
-    owner, and whether a transition is open), for `sunkd replay --check`."""
+    owner, and whether a transition is open), for `sunkd replay --check`. Phantom nodes
+    (`observed` is false: only pinned) have no row by design."""
     problems: list[str] = []
     view = {row["node"]: row for row in await rows(engine, "SELECT * FROM node_ownership")}
     for name, node in sorted(state.nodes.items()):
+        if not observed(node) and name not in view:
+            continue
         row = view.get(name)
         if row is None:
             problems.append(f"node_ownership has no row for {name}")
@@ -200,3 +223,84 @@ async def check_against_state(engine: AsyncEngine, state: Any) -> list[str]:
     for name in sorted(set(view) - set(state.nodes)):
         problems.append(f"node_ownership has {name}, which the fold does not know")
     return problems
+
+
+# ----------------------------------------------------------------- damaged logs
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptRow:
+    """A row of `events` whose payload does not decode: not JSON, not an object, or a
+    current-version payload with a wrong type (hand-written, or from a broken tool)."""
+
+    seq: int
+    recorded_at: datetime | None
+    kind: str
+    subject: str
+    epoch: int
+    causation_seq: int | None
+    raw: str
+    error: str
+
+    def describe(self, raw_chars: int = 200) -> str:
+        raw = self.raw if len(self.raw) <= raw_chars else self.raw[:raw_chars] + "..."
+        return (f"row seq {self.seq} ({self.kind}, subject {self.subject!r}) is corrupt: "
+                f"{self.error}; raw payload {raw!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "kind": self.kind, "subject": self.subject,
+                "epoch": self.epoch, "causation_seq": self.causation_seq,
+                "recorded_at": self.recorded_at.isoformat() if self.recorded_at else None,
+                "corrupt": True, "error": self.error, "raw": self.raw}
+
+
+def decode_row(row: Mapping[str, Any]) -> RecordedEvent | CorruptRow:
+    """One row (with the payload as text under `raw`) decoded, or the reason it is not."""
+    seq, kind, raw = int(row["seq"]), str(row["kind"]), str(row["raw"])
+    recorded_at = as_utc(row["recorded_at"])
+    try:
+        body = json.loads(raw)
+        if not isinstance(body, dict):
+            raise ValueError(f"the payload is a JSON {type(body).__name__}, not an object")
+        assert recorded_at is not None
+        return RecordedEvent(seq=seq, recorded_at=recorded_at, epoch=int(row["epoch"]),
+                             subject=row["subject"], payload=decode_payload(kind, body),
+                             causation_seq=row["causation_seq"])
+    except Exception as error:
+        return CorruptRow(seq, recorded_at, kind, str(row["subject"]), int(row["epoch"]),
+                          row["causation_seq"], raw, f"{type(error).__name__}: {error}")
+
+
+async def read_tolerant(engine: AsyncEngine, after_seq: int = 0, limit: int = 1000, *,
+                        kinds: Sequence[str] | None = None, subject: str | None = None,
+                        upto: int | None = None) -> list[RecordedEvent | CorruptRow]:
+    """`EventLog.read`, except that a row that does not decode comes back as a
+    `CorruptRow` instead of failing the whole read. Slower (the payload is parsed here,
+    from its text): for tools, and for finding the row when the fast read failed."""
+    query = (select(events.c.seq, events.c.recorded_at, events.c.kind, events.c.subject,
+                    events.c.epoch, events.c.causation_seq,
+                    cast(events.c.payload, Text).label("raw"))
+             .where(events.c.seq > after_seq).order_by(events.c.seq).limit(limit))
+    if upto is not None:
+        query = query.where(events.c.seq <= upto)
+    if kinds is not None:
+        query = query.where(events.c.kind.in_(list(kinds)))
+    if subject is not None:
+        query = query.where(events.c.subject == subject)
+    async with engine.connect() as connection:
+        result = (await connection.execute(query)).all()
+    return [decode_row(dict(row._mapping)) for row in result]
+
+
+async def first_corrupt_row(engine: AsyncEngine, after_seq: int = 0,
+                            upto: int | None = None, batch: int = 5000) -> CorruptRow | None:
+    """The first row after `after_seq` (up to `upto`) that does not decode, if any."""
+    position = after_seq
+    while True:
+        page = await read_tolerant(engine, position, batch, upto=upto)
+        for item in page:
+            if isinstance(item, CorruptRow):
+                return item
+        if len(page) < batch:
+            return None
+        position = page[-1].seq
