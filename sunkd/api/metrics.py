@@ -165,6 +165,10 @@ class Metrics:
                               "Events written to the log but not folded yet (written - folded).",
                               registry=r)
         self.leader = Gauge("sunkd_leader", "1 when this process is the leader.", registry=r)
+        self.clock_offset = Gauge(
+            "sunkd_clock_offset_seconds",
+            "Database clock minus this host's clock, measured at the last lease renewal "
+            "(beyond max_clock_skew_seconds the leader stops acting).", registry=r)
         self.leader_epoch = Gauge("sunkd_leader_epoch", "Leadership epoch seen by this process.",
                                   registry=r)
         self.extender_requests = Counter(

@@ -195,8 +195,12 @@ def slim_pod(obj: JSON) -> JSON:
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
+            "uid": meta.get("uid") if type(meta.get("uid")) is str else None,
             "resourceVersion": meta.get("resourceVersion"),
             "labels": dict(_mapping(meta.get("labels"), "metadata.labels")),
+            # DaemonSet pods and the kubelet's mirror pods belong on every node; every
+            # other pod on a node sunkd reclaims for Slurm must go first (safety 9).
+            "nodeLocal": _node_local(meta),
         },
         "spec": {
             "nodeName": node_name or None,
@@ -212,6 +216,21 @@ def slim_pod(obj: JSON) -> JSON:
             ],
         },
     }
+
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # set by the kubelet on static pods' mirrors
+
+
+def _node_local(meta: Mapping[str, Any]) -> bool:
+    """A DaemonSet pod (controller ownerReference of kind DaemonSet) or a mirror pod."""
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping) and MIRROR_ANNOTATION in annotations:
+        return True
+    owners = meta.get("ownerReferences")
+    if not isinstance(owners, list):
+        return False
+    return any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet"
+               and o.get("controller") is True for o in owners)
 
 
 def _check_selector(value: Any, where: str) -> None:

@@ -527,14 +527,17 @@ class KubernetesSource:
             if pod is None:
                 continue
             meta = pod.get("metadata") or {}
-            if self._workload_match(pool.pool, meta.get("labels") or {}):
-                refs.append(
-                    PodRef(
-                        str(meta.get("namespace") or ""),
-                        str(meta.get("name") or ""),
-                        str((pod.get("status") or {}).get("phase") or "Pending"),
-                    )
+            if meta.get("nodeLocal"):
+                continue  # DaemonSet and mirror pods stay with the node, whoever owns it
+            refs.append(
+                PodRef(
+                    str(meta.get("namespace") or ""),
+                    str(meta.get("name") or ""),
+                    str((pod.get("status") or {}).get("phase") or "Pending"),
+                    uid=str(meta.get("uid") or ""),
+                    pool_pod=self._workload_match(pool.pool, meta.get("labels") or {}),
                 )
+            )
         return K8sWorkloadObserved(
             node=node, pool=pool.pool, pods=tuple(sorted(refs, key=lambda r: (r.namespace, r.name)))
         )

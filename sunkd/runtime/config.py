@@ -103,6 +103,9 @@ class Settings:
     log_level: str = "info"
     log_format: str = "auto"  # auto (JSON unless stdout is a TTY) | json | console
     lease_seconds: float = 15.0
+    # The policy decides on the database's clock (this host's + the offset measured at
+    # each lease renewal); an offset larger than this stops acting (docs/safety.md).
+    max_clock_skew_seconds: float = 10.0
     snapshot_every: int = 1000
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
@@ -127,6 +130,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 _DAY = 86400.0
 _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "lease_seconds": (3.0, 3600.0, False),
+    "max_clock_skew_seconds": (0.1, 3600.0, False),
     "snapshot_every": (1, 10_000_000, False),
     "slurm.poll_interval": (0.1, 3600.0, False),
     # A slurmrestd whose slurmctld is down blocks ~9 s before answering (docs/slurm.md,

@@ -121,8 +121,10 @@ class Daemon:
     def __init__(self, settings: Settings, *, config_path: Path | None = None,
                  slurm_client: Any = None, kube_client: Any = None,
                  slurm_env: dict[str, str] | None = None,
-                 tls_cert: Path | None = None, tls_key: Path | None = None) -> None:
+                 tls_cert: Path | None = None, tls_key: Path | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self._wall = wall_clock  # this host's clock; the policy's is the database's
         self.tls_cert = tls_cert
         self.tls_key = tls_key
         # Connections idle (or sending their request slower) than this are closed.
@@ -132,6 +134,7 @@ class Daemon:
         self._log_error = ""
         self._log_identity: tuple[Any, ...] | None = None
         self._last_renew_error: str | None = None
+        self._skew_reported: int | None = None
         self.config_path = config_path
         self._slurm_client = slurm_client
         self._kube_client = kube_client
@@ -187,13 +190,40 @@ class Daemon:
 
     def may_act(self) -> bool:
         """Stop acting with a third of the lease left: before anyone can take over.
-        With `kubernetes.lease` the Kubernetes Lease must be held too."""
+        With `kubernetes.lease` the Kubernetes Lease must be held too. A host clock that
+        disagrees with the database's by more than `max_clock_skew_seconds` stops acting
+        too: the offset is measured, but so large a skew means a broken clock somewhere."""
         lease = self.lease
         if lease is None or self._stepping_down:
             return False
         if self._kube_elector is not None and not self._kube_elector.holds_lease():
             return False
+        if abs(lease.db_offset) > self.settings.max_clock_skew_seconds:
+            self._report_skew(lease.db_offset)
+            return False
         return lease.remaining() > lease.lease_seconds / 3
+
+    def _clock_paused(self) -> bool:
+        """The lease is fine but the clocks disagree too much: lead without acting."""
+        lease = self.lease
+        if lease is None or self._stepping_down:
+            return False
+        if lease.remaining() <= lease.lease_seconds / 3:
+            return False
+        return abs(lease.db_offset) > self.settings.max_clock_skew_seconds
+
+    def clock(self) -> float:
+        """The policy's `now`: the database's clock (event times are the database's), as
+        this host's wall clock plus the offset measured at the last acquire or renew."""
+        lease = self.lease
+        return self._wall() + (lease.db_offset if lease is not None else 0.0)
+
+    def _report_skew(self, offset: float) -> None:
+        if self._skew_reported != round(offset):
+            self._skew_reported = round(offset)
+            log.error("daemon.clock_skew", offset_seconds=round(offset, 3),
+                      limit_seconds=self.settings.max_clock_skew_seconds,
+                      hint="fix NTP on this host or the database host; sunkd takes no action")
 
     # ------------------------------------------------------------------- running
 
@@ -205,12 +235,14 @@ class Daemon:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, self.reload)
         self.event_log = await EventLog.open(self.settings.database_url)
+        self.event_log.wall_clock = self._wall
         try:
             self.engine = Engine(
                 self.event_log,
                 config_pools=[pool_spec(pool) for pool in self.settings.pools],
                 snapshot_every=self.settings.snapshot_every,
                 observer=self.metrics,
+                clock=self.clock,
             )
             try:
                 await self.engine.load()
@@ -362,8 +394,9 @@ class Daemon:
     async def _lead(self, lease: Lease) -> None:
         assert self.event_log is not None and self.engine is not None
         self.lease, self.leading, self._stepping_down = lease, True, False
+        self.metrics.clock_offset.set(lease.db_offset)
         self._last_renew_error = None
-        term = LeaderTerm(epoch=lease.epoch, may_act=self.may_act)
+        term = LeaderTerm(epoch=lease.epoch, may_act=self.may_act, paused=self._clock_paused)
         log.info("daemon.leading", epoch=lease.epoch, identity=lease.identity)
         sd_notify(f"STATUS=leader (epoch {lease.epoch})")
         sources_stop = asyncio.Event()
@@ -567,6 +600,7 @@ class Daemon:
             try:
                 async with asyncio.timeout(max(lease.lease_seconds / 3, 1.0)):
                     self.lease = await self.event_log.renew(lease)
+                    self.metrics.clock_offset.set(self.lease.db_offset)
                 self._last_renew_error = None
             except StaleLeaderError:
                 raise

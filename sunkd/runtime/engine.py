@@ -102,6 +102,9 @@ class LeaderTerm:
 
     epoch: int
     may_act: Callable[[], bool]
+    # Still the leader, only not acting for now (a clock skew beyond the bound): the term
+    # idles instead of ending. Defaults to "no": a term that may not act ends.
+    paused: Callable[[], bool] = lambda: False
 
 
 class Engine:
@@ -195,11 +198,13 @@ class Engine:
         decided_at_seq = -1
         self._quiesced = False
         try:
-            while term.may_act() and not self._quiesced:
+            while (term.may_act() or term.paused()) and not self._quiesced:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.tick_seconds):
                         await self._changed.wait()
                 self._changed.clear()
+                if term.paused():
+                    continue  # leading, but not acting: nothing decided, nothing run
                 if not term.may_act() or self._quiesced:
                     break
                 state = self.state

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
 from sunkd.domain.events import K8sWorkloadObserved, PodRef
 from sunkd.kubernetes.client import PODS, KubeClient
 from sunkd.kubernetes.source import KubernetesSource
@@ -31,7 +29,6 @@ def _owned(body: dict[str, Any], kind: str) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.xfail(strict=True, reason="before its fix")
 async def test_s9_every_non_daemonset_pod_on_a_pool_node_is_reported() -> None:
     async with running_emulator() as emulator:
         client = KubeClient.for_url(emulator.url)

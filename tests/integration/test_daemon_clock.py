@@ -1,0 +1,52 @@
+"""Safety scenario 7 (two clocks) in the daemon: event times are the database's, so the
+policy's `now` is too (this host's clock plus the offset measured at every lease renewal),
+and a skew beyond `max_clock_skew_seconds` stops acting, with a metric and a log line.
+Runs on PostgreSQL (a clock the daemon does not share) and on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sunkd.runtime.config import KubernetesSettings, Settings
+from sunkd.runtime.daemon import Daemon
+from sunkd.store.eventlog import EventLog
+
+
+async def _leading(database_url: str, skew: float) -> tuple[Daemon, asyncio.Task[int]]:
+    log = await EventLog.open(database_url, migrate=True)
+    await log.close()
+    settings = Settings(database_url=database_url, listen="127.0.0.1:0", lease_seconds=3,
+                        kubernetes=KubernetesSettings(enabled=False))
+    daemon = Daemon(settings, wall_clock=lambda: time.time() + skew)
+    task = asyncio.create_task(daemon.run())
+    deadline = time.monotonic() + 20
+    while daemon.lease is None:
+        assert time.monotonic() < deadline and not task.done(), "never became leader"
+        await asyncio.sleep(0.05)
+    return daemon, task
+
+
+async def _stop(daemon: Daemon, task: asyncio.Task[int]) -> None:
+    daemon.stop_event.set()
+    assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_s7_the_policy_decides_on_the_database_clock(database_url: str) -> None:
+    daemon, task = await _leading(database_url, skew=4.0)  # this host runs 4 s fast
+    try:
+        assert abs(daemon.clock() - time.time()) < 1.0  # the database's time, not ours
+        assert daemon.may_act()
+        assert abs(daemon.metrics.clock_offset._value.get() + 4.0) < 1.0
+    finally:
+        await _stop(daemon, task)
+
+
+async def test_s7_a_clock_skew_beyond_the_bound_stops_acting(database_url: str) -> None:
+    daemon, task = await _leading(database_url, skew=300.0)  # a host 300 s fast
+    try:
+        assert abs(daemon.clock() - time.time()) < 1.0  # grace periods stay right ...
+        assert not daemon.may_act()  # ... but sunkd takes no action, and says why
+        assert daemon.metrics.clock_offset._value.get() < -299
+    finally:
+        await _stop(daemon, task)
