@@ -59,7 +59,8 @@ from sunkd.domain.events import (
     payload_to_json,
 )
 from sunkd.domain.policy import PoolSpec, decide
-from sunkd.domain.state import ClusterState, fold, state_from_json, state_to_json
+from sunkd.domain.snapshot import state_from_json, state_to_json
+from sunkd.domain.state import ClusterState, fold
 
 OWNER_TAINT = Taint("sunkd.io/owner", "NoSchedule", "slurm")
 POOLS = 10

@@ -11,8 +11,10 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import structlog
 
 STRICT = os.environ.get("SUNKD_TEST_STRICT") == "1"
 DEFAULT_PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -77,3 +79,16 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
         return
     async with fresh_postgres_database() as url:
         yield url
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Any:
+    """A test that runs the CLI in-process configures logging onto pytest's captured
+    stream, which is closed after that test: put the previous configuration back."""
+    import logging
+
+    config = structlog.get_config()
+    handlers = list(logging.getLogger().handlers)
+    yield
+    structlog.configure(**config)
+    logging.getLogger().handlers[:] = handlers

@@ -18,7 +18,8 @@ from sunkd.cli.text import printable
 from sunkd.domain.events import Event, OperatorPinned
 from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership
-from sunkd.domain.state import EMPTY, ClusterState, state_from_json, state_to_json
+from sunkd.domain.snapshot import state_from_json, state_to_json
+from sunkd.domain.state import EMPTY, ClusterState
 from sunkd.runtime.config import Settings, pool_spec
 from sunkd.runtime.engine import load_state
 from sunkd.store import projections

@@ -36,15 +36,8 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_pools
 from sunkd.domain.ports import ActionError, RefusedError
-from sunkd.domain.state import (
-    EMPTY,
-    ClusterState,
-    NodeState,
-    OpenAction,
-    fold,
-    state_from_json,
-    state_to_json,
-)
+from sunkd.domain.snapshot import state_from_json, state_to_json
+from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction, fold
 from sunkd.store.eventlog import EventLog, StaleLeaderError
 from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
 

@@ -29,7 +29,8 @@ from sunkd.domain.policy import (
     StartTransition,
     decide,
 )
-from sunkd.domain.state import ClusterState, fold, state_from_json, state_to_json
+from sunkd.domain.snapshot import state_from_json, state_to_json
+from sunkd.domain.state import ClusterState, fold
 from tests.unit.domain_world import POOL, Simulation, World, pool_spec
 
 

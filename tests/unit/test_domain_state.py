@@ -31,16 +31,8 @@ from sunkd.domain.events import (
     TransitionStarted,
     UnknownPayload,
 )
-from sunkd.domain.state import (
-    EMPTY,
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
-    Phase,
-    apply,
-    fold,
-    state_from_json,
-    state_to_json,
-)
+from sunkd.domain.snapshot import state_from_json, state_to_json
+from sunkd.domain.state import EMPTY, OWNER_KUBERNETES, OWNER_SLURM, Phase, apply, fold
 from tests.unit.domain_world import Log, k8s_obs, slurm_obs
 
 

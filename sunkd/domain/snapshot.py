@@ -1,0 +1,274 @@
+"""Snapshots: a ClusterState as JSON and back, exactly (a snapshot plus the log's tail
+folds to the same state as the whole log; `sunkd replay --check` and the property tests
+hold the two to that). Separate from the fold so `state.py` reads as the fold alone."""
+
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sunkd.domain.events import (
+    K8sDemandObserved,
+    K8sNodeObserved,
+    K8sNodesetObserved,
+    Label,
+    Payload,
+    PodRef,
+    SlurmDemandObserved,
+    SlurmNodeObserved,
+    decode_payload,
+    encode_payload,
+)
+from sunkd.domain.state import (
+    ActionOutcome,
+    ClusterState,
+    NodeState,
+    OpenAction,
+    OpenTransition,
+    Phase,
+    Pin,
+    SourceState,
+)
+
+# ------------------------------------------------------------------------------ JSON
+
+SNAPSHOT_FORMAT = 1
+
+
+def _labels_to_json(labels: tuple[Label, ...]) -> list[list[str]]:
+    return [[label.key, label.value] for label in labels]
+
+
+def _labels_from_json(raw: list[list[str]]) -> tuple[Label, ...]:
+    return tuple(Label(key, value) for key, value in raw)
+
+
+def _payload_to_json(payload: Payload | None) -> dict[str, Any] | None:
+    return None if payload is None else encode_payload(payload)
+
+
+def _node_to_json(node: NodeState) -> dict[str, Any]:
+    transition = node.transition
+    pin = node.pin
+    return {
+        "name": node.name,
+        "k8s_name": node.k8s_name,
+        "slurm": _payload_to_json(node.slurm),
+        "k8s": _payload_to_json(node.k8s),
+        "slurm_seq": node.slurm_seq,
+        "k8s_seq": node.k8s_seq,
+        "slurm_missing": node.slurm_missing,
+        "k8s_missing": node.k8s_missing,
+        "k8s_rivals": {name: _payload_to_json(obs) for name, obs in node.k8s_rivals.items()},
+        "gone_since": node.gone_since,
+        "slurm_unhealthy_since": node.slurm_unhealthy_since,
+        "owner": node.owner,
+        "phase": node.phase.value,
+        "since": node.since,
+        "last_move_at": node.last_move_at,
+        "transition": None
+        if transition is None
+        else {
+            "transition_id": transition.transition_id,
+            "pool": transition.pool,
+            "from_owner": transition.from_owner,
+            "to_owner": transition.to_owner,
+            "started_at": transition.started_at,
+            "reason": transition.reason,
+            "done_verbs": list(transition.done_verbs),
+        },
+        "pin": None
+        if pin is None
+        else {"to": pin.to, "who": pin.who, "why": pin.why, "at": pin.at, "source": pin.source},
+        "workload": {
+            pool: [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod] for pod in pods]
+            for pool, pods in node.workload.items()
+        },
+        "open_actions": [
+            {
+                "action_id": a.action_id,
+                "transition_id": a.transition_id,
+                "side": a.side,
+                "verb": a.verb,
+                "node": a.node,
+                "attempt": a.attempt,
+                "reason": a.reason,
+                "args": _labels_to_json(a.args),
+                "requested_at": a.requested_at,
+                "seq": a.seq,
+            }
+            for a in node.open_actions.values()
+        ],
+        "outcomes": {
+            key: {
+                "action_id": o.action_id,
+                "transition_id": o.transition_id,
+                "succeeded": o.succeeded,
+                "attempt": o.attempt,
+                "at": o.at,
+                "seq": o.seq,
+                "error": o.error,
+                "retryable": o.retryable,
+            }
+            for key, o in node.outcomes.items()
+        },
+    }
+
+
+def _float_or_none(raw: Any) -> float | None:
+    return None if raw is None else float(raw)
+
+
+def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
+    slurm = raw["slurm"]
+    k8s = raw["k8s"]
+    transition = raw["transition"]
+    pin = raw["pin"]
+    slurm_payload = None if slurm is None else decode_payload(SlurmNodeObserved.KIND, slurm)
+    k8s_payload = None if k8s is None else decode_payload(K8sNodeObserved.KIND, k8s)
+    assert slurm_payload is None or isinstance(slurm_payload, SlurmNodeObserved)
+    assert k8s_payload is None or isinstance(k8s_payload, K8sNodeObserved)
+    return NodeState(
+        name=raw["name"],
+        k8s_name=raw["k8s_name"],
+        slurm=slurm_payload,
+        k8s=k8s_payload,
+        slurm_seq=raw["slurm_seq"],
+        k8s_seq=raw["k8s_seq"],
+        slurm_missing=raw["slurm_missing"],
+        k8s_missing=raw["k8s_missing"],
+        slurm_unhealthy_since=_float_or_none(raw["slurm_unhealthy_since"]),
+        owner=raw["owner"],
+        phase=Phase(raw["phase"]),
+        since=_float_or_none(raw["since"]),
+        last_move_at=_float_or_none(raw["last_move_at"]),
+        transition=None
+        if transition is None
+        else OpenTransition(
+            transition_id=transition["transition_id"],
+            pool=transition["pool"],
+            from_owner=transition["from_owner"],
+            to_owner=transition["to_owner"],
+            started_at=float(transition["started_at"]),
+            reason=transition["reason"],
+            done_verbs=tuple(transition["done_verbs"]),
+        ),
+        pin=None
+        if pin is None
+        else Pin(pin["to"], pin["who"], pin["why"], float(pin["at"]), pin["source"]),
+        workload={
+            # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase].
+            pool: tuple(PodRef(*pod) for pod in pods)
+            for pool, pods in raw["workload"].items()
+        },
+        open_actions={
+            a["action_id"]: OpenAction(
+                action_id=a["action_id"],
+                transition_id=a["transition_id"],
+                side=a["side"],
+                verb=a["verb"],
+                node=a["node"],
+                attempt=a["attempt"],
+                reason=a["reason"],
+                args=_labels_from_json(a["args"]),
+                requested_at=float(a["requested_at"]),
+                seq=a["seq"],
+            )
+            for a in raw["open_actions"]
+        },
+        outcomes={
+            key: ActionOutcome(
+                action_id=o["action_id"],
+                transition_id=o["transition_id"],
+                succeeded=o["succeeded"],
+                attempt=o["attempt"],
+                at=float(o["at"]),
+                seq=o["seq"],
+                error=o["error"],
+                retryable=o["retryable"],
+            )
+            for key, o in raw["outcomes"].items()
+        },
+        k8s_rivals={
+            name: _k8s_from_json(obs) for name, obs in (raw.get("k8s_rivals") or {}).items()
+        },
+        gone_since=_float_or_none(raw.get("gone_since")),
+    )
+
+
+def _k8s_from_json(raw: Mapping[str, Any]) -> K8sNodeObserved:
+    payload = decode_payload(K8sNodeObserved.KIND, raw)
+    assert isinstance(payload, K8sNodeObserved)
+    return payload
+
+
+def state_to_json(state: ClusterState) -> dict[str, Any]:
+    """A JSON-ready snapshot of `state`; `state_from_json` restores it exactly."""
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "last_seq": state.last_seq,
+        "last_recorded_at": state.last_recorded_at,
+        "leader_epoch": state.leader_epoch,
+        "leader_identity": state.leader_identity,
+        "nodes": [_node_to_json(node) for node in state.nodes.values()],
+        "k8s_names": dict(state.k8s_names),
+        "nodesets": {pool: encode_payload(p) for pool, p in state.nodesets.items()},
+        "slurm_demand": {part: encode_payload(p) for part, p in state.slurm_demand.items()},
+        "k8s_demand": {pool: encode_payload(p) for pool, p in state.k8s_demand.items()},
+        "sources": {
+            source: {
+                "status": s.status,
+                "cause": s.cause,
+                "detail": s.detail,
+                "since": s.since,
+                "last_fresh_at": s.last_fresh_at,
+                "epoch": s.epoch,
+            }
+            for source, s in state.sources.items()
+        },
+    }
+
+
+def _decoded(kind: str, raw: Mapping[str, Any], cls: type[Payload]) -> Any:
+    payload = decode_payload(kind, raw)
+    if not isinstance(payload, cls):
+        raise ValueError(f"snapshot holds a {kind} payload this sunkd cannot decode")
+    return payload
+
+
+def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
+    """Restore a snapshot written by `state_to_json`."""
+    if raw.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError(f"unsupported snapshot format {raw.get('format')!r}")
+    return ClusterState(
+        nodes={node["name"]: _node_from_json(node) for node in raw["nodes"]},
+        k8s_names=dict(raw["k8s_names"]),
+        nodesets={
+            pool: _decoded(K8sNodesetObserved.KIND, p, K8sNodesetObserved)
+            for pool, p in raw["nodesets"].items()
+        },
+        slurm_demand={
+            part: _decoded(SlurmDemandObserved.KIND, p, SlurmDemandObserved)
+            for part, p in raw["slurm_demand"].items()
+        },
+        k8s_demand={
+            pool: _decoded(K8sDemandObserved.KIND, p, K8sDemandObserved)
+            for pool, p in raw["k8s_demand"].items()
+        },
+        sources={
+            source: SourceState(
+                status=s["status"],
+                cause=s["cause"],
+                detail=s["detail"],
+                since=float(s["since"]),
+                last_fresh_at=_float_or_none(s["last_fresh_at"]),
+                epoch=int(s.get("epoch", 0)),
+            )
+            for source, s in raw["sources"].items()
+        },
+        leader_epoch=raw["leader_epoch"],
+        leader_identity=raw["leader_identity"],
+        last_seq=raw["last_seq"],
+        last_recorded_at=_float_or_none(raw["last_recorded_at"]),
+    )
