@@ -19,6 +19,10 @@ resourceVersion with bookmarks, resume from the last seen resourceVersion after 
 re-list on 410 Expired and diff the new list against its cache so objects deleted while we were
 not watching come out as DELETED; every request is bounded both server-side (`timeoutSeconds`)
 and client-side (aiohttp timeouts), and retries back off exponentially with full jitter.
+
+Why one long module: every request sunkd makes goes through `KubeClient.request` and its
+error mapping; the verbs (get, list, watch, patches, create, delete) are thin wrappers that
+belong beside it. The informer is in `listwatch.py`.
 """
 
 from __future__ import annotations

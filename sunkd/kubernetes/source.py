@@ -21,6 +21,10 @@ backoff; when the log takes other events but refuses one observation, that obser
 rejected with its cause (`rejected_observations()`, retried when it changes or after
 `REJECTED_RETRY_SECONDS`) and the rest goes on. Every string is cleaned of control
 characters before it is emitted (`normalize.clean_payload`).
+
+Why one long module: the three caches, the dirty-set flush and the append/rejection
+path share one lock-free state machine; split, each half would need the other's
+internals. The pure parts already live in `normalize.py`.
 """
 
 from __future__ import annotations

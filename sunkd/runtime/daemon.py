@@ -13,6 +13,10 @@ Life cycle:
   3. SIGTERM/SIGINT: stop deciding, let in-flight actions finish (bounded), release
      the lease so a standby takes over immediately, exit 0. SIGHUP: reload the
      config file (pools, log level).
+
+Why one long module: leadership, the term's tasks, signals, systemd and the log guard
+all act on the same few fields (lease, term, stop event) and their order at start and
+stop is the point; the engine, executor and HTTP app are already separate.
 """
 
 from __future__ import annotations
