@@ -13,6 +13,9 @@ Serialization is a small, explicit codec over dataclass fields (str, int, float,
 bool, None, tuples and nested dataclasses) instead of a general library: payloads
 stay plain frozen dataclasses that mypy checks, and the JSON shape is ours to keep
 stable.
+
+Why one long module: it is the catalogue of every event kind, read as a list; the codec
+beside it is generated from the same dataclasses.
 """
 
 from __future__ import annotations
