@@ -108,6 +108,10 @@ def backend_class(dialect: str) -> type[Backend]:
                          f"{' or '.join(sorted(_BACKENDS))}") from None
 
 
+# Snapshots kept after each save (issue 15: they were never pruned).
+SNAPSHOTS_KEPT = 3
+
+
 class StaleLeaderError(Exception):
     """The writer's epoch is not the current leadership epoch: it must step down."""
 
@@ -399,12 +403,26 @@ class EventLog:
 
     # ------------------------------------------------------------------ snapshots
 
-    async def save_snapshot(self, seq: int, state: dict[str, Any]) -> None:
+    async def save_snapshot(self, seq: int, state: dict[str, Any], *,
+                            keep: int = SNAPSHOTS_KEPT) -> None:
+        """Store a snapshot at `seq` and prune all but the newest `keep` (a snapshot is a
+        cache of the fold: the log alone can always rebuild it, so pruning loses nothing;
+        at 10,000 nodes each one is ~10 MB, written every `snapshot_every` events)."""
         async with self._write_transaction() as connection:
             query = select(snapshots.c.seq).where(snapshots.c.seq == seq)
             if (await connection.execute(query)).first() is None:
                 await connection.execute(snapshots.insert().values(
                     seq=seq, taken_at=datetime.now(UTC), state=state))
+            kept = (select(snapshots.c.seq).order_by(snapshots.c.seq.desc())
+                    .limit(max(keep, 1)).subquery())
+            await connection.execute(
+                snapshots.delete().where(snapshots.c.seq.not_in(select(kept.c.seq))))
+
+    async def snapshot_seqs(self) -> list[int]:
+        """The seqs of the stored snapshots, oldest first."""
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(select(snapshots.c.seq).order_by(snapshots.c.seq))
+            return [int(row.seq) for row in rows]
 
     async def latest_snapshot(self) -> tuple[int, dict[str, Any]] | None:
         async with self.engine.connect() as connection:

@@ -1,0 +1,21 @@
+"""Issue 15, item 2: snapshots are pruned to the newest few (they were never pruned: ~10 MB
+each at 10,000 nodes, one every `snapshot_every` events), and the newest is the one
+loaded."""
+
+from __future__ import annotations
+
+from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog
+
+
+async def test_only_the_newest_snapshots_are_kept(database_url: str) -> None:
+    log = await EventLog.open(database_url, migrate=True)
+    try:
+        for seq in range(1, 8):
+            await log.save_snapshot(seq * 10, {"seq": seq})
+        assert await log.snapshot_seqs() == [50, 60, 70][-SNAPSHOTS_KEPT:]
+        latest = await log.latest_snapshot()
+        assert latest is not None and latest[0] == 70 and latest[1] == {"seq": 7}
+        await log.save_snapshot(80, {"seq": 8}, keep=1)
+        assert await log.snapshot_seqs() == [80]
+    finally:
+        await log.close()
