@@ -396,8 +396,9 @@ async def test_kill_9_at_random_points_converges(slurm_cluster: Any, tmp_path: P
                 identity = f"crash-{round_index}"
                 process = await spawn(config, slurm_cluster, identity)
                 # Kill it only once it leads, at a random moment while a transition
-                # (or a requested action) is open.
-                deadline = time.monotonic() + 12
+                # (or a requested action) is open. A new term decides nothing until both
+                # sources have reported in it (docs/safety.md, I3): allow for that.
+                deadline = time.monotonic() + 20
                 moving = False
                 while time.monotonic() < deadline:
                     stand_in.step()
