@@ -648,6 +648,7 @@ def test_image_digest_pins(helm_home: Path) -> None:
 # Schema paths of the numeric settings -> sunkd's key in sunkd.runtime.config._BOUNDS.
 SCHEMA_BOUNDS = {
     ("config", "leaseSeconds"): "lease_seconds",
+    ("config", "maxClockSkewSeconds"): "max_clock_skew_seconds",
     ("config", "snapshotEvery"): "snapshot_every",
     ("config", "slurm", "pollInterval"): "slurm.poll_interval",
     ("config", "slurm", "requestTimeout"): "slurm.request_timeout",
