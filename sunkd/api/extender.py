@@ -42,7 +42,7 @@ from itertools import repeat
 from typing import Any
 
 from sunkd.domain.events import Label
-from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS, assess
+from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS, assess, slurm_drained
 from sunkd.domain.policy import PoolSpec, membership
 from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState, Phase
 
@@ -172,6 +172,13 @@ def _verdict(state: ClusterState, node: NodeState, pool: str | None, now: float
             valid_until = float("inf")
     if phase is Phase.KUBERNETES and node.owner == OWNER_KUBERNETES and node.transition is None:
         return Verdict(pool, True, "", node.since), valid_until
+    if phase is Phase.TO_K8S and _handing_over(node):
+        # The lend's last step is under way: Slurm reported the node drained and the owner
+        # taint is coming off. kube-scheduler retries the waiting pod the moment the taint
+        # goes; refusing it here would leave it for the scheduler's 5-minute retry of
+        # unschedulable pods (seen on the real scheduler). Passing it is safe: until the
+        # taint is really gone the taint itself keeps pool pods off.
+        return Verdict(pool, True, "", node.since), valid_until
     if phase is Phase.UNKNOWN:
         why = WHY_UNKNOWN
     elif phase is Phase.HELD:
@@ -181,6 +188,17 @@ def _verdict(state: ClusterState, node: NodeState, pool: str | None, now: float
     else:
         why = WHY_SLURM
     return Verdict(pool, False, why), valid_until
+
+
+def _handing_over(node: NodeState) -> bool:
+    transition = node.transition
+    if transition is None or transition.direction not in ("lend", "adopt"):
+        return False
+    if not slurm_drained(node.slurm):
+        return False
+    return transition.did("kubernetes", "unlock") or any(
+        action.verb == "unlock" and action.transition_id == transition.transition_id
+        for action in node.open_actions.values())
 
 
 def build_verdicts(state: ClusterState, pools: Sequence[ApiPool], now: float

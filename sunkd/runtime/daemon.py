@@ -673,9 +673,11 @@ class Daemon:
         if kube_client is not None:
             from sunkd.kubernetes.actuator import KubernetesActuator
 
+            # Events about a Node go to `default`: the API server refuses an Event whose
+            # involvedObject is a cluster-scoped Node in any other namespace (422), which
+            # the real control plane showed (docs/kubernetes.md).
             kube_actuator = KubernetesActuator(
-                kube_client, event_namespace=self.settings.kubernetes.namespace,
-                instance=self.settings.identity, may_act=term.may_act)
+                kube_client, instance=self.settings.identity, may_act=term.may_act)
             self._kube_actuator = kube_actuator
         return ActuatorExecutor(slurm_actuator, kube_actuator, slurm_reader=slurm_client)
 

@@ -18,6 +18,13 @@ controller its own ServiceAccount as kubeadm does), kube-scheduler
 kubeconfig. Bring-up waits for `/readyz`, both components' `/healthz` and the `default`
 ServiceAccount, and is timed (`startup_seconds`).
 
+For tests: `scheduler=False` runs no kube-scheduler; `audit=True` writes an audit log of
+every request (`audit_events()`); `write_kubeconfig(path, server=, token=)` writes a
+kubeconfig for another server URL (a proxy) or a bearer token, and `service_account_token()`
+gets a ServiceAccount's bound token (TokenRequest); `restart_apiserver()` kills and restarts
+kube-apiserver on the same port and etcd (its new watch cache answers older resourceVersions
+with 410 Expired).
+
 Teardown stops exactly the processes this object started (it holds their `Popen`s, never
 kills by name): SIGTERM, a wait, SIGKILL if needed, in reverse order of start; then it
 removes the directory. It runs after a failed start too.
@@ -213,6 +220,9 @@ class KubeControlPlane:
     controller manager's (seconds before a node whose Lease stops is marked Unknown).
     `service_account_credentials` is kube-controller-manager's
     `--use-service-account-credentials` (off by default: bring-up ~3 s instead of ~9 s).
+    `scheduler=False` runs no kube-scheduler (pods stay unbound unless a test binds them,
+    as on the API emulator). `audit=True` has kube-apiserver write every request at level
+    Metadata to `audit_log` (`audit_events()` reads it: who did what, and the answer's code).
     """
 
     def __init__(
@@ -226,6 +236,8 @@ class KubeControlPlane:
         controllers: str = "*",
         service_account_credentials: bool = False,
         node_monitor_grace_period: int = 50,
+        scheduler: bool = True,
+        audit: bool = False,
         extra_args: Mapping[str, Sequence[str]] | None = None,
         start_timeout: float = 90.0,
         stop_timeout: float = 15.0,
@@ -238,6 +250,8 @@ class KubeControlPlane:
         self.controllers = controllers
         self.service_account_credentials = service_account_credentials
         self.node_monitor_grace_period = node_monitor_grace_period
+        self.run_scheduler = scheduler
+        self.audit = audit
         self.extra_args: dict[str, list[str]] = {k: list(v) for k, v in (extra_args or {}).items()}
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -347,14 +361,17 @@ class KubeControlPlane:
             self._start_etcd()
             self._start_apiserver()
             self._start_controller_manager()
-            self._start_scheduler()
+            if self.run_scheduler:
+                self._start_scheduler()
             self._wait_for(
                 lambda: self._healthy(self.controller_manager_port, "/healthz"),
                 "kube-controller-manager /healthz",
             )
-            self._wait_for(
-                lambda: self._healthy(self.scheduler_port, "/healthz"), "kube-scheduler /healthz"
-            )
+            if self.run_scheduler:
+                self._wait_for(
+                    lambda: self._healthy(self.scheduler_port, "/healthz"),
+                    "kube-scheduler /healthz",
+                )
             # Pods need their ServiceAccount (admission rejects them before the controller
             # made it), so "up" includes the serviceaccount controller's first pass.
             self._wait_for(
@@ -415,6 +432,107 @@ class KubeControlPlane:
         tb: TracebackType | None,
     ) -> None:
         await asyncio.to_thread(self.stop)
+
+    # ------------------------------------------------------------------ more for tests
+
+    @property
+    def audit_log(self) -> Path:
+        return self.log_path("audit")
+
+    def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The audit log's events (stage ResponseComplete), optionally of one user."""
+        events: list[dict[str, Any]] = []
+        try:
+            lines = self.audit_log.read_text().splitlines()
+        except FileNotFoundError:
+            return events
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:  # the last line may be half written
+                continue
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if user is not None and (event.get("user") or {}).get("username") != user:
+                continue
+            events.append(event)
+        return events
+
+    def write_kubeconfig(
+        self, path: Path, *, server: str | None = None, token: str | None = None
+    ) -> Path:
+        """A kubeconfig for this plane: the admin's certificate, or a bearer `token`;
+        `server` replaces the API server's URL (a proxy in front of it)."""
+        user: dict[str, str]
+        if token is not None:
+            user = {"token": token}
+        else:
+            user = {
+                "client-certificate-data": _b64(self.pki / "admin.crt"),
+                "client-key-data": _b64(self.pki / "admin.key"),
+            }
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "harness",
+                    "cluster": {
+                        "server": server or self.url,
+                        "certificate-authority-data": _b64(self.ca_file),
+                    },
+                }
+            ],
+            "users": [{"name": "user", "user": user}],
+            "contexts": [{"name": "harness", "context": {"cluster": "harness", "user": "user"}}],
+            "current-context": "harness",
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+        return path
+
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A bound token for the ServiceAccount (the TokenRequest API, `kubectl create token`)."""
+        result = self.kubectl(
+            "-n", namespace, "create", "token", name, f"--duration={seconds}s"
+        )  # fmt: skip
+        return result.stdout.strip()
+
+    def restart_apiserver(self) -> float:
+        """Kill kube-apiserver (SIGKILL: a crash; a graceful stop with the controller manager
+        still connected takes it ~15 s) and start it again on the same port and etcd: every
+        open connection drops, and the new server's watch cache starts at the current
+        revision, so older resourceVersions are 410 Expired. Returns the seconds it was down."""
+        index, component = next(
+            (i, c) for i, c in enumerate(self._components) if c.name == "kube-apiserver"
+        )
+        started = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            component.process.kill()
+        component.process.wait(timeout=self.stop_timeout)
+        del self._components[index]
+        self._start_apiserver()
+        # Back in its place, so stop() still stops it after the controllers (stopping it
+        # first makes its graceful shutdown wait for them, ~15 s).
+        self._components.insert(index, self._components.pop())
+        return round(time.monotonic() - started, 2)
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.base / "apiserver" / "audit-policy.yaml"
+        policy.write_text(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
+            "rules:\n  - level: Metadata\n"
+        )
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+            "--audit-log-maxbackup=1",
+        ]
 
     # ------------------------------------------------------------------ bring-up steps
 
@@ -577,6 +695,7 @@ class KubeControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *self._audit_flags(),
             ],
         )
         self._wait_for(

@@ -7,16 +7,42 @@ temporary directory: its own munged (own key and socket), slurmctld, N x
 unix socket with rest_auth/local and 127.0.0.1:<free port> with rest_auth/jwt). Every
 port is picked free, so two clusters run side by side. Bring-up takes about a second.
 
-Teardown stops exactly the processes this object started (it holds their `Popen`s,
-never kills by name), after cancelling jobs; it also kills leftover `slurmstepd` of
-*this* cluster only (identified by SLURM_CONF in their environment), since a stepd
-outlives its slurmd by design. It runs after a failed start too.
+Three Slurm generations, one API (`SlurmCluster(..., version="24.11")`):
 
-Facts this relies on (measured on Debian 12, Slurm 22.05.8): munged must run as the
-munge user; slurmrestd refuses root (`-u nobody`) and binds its unix socket after
-dropping privileges; 22.05's slurmrestd aborts without slurmdbd unless `-s` names only
-the `openapi/v0.0.3x` plugins (24.11 uses `openapi/slurmctld`); slurmd's detected
-hardware must match the config unless `SlurmdParameters=config_overrides`.
+| version | from | REST |
+| --- | --- | --- |
+| 22.05 | the host's Debian 12 packages | v0.0.36-38, read-only for nodes |
+| 24.11 | a Debian 13 (trixie) root | v0.0.40-42 |
+| 26.05 | a Debian sid root | v0.0.42-45 |
+
+`version=None` means whatever the host has installed. A version the host does not have
+runs from a Debian root made once per machine by `scripts/prepare-slurm-root.sh SUITE`
+(debootstrap + apt, cached outside the clone in `$SUNKD_SLURM_ROOT_CACHE`, default
+/var/cache/sunkd/slurm-root-SUITE). The root shares the host's network, so its daemons
+answer on 127.0.0.1 and the host's sunkd talks to them directly; the cluster's private
+directory is bind-mounted into the root at the same path, so every path in slurm.conf
+means the same inside and outside. Daemons and the Slurm CLI run as
+`chroot ROOT env -i ...` (no host environment leaks in); `scontrol_path` is a wrapper
+script doing that, for code that wants an `scontrol` binary.
+
+Teardown stops exactly the processes this object started (it holds their `Popen`s,
+never kills by name; `chroot` and `env` exec, so the PID is the daemon's), after
+cancelling jobs; it also kills leftover `slurmstepd` of *this* cluster only (identified
+by SLURM_CONF in their environment), since a stepd outlives its slurmd by design. Then
+it unmounts what it mounted: its private directory in the root, and proc, dev, sys and
+etc/hosts when no other cluster uses the root any more (`_RootMounts` counts users by
+holder files whose owner PIDs are checked, so a crashed run's mounts are removed by the
+next). It runs after a failed start too.
+
+Facts this relies on (measured on Debian 12, Slurm 22.05.8; Debian 13, 24.11.5; sid,
+26.05.5): munged must run as the munge user; slurmrestd refuses root and binds its unix
+socket after dropping privileges (`-u nobody` on the host; 26.05 refuses `nobody`, so a
+root uses its own `slurmrest` system user); 22.05's slurmrestd aborts without slurmdbd
+unless `-s` names only the `openapi/v0.0.3x` plugins, 23.02+ take `-s openapi/slurmctld`
+and serve one REST version per `data_parser_v0_0_4x` plugin present; slurmd 24.11+ in a
+root stops with "No filesystem mounted on /sys/fs/cgroup" unless cgroup.conf says
+`CgroupPlugin=disabled`; slurmd's detected hardware must match the config unless
+`SlurmdParameters=config_overrides`.
 """
 
 from __future__ import annotations
@@ -24,11 +50,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import http.client
 import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -36,6 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,22 +94,308 @@ def _which(binary: str) -> str | None:
     )
 
 
-def available() -> tuple[bool, str]:
-    """Can a cluster start here? (root, the Debian packages, the munge and nobody users)."""
+# Slurm generation -> the Debian suite whose own packages ship it. The host's packages
+# are used when they are that generation (Debian 12: 22.05); otherwise a root.
+SLURM_GENERATIONS: dict[str, str] = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
+SLURM_VERSIONS: tuple[str, ...] = tuple(SLURM_GENERATIONS)
+# Must match RECIPE in scripts/prepare-slurm-root.sh: an older root is rebuilt, not used.
+ROOT_RECIPE = 1
+DEFAULT_ROOT_CACHE = Path("/var/cache/sunkd")
+ROOT_CACHE_ENV = "SUNKD_SLURM_ROOT_CACHE"
+_ROOT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# Slurm CLI tools the harness and its wrapper scripts run (inside the root, if any).
+CLIENT_TOOLS = ("scontrol", "sinfo", "squeue", "sbatch", "scancel")
+
+
+def root_cache() -> Path:
+    return Path(os.environ.get(ROOT_CACHE_ENV) or DEFAULT_ROOT_CACHE)
+
+
+def root_dir(suite: str) -> Path:
+    """Where `scripts/prepare-slurm-root.sh SUITE` puts the root."""
+    return root_cache() / f"slurm-root-{suite}"
+
+
+def root_stamp(suite: str) -> dict[str, object] | None:
+    """The root's `.sunkd-root.json` (suite, Slurm release, packages), or None."""
+    try:
+        data = json.loads((root_dir(suite) / ".sunkd-root.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+_HOST_RELEASE: list[str | None] = []
+
+
+def host_release() -> str | None:
+    """The host's Slurm release (`slurmctld -V`: `slurm-wlm 22.05.8`), or None."""
+    if not _HOST_RELEASE:
+        binary = _which("slurmctld")
+        release: str | None = None
+        if binary is not None:
+            try:
+                out = subprocess.run(
+                    [binary, "-V"], capture_output=True, text=True, timeout=15, check=False
+                ).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                out = ""
+            match = re.search(r"(\d+\.\d+\.\d+)", out)
+            release = match.group(1) if match else None
+        _HOST_RELEASE.append(release)
+    return _HOST_RELEASE[0]
+
+
+def _generation(release: str | None) -> str | None:
+    """`24.11.5` -> `24.11`."""
+    if release is None:
+        return None
+    return ".".join(release.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class SlurmRuntime:
+    """Where a generation's binaries come from: the host (`root` None) or a Debian root."""
+
+    version: str | None
+    release: str | None
+    root: Path | None = None
+    suite: str | None = None
+
+
+def resolve_runtime(version: str | None = None) -> SlurmRuntime:
+    """The host's packages or a prepared root for `version`; SlurmClusterError says how to
+    get one when neither is there."""
     if os.geteuid() != 0:
-        return False, "the Slurm harness needs root (munged as munge, slurmd as root)"
-    missing = [b for b in REQUIRED_BINARIES if _which(b) is None]
-    if missing:
-        return (
-            False,
-            f"Slurm binaries missing: {', '.join(missing)} (scripts/ensure-system-deps.sh)",
+        raise SlurmClusterError(
+            "the Slurm harness needs root (munged as munge, slurmd as root, chroot, mount)"
         )
-    for user in ("munge", "nobody"):
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            return False, f"user {user!r} missing (munge package / base system)"
+    host = host_release()
+    if version is None or _generation(host) == version:
+        missing = [b for b in REQUIRED_BINARIES if _which(b) is None]
+        if missing:
+            raise SlurmClusterError(
+                f"Slurm binaries missing: {', '.join(missing)} (scripts/ensure-system-deps.sh)"
+            )
+        for user in ("munge", "nobody"):
+            if not _has_user(user):
+                raise SlurmClusterError(f"user {user!r} missing (munge package / base system)")
+        return SlurmRuntime(version or _generation(host), host)
+    suite = SLURM_GENERATIONS.get(version)
+    if suite is None:
+        raise SlurmClusterError(
+            f"Slurm {version}: not installed here (host: {host or 'none'}) and not one of the "
+            f"generations a root can be made for ({', '.join(SLURM_VERSIONS)})"
+        )
+    root = root_dir(suite)
+    stamp = root_stamp(suite)
+    how = f"run `scripts/prepare-slurm-root.sh {suite}` as root (`make test` does)"
+    if stamp is None or not os.access(root / "usr" / "sbin" / "slurmrestd", os.X_OK):
+        raise SlurmClusterError(f"no Slurm {version} root at {root}: {how}")
+    if stamp.get("recipe") != ROOT_RECIPE:
+        raise SlurmClusterError(
+            f"the Slurm {version} root at {root} was made by recipe {stamp.get('recipe')}, "
+            f"this harness needs {ROOT_RECIPE}: {how}"
+        )
+    release = stamp.get("slurm")
+    if not isinstance(release, str) or _generation(release) != version:
+        raise SlurmClusterError(
+            f"the {suite} root at {root} has Slurm {release}, not {version} (the suite moved "
+            "on; pin another generation in SLURM_GENERATIONS)"
+        )
+    for tool in ("chroot", "mount", "umount"):
+        if shutil.which(tool) is None:
+            raise SlurmClusterError(f"{tool} missing on the host (coreutils / util-linux)")
+    return SlurmRuntime(version, release, root, suite)
+
+
+def available(version: str | None = None) -> tuple[bool, str]:
+    """Can a cluster of `version` (None: the host's packages) start here?"""
+    try:
+        resolve_runtime(version)
+    except SlurmClusterError as error:
+        return False, str(error)
     return True, "ok"
+
+
+def _passwd(root: Path) -> dict[str, tuple[int, int]]:
+    """name -> (uid, gid) from ROOT/etc/passwd (a root's users differ from the host's)."""
+    users: dict[str, tuple[int, int]] = {}
+    for line in (root / "etc" / "passwd").read_text().splitlines():
+        fields = line.split(":")
+        if len(fields) >= 4 and fields[2].isdigit() and fields[3].isdigit():
+            users[fields[0]] = (int(fields[2]), int(fields[3]))
+    return users
+
+
+# ------------------------------------------------------------------------------ mounts
+
+
+def _mount_points() -> list[str]:
+    """Every mount point of this mount namespace (octal escapes decoded)."""
+    points: list[str] = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return points
+
+
+def _is_mounted(path: Path) -> bool:
+    return str(path) in _mount_points()
+
+
+def _run_tool(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=30, check=False)
+
+
+def _umount(path: Path) -> None:
+    """Unmount one mount point; lazily when busy (a leftover process), never recursively."""
+    if not _is_mounted(path):
+        return
+    result = _run_tool("umount", str(path))
+    if result.returncode != 0:
+        log.warning("harness.slurm.umount_lazy", path=str(path), error=result.stderr.strip())
+        _run_tool("umount", "-l", str(path))
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat: with the PID, identifies a process across PID reuse."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class _RootMounts:
+    """proc, dev, sys and etc/hosts in a root, shared by every cluster running from it,
+    and one private directory per cluster, bind-mounted at the same path inside the root.
+
+    Users are holder files in ROOT/run/sunkd-harness/ (owner PID and start time, the
+    mount point, the directories created for it), changed under a flock. The first user
+    mounts the shared ones (only those not mounted already, and records which); the last
+    one unmounts exactly those. A holder whose process is gone is cleaned up by the
+    next user, so a killed test run leaves nothing mounted for long.
+    """
+
+    # etc/hosts: the host's, so the host name resolves inside (without it every few
+    # RPCs of 24.11 waited 5 s for a DNS timeout).
+    SHARED = ("proc", "dev", "sys", "etc/hosts")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dir = root / "run" / "sunkd-harness"
+        self.holder: Path | None = None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _holders(self) -> list[Path]:
+        return sorted(self.dir.glob("holder-*.json"))
+
+    def _release_holder(self, holder: Path) -> None:
+        try:
+            data = json.loads(holder.read_text())
+        except (OSError, ValueError):
+            data = {}
+        point = data.get("mount_point")
+        if isinstance(point, str):
+            _umount(Path(point))
+        for created in reversed(data.get("created", [])):
+            with contextlib.suppress(OSError):
+                Path(created).rmdir()  # only if empty: never recursive inside a root
+        holder.unlink(missing_ok=True)
+
+    def _reap_stale(self) -> None:
+        for holder in self._holders():
+            try:
+                data = json.loads(holder.read_text())
+                pid, started = int(data["pid"]), str(data["start"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pid, started = -1, ""
+            if pid > 0 and _start_time(pid) == started:
+                continue
+            log.warning("harness.slurm.stale_mounts", holder=holder.name, pid=pid)
+            self._release_holder(holder)
+
+    def _shared_file(self) -> Path:
+        return self.dir / "shared.json"
+
+    def acquire(self, private: Path) -> None:
+        """Mount the shared ones if needed and `private` at ROOT/`private`."""
+        with self._locked():
+            self._reap_stale()
+            if not self._holders():
+                mounted: list[str] = []
+                try:
+                    for name in self.SHARED:
+                        target = self.root / name
+                        if _is_mounted(target) or not Path(f"/{name}").exists():
+                            continue
+                        if name == "etc/hosts" and not target.exists():
+                            target.touch()  # a file mount point
+                        args = ["-t", "proc", "proc"] if name == "proc" else ["--bind", f"/{name}"]
+                        result = _run_tool("mount", *args, str(target))
+                        if result.returncode != 0:
+                            raise SlurmClusterError(
+                                f"mount {' '.join(args)} {target}: {result.stderr.strip()}"
+                            )
+                        mounted.append(str(target))
+                except BaseException:
+                    for done in reversed(mounted):
+                        _umount(Path(done))
+                    raise
+                self._shared_file().write_text(json.dumps({"mounted": mounted}))
+            point = self.root / private.relative_to("/")
+            created: list[str] = []
+            missing = [p for p in (point, *point.parents) if not p.exists()]
+            for directory in reversed(missing):
+                directory.mkdir()
+                created.append(str(directory))
+            holder = self.dir / f"holder-{uuid.uuid4().hex}.json"
+            data = {
+                "pid": os.getpid(),
+                "start": _start_time(os.getpid()),
+                "private": str(private),
+                "mount_point": str(point),
+                "created": created,
+            }
+            holder.write_text(json.dumps(data))
+            self.holder = holder
+            result = _run_tool("mount", "--bind", str(private), str(point))
+            if result.returncode != 0:
+                self._release_holder(holder)
+                self.holder = None
+                self._release_shared_if_unused()
+                raise SlurmClusterError(f"mount --bind {private} {point}: {result.stderr.strip()}")
+
+    def _release_shared_if_unused(self) -> None:
+        if self._holders():
+            return
+        try:
+            mounted = json.loads(self._shared_file().read_text()).get("mounted", [])
+        except (OSError, ValueError):
+            mounted = []
+        for done in reversed(mounted):
+            _umount(Path(done))
+        self._shared_file().unlink(missing_ok=True)
+
+    def release(self) -> None:
+        """Unmount this cluster's directory, and the shared ones if nobody else uses them."""
+        if self.holder is None:
+            return
+        with self._locked():
+            self._release_holder(self.holder)
+            self.holder = None
+            self._reap_stale()
+            self._release_shared_if_unused()
 
 
 def _free_ports(count: int) -> list[int]:
@@ -144,6 +459,8 @@ class SlurmCluster:
     hostlist (default: one partition `debug` with all nodes). `cpus` is per node.
     No GPUs: 22.05's slurmd reports 0 for count-only gpu GRES (no device files) and
     slurmctld then sets the node INVAL, so GPU accounting is covered by fixtures.
+    `version` picks the Slurm generation (`SLURM_VERSIONS`; None: the host's packages);
+    `rest_user` defaults to `nobody` on the host and `slurmrest` in a root.
     """
 
     def __init__(
@@ -154,7 +471,8 @@ class SlurmCluster:
         cpus: int = 2,
         slurmd_timeout: int = 5,
         return_to_service: int = 1,
-        rest_user: str = "nobody",
+        rest_user: str | None = None,
+        version: str | None = None,
         base_dir: Path | None = None,
         keep_dir: bool = False,
         start_timeout: float = 30.0,
@@ -167,7 +485,14 @@ class SlurmCluster:
         self.cpus = cpus
         self.slurmd_timeout = slurmd_timeout
         self.return_to_service = return_to_service
-        self.rest_user = rest_user
+        self._rest_user_arg = rest_user
+        self.rest_user = rest_user or "nobody"
+        self.version = version
+        self.runtime: SlurmRuntime | None = None
+        self.root: Path | None = None
+        self._users: dict[str, tuple[int, int]] = {}
+        self._mounts: _RootMounts | None = None
+        self.slurm_user = "root"
         self._base_dir_arg = base_dir
         self.keep_dir = keep_dir
         self.start_timeout = start_timeout
@@ -176,6 +501,7 @@ class SlurmCluster:
         self._started = False
         self.ctld_port = 0
         self.rest_port = 0
+        self.startup_seconds = 0.0
         self.node_ports: dict[str, int] = {}
         self.openapi_plugins: tuple[str, ...] = ()
         self.rest_version: str | None = None
@@ -209,14 +535,47 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """Environment for Slurm CLI tools against this cluster."""
+        """Environment for Slurm CLI tools against this cluster (with a root, PATH starts
+        with the wrapper scripts in `bin/`, which run the root's tools)."""
         env = {
             k: v
             for k, v in os.environ.items()
             if not k.startswith(("SLURM_", "SBATCH_", "SQUEUE_"))
         }
         env["SLURM_CONF"] = str(self.slurm_conf)
+        if self.root is not None:
+            env["PATH"] = f"{self.base / 'bin'}:{env.get('PATH', _ROOT_PATH)}"
         return env
+
+    @property
+    def scontrol_path(self) -> str:
+        """An `scontrol` for this cluster: the host's, or a wrapper that runs the root's
+        (for `SlurmActuator(scontrol=...)`; a 22.05 scontrol cannot talk to 24.11+)."""
+        if self.root is not None:
+            return str(self.base / "bin" / "scontrol")
+        return _which("scontrol") or "scontrol"
+
+    def _command(
+        self,
+        cmd: Sequence[str],
+        *,
+        user: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> tuple[list[str], dict[str, str]]:
+        """argv and environment to run `cmd` for this cluster: as it is on the host, or
+        `chroot [--userspec] ROOT env -i PATH=... SLURM_CONF=... cmd` for a root."""
+        if self.root is None:
+            env = self.env
+            env.update(extra_env or {})
+            return list(cmd), env
+        argv = ["chroot"]
+        if user is not None:
+            uid, gid = self._users[user]
+            argv += [f"--userspec={uid}:{gid}", f"--groups={gid}"]
+        argv += [str(self.root), "/usr/bin/env", "-i", "-C", str(self.base)]
+        argv += [f"PATH={_ROOT_PATH}", "HOME=/", "LC_ALL=C", f"SLURM_CONF={self.slurm_conf}"]
+        argv += [f"{k}={v}" for k, v in (extra_env or {}).items()]
+        return argv + list(cmd), {"PATH": os.environ.get("PATH", _ROOT_PATH)}
 
     def token(self, user: str = "root", lifespan: int = 3600) -> str:
         """A JWT slurmctld accepts for `user` (signed with this cluster's key)."""
@@ -225,11 +584,19 @@ class SlurmCluster:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> SlurmCluster:
-        ok, why = available()
-        if not ok:
-            raise SlurmClusterError(why)
         if self._started:
             return self
+        self.runtime = resolve_runtime(self.version)
+        self.root = self.runtime.root
+        if self.root is not None:
+            self._users = _passwd(self.root)
+            for user in ("munge", "slurmrest"):
+                if user not in self._users:
+                    raise SlurmClusterError(
+                        f"user {user!r} missing in {self.root}: rebuild it with "
+                        f"scripts/prepare-slurm-root.sh --force {self.runtime.suite}"
+                    )
+            self.rest_user = self._rest_user_arg or "slurmrest"
         started = time.monotonic()
         try:
             self._prepare()
@@ -248,13 +615,16 @@ class SlurmCluster:
                 raise SlurmClusterError(f"{error}\n{logs}") from error
             raise
         self._started = True
+        self.startup_seconds = time.monotonic() - started
         log.info(
             "harness.slurm.up",
             base=str(self.base),
             nodes=self.nodes_hostlist,
             rest=self.rest_url,
             version=self.rest_version,
-            seconds=round(time.monotonic() - started, 2),
+            slurm=self.slurm_version,
+            root=str(self.root) if self.root else None,
+            seconds=round(self.startup_seconds, 2),
         )
         return self
 
@@ -271,6 +641,9 @@ class SlurmCluster:
         self._stop_daemon("slurmctld")
         self._stop_daemon("munged")
         self._started = False
+        if self._mounts is not None:
+            self._mounts.release()
+            self._mounts = None
         if not self.keep_dir and self._base_dir_arg is None and self.base != Path("/nonexistent"):
             shutil.rmtree(self.base, ignore_errors=True)
 
@@ -366,10 +739,11 @@ class SlurmCluster:
 
     def run(self, *cmd: str, check: bool = True, timeout: float = 30.0) -> str:
         """Run a Slurm CLI tool against this cluster; stdout, or SlurmClusterError."""
+        argv, env = self._command(cmd)
         try:
             result = subprocess.run(
-                list(cmd),
-                env=self.env,
+                argv,
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -459,14 +833,44 @@ class SlurmCluster:
         ):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         (self.base / "jobs").chmod(0o1777)
-        self.slurm_user = "slurm" if _has_user("slurm") else "root"
+        if self.root is not None:
+            self.slurm_user = "slurm" if "slurm" in self._users else "root"
+        else:
+            self.slurm_user = "slurm" if _has_user("slurm") else "root"
         for sub in ("state", "log"):
-            shutil.chown(self.base / sub, self.slurm_user, self.slurm_user)
-        # slurmrestd creates its socket after setuid(nobody).
-        shutil.chown(self.base / "rest", self.rest_user)
+            self._chown(self.base / sub, self.slurm_user)
+        # slurmrestd creates its socket after setuid(rest_user).
+        self._chown(self.base / "rest", self.rest_user)
         ports = _free_ports(2 + len(self.node_names))
         self.ctld_port, self.rest_port = ports[0], ports[1]
         self.node_ports = dict(zip(self.node_names, ports[2:], strict=True))
+        if self.root is not None:
+            self._mounts = _RootMounts(self.root)
+            self._mounts.acquire(self.base)
+            self._write_wrappers()
+
+    def _chown(self, path: Path, user: str) -> None:
+        """chown to `user` as the daemons will see it (a root has its own uids)."""
+        if self.root is None:
+            entry = pwd.getpwnam(user)
+            uid, gid = entry.pw_uid, entry.pw_gid
+        else:
+            uid, gid = self._users[user]
+        os.chown(path, uid, gid)
+
+    def _write_wrappers(self) -> None:
+        """bin/scontrol, bin/sinfo ... run the root's tool against this cluster."""
+        assert self.root is not None
+        bin_dir = self.base / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        for tool in CLIENT_TOOLS:
+            argv, _ = self._command([tool])
+            line = " ".join(shlex.quote(part) for part in argv)
+            wrapper = bin_dir / tool
+            wrapper.write_text(
+                f'#!/bin/sh\n# {tool} of {self.root}, for this cluster\nexec {line} "$@"\n'
+            )
+            wrapper.chmod(0o755)
 
     def _start_munged(self) -> None:
         munge = self.base / "munge"
@@ -474,7 +878,7 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         for path in (munge, *munge.rglob("*")):
-            shutil.chown(path, "munge", "munge")
+            self._chown(path, "munge")
         (munge / "lib").chmod(0o700)
         (munge / "log").chmod(0o700)
         (munge / "run").chmod(0o755)
@@ -500,8 +904,12 @@ class SlurmCluster:
         jwt_key = self.jwt_key_path
         jwt_key.write_bytes(os.urandom(32))
         jwt_key.chmod(0o600)
-        shutil.chown(jwt_key, self.slurm_user, self.slurm_user)
+        self._chown(jwt_key, self.slurm_user)
         (etc / "plugstack.conf").write_text("")
+        if self.root is not None:
+            # slurmd 24.11+ in a root: "No filesystem mounted on /sys/fs/cgroup" otherwise
+            # (the root's /sys is a non-recursive bind of the host's).
+            (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         lines = [
             "# generated by sunkd.testbed.slurm - private single-host multi-slurmd cluster",
             "ClusterName=sunkd",
@@ -563,9 +971,10 @@ class SlurmCluster:
     def _detect_plugins(self) -> None:
         """`slurmrestd -s list`: 22.05 has openapi/v0.0.3x (+ dbv0.0.3x, which abort
         without slurmdbd); 23.11+ has openapi/slurmctld serving v0.0.40+."""
+        argv, env = self._command(["slurmrestd", "-u", self.rest_user, "-s", "list"])
         result = subprocess.run(
-            ["slurmrestd", "-u", self.rest_user, "-s", "list"],
-            env=self.env,
+            argv,
+            env=env,
             capture_output=True,
             text=True,
             timeout=30,
@@ -663,9 +1072,10 @@ class SlurmCluster:
         ctld = self._daemons.get("slurmctld")
         if ctld is None or ctld.process.poll() is not None:
             raise SlurmClusterError("slurmctld exited during start")
+        argv, env = self._command(["scontrol", "ping"])
         result = subprocess.run(
-            ["scontrol", "ping"],
-            env=self.env,
+            argv,
+            env=env,
             capture_output=True,
             text=True,
             timeout=15,
@@ -685,22 +1095,22 @@ class SlurmCluster:
         user: str | None = None,
         extra_env: Mapping[str, str] | None = None,
     ) -> None:
-        env = self.env
-        if extra_env:
-            env.update(extra_env)
+        argv, env = self._command(cmd, user=user, extra_env=extra_env)
+        # In a root, chroot --userspec switches users (the root's uids).
+        popen_user = user if self.root is None else None
         logfile: TextIO = open(self.base / "log" / f"{name}.stdout", "ab")  # type: ignore[assignment]
         try:
             process = subprocess.Popen(
-                list(cmd),
+                argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 cwd=self.base,
                 start_new_session=True,  # our signals to the test runner don't reach it
-                user=user,
-                group=user,
-                extra_groups=[] if user else None,
+                user=popen_user,
+                group=popen_user,
+                extra_groups=[] if popen_user else None,
             )
         finally:
             logfile.close()
@@ -804,6 +1214,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--nodes", default="node[1-4]")
     up.add_argument("--cpus", type=int, default=2)
     up.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "sunkd-slurm")
+    up.add_argument(
+        "--version",
+        choices=SLURM_VERSIONS,
+        default=None,
+        help="Slurm generation (default: the host's packages)",
+    )
     down = sub.add_parser("down", help="stop the cluster started by `up --dir D`")
     down.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "sunkd-slurm")
     args = parser.parse_args(argv)
@@ -820,7 +1236,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 return 0
             time.sleep(0.1)
         return 1
-    cluster = SlurmCluster(args.nodes, cpus=args.cpus, base_dir=args.dir, keep_dir=True)
+    cluster = SlurmCluster(
+        args.nodes, cpus=args.cpus, base_dir=args.dir, keep_dir=True, version=args.version
+    )
     stop = False
 
     def _on_signal(signum: int, frame: object) -> None:
@@ -838,6 +1256,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             f"export SUNKD_SLURM_UNIX_URL={cluster.rest_unix_url}\n"
             f"export SUNKD_SLURM_JWT_KEY_FILE={cluster.jwt_key_path}\n"
         )
+        if cluster.root is not None:  # the root's scontrol, sinfo ... first
+            env_text += f"export PATH={cluster.base / 'bin'}:$PATH\n"
         (args.dir / "env.sh").write_text(env_text)
         print(env_text, end="", flush=True)
         while not stop:

@@ -78,12 +78,46 @@ def pod_body(
     }
 
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 async def create_node(client: KubeClient, name: str, labels: dict[str, str] | None = None,
                       **kwargs: Any) -> dict[str, Any]:
+    """Create a Node and report its status. On the real API server the TaintNodesByCondition
+    admission plugin gives every new Node `node.kubernetes.io/not-ready:NoSchedule`, which
+    the node-lifecycle controller lifts once it sees Ready=True (within ~50 ms here), or
+    joins with `not-ready:NoExecute` when it sees Ready=False (within its monitor period):
+    this returns once the controller is done with the new Node, so a test's watch never
+    meets the controller's late writes."""
     body = node_body(name, labels, **kwargs)
+    return await create_node_object(client, body, ready=kwargs.get("ready", True))
+
+
+async def create_node_object(client: KubeClient, body: dict[str, Any], *,
+                             ready: bool = True) -> dict[str, Any]:
+    """`create_node` for a whole Node object (its status is written after the create)."""
+    name = body["metadata"]["name"]
     created = await client.create(NODES, body)
     # Node status is a subresource: a create may drop it, so write it the way the kubelet does.
-    await client.merge_patch(NODES, name, {"status": body["status"]}, subresource="status")
+    if body.get("status"):
+        await client.merge_patch(NODES, name, {"status": body["status"]}, subresource="status")
+
+    def taints(node: dict[str, Any]) -> set[tuple[str, str]]:
+        return {(str(t.get("key")), str(t.get("effect")))
+                for t in (node.get("spec") or {}).get("taints") or []}
+
+    if (NOT_READY_TAINT, "NoSchedule") not in taints(created):
+        return created  # no admission taint: the API emulator, nothing will follow
+    async with asyncio.timeout(20):
+        if ready:
+            while NOT_READY_TAINT in {key for key, _ in taints(created)}:
+                await asyncio.sleep(0.02)
+                created = await client.get(NODES, name)
+        else:
+            # A NotReady node also gets the NoExecute taint once the controller saw it.
+            while (NOT_READY_TAINT, "NoExecute") not in taints(created):
+                await asyncio.sleep(0.05)
+                created = await client.get(NODES, name)
     return created
 
 
@@ -131,7 +165,13 @@ def nodeset_body(namespace: str, name: str, *, node_selector: dict[str, str],
     }
 
 
+SERVICE_ACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True)
+
+
 async def ensure_namespace(client: KubeClient, namespace: str) -> None:
+    """Create the namespace (if needed). On a real API server also wait for its `default`
+    ServiceAccount: the ServiceAccount admission plugin refuses pods until the controller
+    made it (the emulator serves no ServiceAccounts and admits every pod)."""
     ns = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False)
     try:
         await client.create(ns, {"apiVersion": "v1", "kind": "Namespace",
@@ -139,6 +179,17 @@ async def ensure_namespace(client: KubeClient, namespace: str) -> None:
     except KubeApiError as error:
         if error.status != 409:
             raise
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                await client.get(SERVICE_ACCOUNTS, "default", namespace)
+                return
+            except KubeApiError as error:
+                if error.status != 404:
+                    raise
+                if error.reason != "NotFound" or not error.body.get("details"):
+                    return  # the server serves no ServiceAccounts at all (the emulator)
+            await asyncio.sleep(0.05)
 
 
 class ListSink:

@@ -22,7 +22,8 @@ SMP = "application/strategic-merge-patch+json"
 
 
 class Raw:
-    """Raw HTTP against the emulator; every call returns (status, decoded JSON body)."""
+    """Raw HTTP against the emulator (or a real API server); every call returns (status,
+    decoded JSON body), or the text itself when the body is not JSON."""
 
     def __init__(self, base: str, session: aiohttp.ClientSession) -> None:
         self.base = base
@@ -41,7 +42,12 @@ class Raw:
         async with self.session.request(method, self.base + path, data=data, headers=hdrs,
                                         params=params) as resp:
             text = await resp.text()
-            return resp.status, json.loads(text) if text else None
+            if not text:
+                return resp.status, None
+            try:
+                return resp.status, json.loads(text)
+            except ValueError:  # a plain-text answer ("404 page not found")
+                return resp.status, text
 
     async def get(self, path: str, **params: str) -> tuple[int, Any]:
         return await self.request("GET", path, params=params or None)

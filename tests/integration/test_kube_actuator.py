@@ -1,11 +1,15 @@
-"""Kubernetes actuator against the API emulator over HTTP: idempotency, 409 races on the atomic
-taints list, cordon ownership, eviction under a PodDisruptionBudget, Events on the Node."""
+"""Kubernetes actuator over HTTP, on both backends (the API emulator and the real
+kube-apiserver with its controllers; tests/integration/kube_backends.py): idempotency,
+409 races on the atomic taints list, cordon ownership, eviction under a PodDisruptionBudget
+whose status the (real or stand-in) disruption controller computes, Events on the Node.
+Injected 409s are emulator-only."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
-from collections.abc import AsyncIterator
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +20,15 @@ from sunkd.kubernetes.actuator import API_CALLS, KubernetesActuator
 from sunkd.kubernetes.client import EVENTS, NODES, PDBS, PODS, KubeApiError, KubeClient
 
 from ..conftest import require
+from .kube_backends import Kube
 from .kube_helpers import (
     create_node,
     create_pod,
     ensure_namespace,
     install_crd,
     nodeset_body,
-    running_emulator,
     set_pod_phase,
 )
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[tuple[Any, KubeClient]]:
-    async with running_emulator() as emulator:
-        client = KubeClient.for_url(emulator.url)
-        try:
-            yield emulator, client
-        finally:
-            await client.close()
 
 
 def taint_keys(node: dict[str, Any]) -> set[str]:
@@ -48,10 +42,8 @@ async def node_events(client: KubeClient, node: str) -> list[dict[str, Any]]:
     return items
 
 
-async def test_lock_unlock_idempotent_and_preserve_foreign_taints(
-    kube: tuple[Any, KubeClient],
-) -> None:
-    _, client = kube
+async def test_lock_unlock_idempotent_and_preserve_foreign_taints(kube: Kube) -> None:
+    client = kube.client
     await create_node(client, "n1")
     await client.merge_patch(NODES, "n1", {"spec": {"taints": [
         {"key": "example.com/gpu-broken", "effect": "NoExecute"}]}})
@@ -80,20 +72,21 @@ async def test_lock_unlock_idempotent_and_preserve_foreign_taints(
     assert event["reportingComponent"] == "sunkd.io/sunkd"
 
 
-async def test_missing_node_is_not_retryable(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_missing_node_is_not_retryable(kube: Kube) -> None:
+    client = kube.client
     with pytest.raises(ActionError) as caught:
         await KubernetesActuator(client).lock("nope")
     assert caught.value.retryable is False
 
 
-async def test_concurrent_taint_writers_lose_nothing(kube: tuple[Any, KubeClient]) -> None:
+async def test_concurrent_taint_writers_lose_nothing(kube: Kube) -> None:
     """Ten foreign controllers add their own taints with the same read-modify-write protocol
     while two sunkd actuators lock and unlock: every foreign taint survives and conflicts did
     happen (so the test exercised the 409 path)."""
-    emulator, client = kube
+    client = kube.client
     await create_node(client, "n1")
-    emulator.set_latency(0.01)  # widen the read-modify-write window
+    if kube.emulator is not None:
+        kube.emulator.set_latency(0.01)  # widen the read-modify-write window
     conflicts = 0
 
     async def foreign_writer(index: int) -> None:
@@ -111,7 +104,7 @@ async def test_concurrent_taint_writers_lose_nothing(kube: tuple[Any, KubeClient
                 assert error.status == 409
                 conflicts += 1
 
-    second_client = KubeClient.for_url(emulator.url)
+    second_client = await kube.new_client()
     try:
         a = KubernetesActuator(client, max_conflict_retries=50)
         b = KubernetesActuator(second_client, max_conflict_retries=50)
@@ -128,12 +121,13 @@ async def test_concurrent_taint_writers_lose_nothing(kube: tuple[Any, KubeClient
         assert taint_keys(node) == {f"example.com/t{i}" for i in range(15)}
         assert conflicts > 0
     finally:
-        emulator.set_latency(0)
-        await second_client.close()
+        if kube.emulator is not None:
+            kube.emulator.set_latency(0)
 
 
-async def test_injected_409_is_retried(kube: tuple[Any, KubeClient]) -> None:
-    emulator, client = kube
+@pytest.mark.emulator_only("an injected 409 on the next PATCH")
+async def test_injected_409_is_retried(kube: Kube) -> None:
+    emulator, client = kube.faults, kube.client
     await create_node(client, "n1")
     actuator = KubernetesActuator(client, max_conflict_retries=3)
     emulator.fail_next(2, 409, method="PATCH", path_contains="/nodes/n1")
@@ -141,8 +135,9 @@ async def test_injected_409_is_retried(kube: tuple[Any, KubeClient]) -> None:
     assert "sunkd.io/owner" in taint_keys(await client.get(NODES, "n1"))
 
 
-async def test_conflicts_exhausted_is_retryable(kube: tuple[Any, KubeClient]) -> None:
-    emulator, client = kube
+@pytest.mark.emulator_only("injected 409s on the next PATCHes")
+async def test_conflicts_exhausted_is_retryable(kube: Kube) -> None:
+    emulator, client = kube.faults, kube.client
     await create_node(client, "n1")
     actuator = KubernetesActuator(client, max_conflict_retries=2)
     emulator.fail_next(3, 409, method="PATCH", path_contains="/nodes/n1")
@@ -153,9 +148,9 @@ async def test_conflicts_exhausted_is_retryable(kube: tuple[Any, KubeClient]) ->
     assert await actuator.lock("n1") is True  # the outbox's retry later succeeds
 
 
-async def test_cordon_ownership(kube: tuple[Any, KubeClient]) -> None:
+async def test_cordon_ownership(kube: Kube) -> None:
     """sunkd's hold is its own taint; spec.unschedulable (a cordon) is never touched."""
-    _, client = kube
+    client = kube.client
     await create_node(client, "ours")
     await create_node(client, "theirs")
     actuator = KubernetesActuator(client)
@@ -181,13 +176,11 @@ async def test_cordon_ownership(kube: tuple[Any, KubeClient]) -> None:
     assert (await client.get(NODES, "theirs"))["spec"]["unschedulable"] is True
 
 
-async def test_s2_an_operator_cordon_after_uncordon_is_never_lifted(
-    kube: tuple[Any, KubeClient],
-) -> None:
+async def test_s2_an_operator_cordon_after_uncordon_is_never_lifted(kube: Kube) -> None:
     """Safety scenario 2 on the API: older sunkd marked its cordons with an annotation that
     `kubectl uncordon` leaves behind; a later human cordon then looked like sunkd's. Now the
     annotation proves nothing and sunkd never sets or clears spec.unschedulable."""
-    _, client = kube
+    client = kube.client
     await create_node(client, "op")
     actuator = KubernetesActuator(client)
     await client.merge_patch(NODES, "op", {
@@ -199,8 +192,8 @@ async def test_s2_an_operator_cordon_after_uncordon_is_never_lifted(
     assert "sunkd.io/cordoned-by" not in (node["metadata"].get("annotations") or {})
 
 
-async def test_annotate(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_annotate(kube: Kube) -> None:
+    client = kube.client
     await create_node(client, "n1")
     actuator = KubernetesActuator(client)
     values = {"sunkd.io/slurm-state": "IDLE", "sunkd.io/slurm-reason": "x"}
@@ -214,8 +207,23 @@ async def test_annotate(kube: tuple[Any, KubeClient]) -> None:
         await actuator.annotate("n1", {"example.com/x": "y"})
 
 
-async def test_evict_honours_pdb(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def pdb_status(client: KubeClient, namespace: str, name: str, allowed: int,
+                     within: float = 30.0) -> dict[str, Any]:
+    """The PDB's status once the disruption controller (real, or the emulator's stand-in)
+    has seen its current generation and allows `allowed` disruptions."""
+    deadline = time.monotonic() + within
+    while True:
+        pdb = await client.get(PDBS, name, namespace)
+        status = pdb.get("status") or {}
+        if status.get("observedGeneration") == pdb["metadata"].get("generation") and \
+                status.get("disruptionsAllowed") == allowed:
+            return dict(status)
+        assert time.monotonic() < deadline, f"PDB {name} status stays {status}"
+        await asyncio.sleep(0.05)
+
+
+async def test_evict_honours_pdb(kube: Kube) -> None:
+    client = kube.client
     await ensure_namespace(client, "ml")
     await create_node(client, "n1")
     ready = [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}]
@@ -228,11 +236,10 @@ async def test_evict_honours_pdb(kube: tuple[Any, KubeClient]) -> None:
         "metadata": {"name": "serve", "namespace": "ml"},
         "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "serve"}}},
     }
-    created = await client.create(PDBS, pdb, "ml")
-    status = {"observedGeneration": created["metadata"].get("generation", 1),
-              "disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2,
-              "expectedPods": 2}
-    await client.merge_patch(PDBS, "serve", {"status": status}, "ml", subresource="status")
+    await client.create(PDBS, pdb, "ml")
+    status = await pdb_status(client, "ml", "serve", allowed=0)
+    assert (status["currentHealthy"], status["desiredHealthy"], status["expectedPods"]) == (
+        2, 2, 2)
 
     actuator = KubernetesActuator(client)
     with pytest.raises(ActionError) as caught:
@@ -241,11 +248,9 @@ async def test_evict_honours_pdb(kube: tuple[Any, KubeClient]) -> None:
     assert "PDB" in str(caught.value)
     assert (await client.get(PODS, "serve-0", "ml"))["metadata"].get("deletionTimestamp") is None
 
-    # The budget is relaxed; the emulator (like the disruption controller) recomputes status.
+    # The budget is relaxed; the disruption controller recomputes its status.
     await client.merge_patch(PDBS, "serve", {"spec": {"minAvailable": 1}}, "ml")
-    await client.merge_patch(PDBS, "serve", {"status": {
-        "observedGeneration": 2, "disruptionsAllowed": 1, "currentHealthy": 2,
-        "desiredHealthy": 1, "expectedPods": 2}}, "ml", subresource="status")
+    await pdb_status(client, "ml", "serve", allowed=1)
     assert await actuator.evict("ml", "serve-0") is True
     assert await actuator.evict("ml", "serve-0") is False  # gone or terminating
     assert await actuator.evict("ml", "never-existed") is False
@@ -253,8 +258,8 @@ async def test_evict_honours_pdb(kube: tuple[Any, KubeClient]) -> None:
     assert "SunkdEvicted" in reasons
 
 
-async def test_nodeset_status(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_nodeset_status(kube: Kube) -> None:
+    client = kube.client
     rt = await install_crd(client)
     await ensure_namespace(client, "ml")
     await client.create(rt, nodeset_body("ml", "gpu", node_selector={"pool": "gpu"},
@@ -272,8 +277,8 @@ async def test_nodeset_status(kube: tuple[Any, KubeClient]) -> None:
     assert obj["metadata"].get("generation") == 1  # status writes never bump generation
 
 
-async def test_not_leader_does_not_act(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_not_leader_does_not_act(kube: Kube) -> None:
+    client = kube.client
     await create_node(client, "n1")
     actuator = KubernetesActuator(client, may_act=lambda: False)
     with pytest.raises(ActionError):
@@ -288,8 +293,8 @@ def test_api_calls_cover_the_verbs_used() -> None:
         assert needed in verbs
 
 
-async def test_repeated_event_bumps_count(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_repeated_event_bumps_count(kube: Kube) -> None:
+    client = kube.client
     await create_node(client, "n1")
     actuator = KubernetesActuator(client)
     assert await actuator.record_event("n1", "SunkdTest", "same words", "Warning")
@@ -300,19 +305,25 @@ async def test_repeated_event_bumps_count(kube: tuple[Any, KubeClient]) -> None:
 
 
 @pytest.mark.kubectl
-async def test_kubectl_describe_node_tells_the_story(
-    kube: tuple[Any, KubeClient], tmp_path: Path
-) -> None:
-    require(shutil.which("kubectl") is not None, "kubectl is not installed")
-    emulator, client = kube
+async def test_kubectl_describe_node_tells_the_story(kube: Kube, tmp_path: Path) -> None:
+    """`kubectl describe node` (the system kubectl 1.32 on the emulator, the built one on
+    the real server) shows sunkd's Events, its hold reason and its taint."""
+    if kube.plane is not None:
+        kubectl = str(kube.plane.binaries["kubectl"])
+    else:
+        found = shutil.which("kubectl")
+        require(found is not None, "kubectl is not installed")
+        kubectl = str(found)
+    client = kube.client
     await create_node(client, "n1")
     actuator = KubernetesActuator(client)
     await actuator.lock("n1")
     await actuator.cordon("n1", "lent to kubernetes [tx 42]")
-    config = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+    config = kube.write_kubeconfig(tmp_path / "kubeconfig")
     process = await asyncio.create_subprocess_exec(
-        "kubectl", "--kubeconfig", str(config), "describe", "node", "n1",
+        kubectl, "--kubeconfig", str(config), "describe", "node", "n1",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "KUBECACHEDIR": str(tmp_path / "cache")},
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     text = out.decode()

@@ -1,4 +1,5 @@
-"""Lease leader election (client-go semantics) against the API emulator over HTTP.
+"""Lease leader election (client-go semantics) over HTTP, on both backends (the API
+emulator and the real kube-apiserver; tests/integration/kube_backends.py).
 
 Expiry is judged on each candidate's local monotonic clock, so the tests drive a fake clock
 instead of sleeping through lease durations."""
@@ -15,7 +16,8 @@ import pytest
 from sunkd.kubernetes.client import LEASES, KubeClient
 from sunkd.kubernetes.lease import LeaseElector
 
-from .kube_helpers import ensure_namespace, running_emulator
+from .kube_backends import Kube
+from .kube_helpers import ensure_namespace
 
 MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -29,14 +31,9 @@ class FakeClock:
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[tuple[Any, KubeClient]]:
-    async with running_emulator() as emulator:
-        client = KubeClient.for_url(emulator.url)
-        await ensure_namespace(client, "sunkd")
-        try:
-            yield emulator, client
-        finally:
-            await client.close()
+async def leases(kube: Kube) -> AsyncIterator[Kube]:
+    await ensure_namespace(kube.client, "sunkd")
+    yield kube
 
 
 def candidate(client: KubeClient, identity: str, clock: FakeClock) -> LeaseElector:
@@ -44,8 +41,8 @@ def candidate(client: KubeClient, identity: str, clock: FakeClock) -> LeaseElect
                         lease_duration=15, renew_deadline=10, retry_period=2, clock=clock)
 
 
-async def test_two_candidates_one_leader(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_two_candidates_one_leader(leases: Kube) -> None:
+    client = leases.client
     clock = FakeClock()
     a, b = candidate(client, "a", clock), candidate(client, "b", clock)
     results = await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew())
@@ -64,9 +61,9 @@ async def test_two_candidates_one_leader(kube: tuple[Any, KubeClient]) -> None:
 
 
 async def test_takeover_after_expiry_increments_transitions(
-    kube: tuple[Any, KubeClient],
+    leases: Kube,
 ) -> None:
-    _, client = kube
+    client = leases.client
     clock = FakeClock()
     a, b = candidate(client, "a", clock), candidate(client, "b", clock)
     assert await a.acquire()
@@ -84,8 +81,8 @@ async def test_takeover_after_expiry_increments_transitions(
     assert a.observed_holder == "b" and not a.is_leader()
 
 
-async def test_renewals_keep_followers_out(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_renewals_keep_followers_out(leases: Kube) -> None:
+    client = leases.client
     clock = FakeClock()
     a, b = candidate(client, "a", clock), candidate(client, "b", clock)
     assert await a.acquire()
@@ -97,8 +94,8 @@ async def test_renewals_keep_followers_out(kube: tuple[Any, KubeClient]) -> None
     assert spec["holderIdentity"] == "a" and spec["leaseTransitions"] == 0
 
 
-async def test_release_hands_over_at_once(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_release_hands_over_at_once(leases: Kube) -> None:
+    client = leases.client
     clock = FakeClock()
     a, b = candidate(client, "a", clock), candidate(client, "b", clock)
     assert await a.acquire()
@@ -109,8 +106,8 @@ async def test_release_hands_over_at_once(kube: tuple[Any, KubeClient]) -> None:
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
 
 
-async def test_run_loop_leads_then_releases(kube: tuple[Any, KubeClient]) -> None:
-    _, client = kube
+async def test_run_loop_leads_then_releases(leases: Kube) -> None:
+    client = leases.client
     elector = LeaseElector(client, namespace="sunkd", name="run-lease", identity="solo",
                            lease_duration=3, renew_deadline=2, retry_period=1)
     started, stopped = asyncio.Event(), asyncio.Event()
@@ -132,8 +129,9 @@ async def test_run_loop_leads_then_releases(kube: tuple[Any, KubeClient]) -> Non
     assert spec["holderIdentity"] in ("", None)  # released
 
 
-async def test_server_errors_do_not_crown_anyone(kube: tuple[Any, KubeClient]) -> None:
-    emulator, client = kube
+@pytest.mark.emulator_only("500s on the next requests")
+async def test_server_errors_do_not_crown_anyone(leases: Kube) -> None:
+    emulator, client = leases.faults, leases.client
     clock = FakeClock()
     a = candidate(client, "a", clock)
     emulator.fail_next(3, 500)
@@ -148,10 +146,10 @@ def test_parameters_validated() -> None:
                      lease_duration=5, renew_deadline=6, retry_period=1)
 
 
-async def test_two_running_candidates_hand_over_on_stop(kube: tuple[Any, KubeClient]) -> None:
+async def test_two_running_candidates_hand_over_on_stop(leases: Kube) -> None:
     """Real clocks: two `run()` loops; never two leaders at once; stopping the leader releases
     the lease and the other takes over without waiting for expiry."""
-    _, client = kube
+    client = leases.client
     leading: set[str] = set()
     overlaps = 0
     started = {"a": asyncio.Event(), "b": asyncio.Event()}

@@ -1,10 +1,13 @@
-"""KubernetesSource against the API emulator: the observation events it emits, only on change,
-seeded from earlier payloads."""
+"""KubernetesSource over HTTP, on both backends (the API emulator and the real
+kube-apiserver; tests/integration/kube_backends.py): the observation events it emits, only
+on change, seeded from earlier payloads; stale and fresh again when the API server fails
+(injected 500s on the emulator, a proxy refusing connections on the real server)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +21,6 @@ from sunkd.domain.events import (
     Label,
     OwnershipSpec,
     PendingPod,
-    PodRef,
     SourceHealth,
     Taint,
 )
@@ -26,6 +28,7 @@ from sunkd.kubernetes.actuator import KubernetesActuator
 from sunkd.kubernetes.client import NODES, PODS, KubeClient, ResourceType
 from sunkd.kubernetes.source import KubernetesSource
 
+from .kube_backends import Kube, proxied_client
 from .kube_helpers import (
     ListSink,
     create_node,
@@ -35,44 +38,44 @@ from .kube_helpers import (
     install_crd,
     mark_unschedulable,
     nodeset_body,
-    running_emulator,
     set_pod_phase,
 )
 
 
 class Cluster:
-    def __init__(self, emulator: Any, client: KubeClient, rt: ResourceType) -> None:
-        self.emulator = emulator
+    def __init__(self, kube: Kube, client: KubeClient, rt: ResourceType) -> None:
+        self.kube = kube
         self.client = client
         self.rt = rt
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    async with running_emulator() as emulator:
-        client = KubeClient.for_url(emulator.url)
-        try:
-            rt = await install_crd(client)
-            await ensure_namespace(client, "ml")
-            await client.create(rt, nodeset_body(
-                "ml", "gpu", node_selector={"pool": "gpu"}, workload_selector={"app": "serve"},
-                partitions=["gpu"], node_name_label="slurm.example/name", group=rt.group,
-                version=rt.version, ownership={"mode": "Auto", "minSlurm": 1}), "ml")
-            await create_node(client, "k-gpu-1", {"pool": "gpu", "slurm.example/name": "gpu1"},
-                              cpu="16", memory="64Gi", gpus="4")
-            await create_node(client, "k-gpu-2", {"pool": "gpu"}, ready=False)
-            await create_node(client, "k-cpu-1", {"pool": "cpu",
-                                                  "sunkd.io/slurm-node-name": "cpu1"})
-            await create_pod(client, "ml", "serve-a", {"app": "serve"}, node="k-gpu-1",
-                             phase="Running")
-            await create_pod(client, "ml", "other", {"app": "other"}, node="k-gpu-1",
-                             phase="Running")
-            await create_pod(client, "ml", "serve-pending", {"app": "serve"}, cpu="2",
-                             memory="4Gi")
-            await mark_unschedulable(client, "ml", "serve-pending")
-            yield Cluster(emulator, client, rt)
-        finally:
-            await client.close()
+async def cluster(kube: Kube) -> AsyncIterator[Cluster]:
+    client = kube.client
+    rt = await install_crd(client)
+    await ensure_namespace(client, "ml")
+    await client.create(rt, nodeset_body(
+        "ml", "gpu", node_selector={"pool": "gpu"}, workload_selector={"app": "serve"},
+        partitions=["gpu"], node_name_label="slurm.example/name", group=rt.group,
+        version=rt.version, ownership={"mode": "Auto", "minSlurm": 1}), "ml")
+    await create_node(client, "k-gpu-1", {"pool": "gpu", "slurm.example/name": "gpu1"},
+                      cpu="16", memory="64Gi", gpus="4")
+    await create_node(client, "k-gpu-2", {"pool": "gpu"}, ready=False)
+    await create_node(client, "k-cpu-1", {"pool": "cpu",
+                                          "sunkd.io/slurm-node-name": "cpu1"})
+    await create_pod(client, "ml", "serve-a", {"app": "serve"}, node="k-gpu-1",
+                     phase="Running")
+    await create_pod(client, "ml", "other", {"app": "other"}, node="k-gpu-1",
+                     phase="Running")
+    await create_pod(client, "ml", "serve-pending", {"app": "serve"}, cpu="2",
+                     memory="4Gi")
+    await mark_unschedulable(client, "ml", "serve-pending")
+    yield Cluster(kube, client, rt)
+
+
+def pods(workload: K8sWorkloadObserved) -> tuple[tuple[str, str, bool], ...]:
+    assert all(ref.namespace == "ml" for ref in workload.pods)
+    return tuple((ref.name, ref.phase, ref.pool_pod) for ref in workload.pods)
 
 
 async def start(cluster: Cluster, sink: ListSink, **kwargs: Any) -> tuple[
@@ -112,10 +115,14 @@ async def test_initial_observations(cluster: Cluster) -> None:
         assert nodes["k-gpu-2"].ready is False and nodes["k-gpu-2"].slurm_node == "k-gpu-2"
         assert nodes["k-cpu-1"].slurm_node == "cpu1"  # sunkd.io/slurm-node-name
 
-        workloads = [p for p in sink.payloads(K8sWorkloadObserved)]
-        assert workloads == [K8sWorkloadObserved(
-            node="k-gpu-1", pool="ml/gpu", pods=(PodRef("ml", "serve-a", "Running"),)),
-            K8sWorkloadObserved(node="k-gpu-2", pool="ml/gpu", pods=())]
+        # Every non-DaemonSet pod on a pool node, with its uid; pool_pod marks the pool's.
+        workloads = [(p.node, p.pool, pods(p)) for p in sink.payloads(K8sWorkloadObserved)
+                     if isinstance(p, K8sWorkloadObserved)]
+        assert workloads == [
+            ("k-gpu-1", "ml/gpu", (("other", "Running", False), ("serve-a", "Running", True))),
+            ("k-gpu-2", "ml/gpu", ())]
+        assert all(ref.uid for p in sink.payloads(K8sWorkloadObserved)
+                   if isinstance(p, K8sWorkloadObserved) for ref in p.pods)
         assert sink.payloads(K8sDemandObserved) == [K8sDemandObserved(
             pool="ml/gpu", pending=(PendingPod("ml", "serve-pending", 2000, 4 * 2**30, 0),))]
         nodesets = sink.payloads(K8sNodesetObserved)
@@ -162,7 +169,7 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
         assert sink.payloads(K8sDemandObserved)[-1] == K8sDemandObserved(pool="ml/gpu")
         last_workload = [p for p in sink.payloads(K8sWorkloadObserved)
                          if isinstance(p, K8sWorkloadObserved) and p.node == "k-gpu-2"][-1]
-        assert last_workload.pods == (PodRef("ml", "serve-b", "Running"),)
+        assert pods(last_workload) == (("serve-b", "Running", True),)
 
         await set_pod_phase(client, "ml", "serve-a", "Succeeded")
         await client.delete(NODES, "k-cpu-1")
@@ -170,7 +177,7 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
         assert K8sNodeVanished(node="k-cpu-1") in sink.payloads(K8sNodeVanished)
         gpu1 = [p for p in sink.payloads(K8sWorkloadObserved)
                 if isinstance(p, K8sWorkloadObserved) and p.node == "k-gpu-1"][-1]
-        assert gpu1.pods == (PodRef("ml", "serve-a", "Succeeded"),)
+        assert pods(gpu1) == (("other", "Running", False), ("serve-a", "Succeeded", True))
 
         await client.delete(cluster.rt, "gpu", "ml")
         await settle(source)
@@ -209,20 +216,45 @@ async def test_restart_with_seed_emits_nothing_new(cluster: Cluster) -> None:
             await stop_source(stop2, task2)
 
 
-async def test_health_goes_stale_then_fresh(cluster: Cluster) -> None:
+async def test_health_goes_stale_then_fresh(cluster: Cluster, tmp_path: Path) -> None:
+    """The API server fails for a while: the source goes stale, then fresh again. On the
+    emulator, 500s on the next requests; on the real server, a proxy in front of it cuts
+    every connection and refuses new ones for a second."""
     sink = ListSink()
-    _source, stop, task = await start(cluster, sink)
-    try:
-        cluster.emulator.fail_next(6, 500)
-        cluster.emulator.drop_watches()
-        await sink.wait_for(lambda s: any(
-            isinstance(p, SourceHealth) and p.status == "stale" for p in s.payloads()), 15)
-        await sink.wait_for(lambda s: s.payloads(SourceHealth)[-1].status == "fresh", 15)
-        stale = [p for p in sink.payloads(SourceHealth)
-                 if isinstance(p, SourceHealth) and p.status == "stale"]
-        assert stale[0].cause == "server_error"
-    finally:
-        await stop_source(stop, task)
+    if cluster.kube.emulator is not None:
+        _source, stop, task = await start(cluster, sink)
+        try:
+            cluster.kube.emulator.fail_next(6, 500)
+            cluster.kube.emulator.drop_watches()
+            await sink.wait_for(lambda s: any(
+                isinstance(p, SourceHealth) and p.status == "stale" for p in s.payloads()), 15)
+            await sink.wait_for(lambda s: s.payloads(SourceHealth)[-1].status == "fresh", 15)
+        finally:
+            await stop_source(stop, task)
+        expected_cause = "server_error"
+    else:
+        async with proxied_client(cluster.kube, tmp_path) as (proxy, client):
+            source = KubernetesSource(client, sink, nodeset_resource=cluster.rt)
+            for lw in source.watches.values():
+                lw.backoff.initial, lw.backoff.maximum = 0.05, 0.2
+            stop = asyncio.Event()
+            task = asyncio.create_task(source.run(stop))
+            try:
+                await source.wait_synced(10)
+                await source.wait_idle(10)
+                assert proxy.cut(refuse=True) >= 3  # the three watches (and more)
+                await sink.wait_for(lambda s: any(
+                    isinstance(p, SourceHealth) and p.status == "stale"
+                    for p in s.payloads()), 15)
+                proxy.resume()
+                await sink.wait_for(
+                    lambda s: s.payloads(SourceHealth)[-1].status == "fresh", 15)
+            finally:
+                await stop_source(stop, task)
+        expected_cause = "connection"
+    stale = [p for p in sink.payloads(SourceHealth)
+             if isinstance(p, SourceHealth) and p.status == "stale"]
+    assert stale[0].cause == expected_cause
 
 
 async def test_unreachable_api_goes_lost() -> None:

@@ -1,27 +1,65 @@
-"""Kubernetes API emulator: CustomResourceDefinitions and the Nodeset CRD.
+"""CustomResourceDefinitions and the Nodeset CRD, on both backends (the API emulator and
+the real kube-apiserver; tests/integration/kube_backends.py), over raw HTTP.
 
-A CRD created over HTTP is served at once (discovery, OpenAPI, Table columns); custom
-resources get generation, structural defaults, pruning, schema validation, the status
-subresource rules, and 422 for PUT without resourceVersion.
+A CRD created over HTTP is served (discovery, OpenAPI, Table columns); custom resources
+get generation, structural defaults, pruning, schema validation, the status subresource
+rules, and 422 for PUT without resourceVersion. The real server establishes a CRD and
+publishes its OpenAPI asynchronously (the emulator at once), so the tests wait for both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from tests.integration.kube_backends import Kube
 from tests.integration.kubeapi_support import MERGE, Raw
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "manifests" / "crds" / "nodeset.yaml").read_text())
 EXAMPLE = [d for d in yaml.safe_load_all((ROOT / "manifests" / "examples" / "nodeset.yaml")
                                          .read_text()) if d]
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 BASE = "/apis/sunkd.io/v1alpha1/namespaces/default/nodesets"
 TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
+
+
+async def until(what: str, check: Any, within: float = 30.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        value = await check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def crd_gone(raw: Raw) -> None:
+    """Delete the CRD (if any) and wait until it and its endpoint are gone: on the real
+    server a CRD being deleted keeps a finalizer while its resources are removed."""
+    await raw.delete(f"{CRDS}/nodesets.sunkd.io")
+
+    async def gone() -> bool:
+        return (await raw.get(f"{CRDS}/nodesets.sunkd.io"))[0] == 404 and \
+            (await raw.get(BASE))[0] == 404
+
+    await until("the CRD gone", gone)
+
+
+@pytest.fixture
+async def raw(kube: Kube) -> AsyncIterator[Raw]:
+    """Raw HTTP on the backend. On the real server the CRD outlives a test (establishing
+    one takes it ~2 s; the backend's reset empties it); a test that needs it absent says so
+    with `crd_gone`."""
+    async with kube.raw() as client:
+        yield client
 
 
 def nodeset(name: str = "gpu-a", **spec: Any) -> dict[str, Any]:
@@ -31,15 +69,29 @@ def nodeset(name: str = "gpu-a", **spec: Any) -> dict[str, Any]:
             "metadata": {"name": name}, "spec": body}
 
 
-async def install(raw: Raw) -> None:
-    status, crd = await raw.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", CRD)
+async def install(raw: Raw) -> dict[str, Any]:
+    """Create the CRD (unless an earlier test on this server did) and wait until it is
+    Established and its endpoint answers."""
+    status, crd = await raw.post(CRDS, CRD)
+    assert status in (201, 409), crd
+
+    async def established() -> dict[str, Any] | None:
+        _, got = await raw.get(f"{CRDS}/nodesets.sunkd.io")
+        conditions = {c["type"]: c["status"] for c in got.get("status", {}).get("conditions")
+                      or []}
+        served = (await raw.get(BASE))[0] == 200
+        return got if conditions.get("Established") == "True" and served else None
+
+    established_crd: dict[str, Any] = await until("the CRD established", established)
+    return established_crd
+
+
+async def test_crd_is_served(raw: Raw) -> None:
+    await crd_gone(raw)
+    status, body = await raw.get(BASE)
+    assert (status, body) == (404, "404 page not found\n")  # Go's mux, not a Status
+    status, crd = await raw.post(CRDS, CRD)
     assert status == 201, crd
-    assert {c["type"]: c["status"] for c in crd["status"]["conditions"]}["Established"] == "True"
-
-
-async def test_crd_is_served_at_once(raw: Raw) -> None:
-    status, _ = await raw.get(BASE)
-    assert status == 404
     await install(raw)
     status, body = await raw.get(BASE)
     assert status == 200 and body["kind"] == "NodesetList" and body["items"] == []
@@ -56,8 +108,12 @@ async def test_crd_is_served_at_once(raw: Raw) -> None:
     assert resource["responseKind"] == {"group": "sunkd.io", "version": "v1alpha1",
                                         "kind": "Nodeset"}
     assert resource["subresources"][0]["subresource"] == "status"
-    _, index = await raw.get("/openapi/v3")
-    assert "apis/sunkd.io/v1alpha1" in index["paths"]
+
+    async def published() -> bool:
+        _, index = await raw.get("/openapi/v3")
+        return "apis/sunkd.io/v1alpha1" in index["paths"]
+
+    await until("the CRD's OpenAPI document", published)
 
 
 async def test_create_applies_defaults_and_drops_status(raw: Raw) -> None:
@@ -83,9 +139,14 @@ async def test_schema_validation_and_pruning(raw: Raw) -> None:
     status, body = await raw.post(BASE, nodeset(ownership={"mode": "Sometimes",
                                                            "maxInFlight": 0}))
     assert status == 422 and body["reason"] == "Invalid"
-    fields = {c["field"] for c in body["details"]["causes"]}
-    assert fields == {"spec.ownership.mode", "spec.ownership.maxInFlight"}
-    assert 'Unsupported value: "Sometimes"' in body["message"]
+    causes = {c["field"]: c["message"] for c in body["details"]["causes"]}
+    assert causes == {  # in either order: the real server's varies
+        "spec.ownership.mode":
+            'Unsupported value: "Sometimes": supported values: "Auto", "Slurm", "Kubernetes"',
+        "spec.ownership.maxInFlight": "Invalid value: 0: spec.ownership.maxInFlight in body "
+                                      "should be greater than or equal to 1"}
+    assert body["message"].startswith('Nodeset.sunkd.io "gpu-a" is invalid: [')
+    assert 'spec.ownership.mode: Unsupported value: "Sometimes"' in body["message"]
     status, body = await raw.post(BASE, {"apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset",
                                          "metadata": {"name": "x"}, "spec": {}})
     assert status == 422 and body["details"]["causes"][0]["field"] == "spec.slurm"
@@ -93,12 +154,14 @@ async def test_schema_validation_and_pruning(raw: Raw) -> None:
     unknown = nodeset("u", bogus=1)
     status, body = await raw.request("POST", BASE, unknown,
                                      params={"fieldValidation": "Strict"})
-    assert status == 400 and 'unknown field "spec.bogus"' in body["message"]
+    assert (status, body["message"]) == (400, 'Nodeset in version "v1alpha1" cannot be '
+                                         'handled as a Nodeset: strict decoding error: '
+                                         'unknown field "spec.bogus"')
     status, obj = await raw.post(BASE, unknown)
     assert status == 201 and "bogus" not in obj["spec"]
 
 
-async def test_status_subresource_and_generation(api: KubeAPIEmulator, raw: Raw) -> None:
+async def test_status_subresource_and_generation(raw: Raw) -> None:
     await install(raw)
     _, obj = await raw.post(BASE, nodeset())
     path = f"{BASE}/gpu-a"
@@ -127,8 +190,8 @@ async def test_status_subresource_and_generation(api: KubeAPIEmulator, raw: Raw)
     row = table["rows"][0]["cells"]
     assert row[:5] == ["gpu-a", 3, 1, None, None]
     assert row[-1].endswith("s")  # Age as a human duration, not a timestamp
-    # In-process reads see the same state.
-    assert api.get("nodesets", "gpu-a", "default")["metadata"]["generation"] == 2
+    _, again = await raw.get(path)
+    assert again["metadata"]["generation"] == 2
 
 
 async def test_custom_resource_put_needs_resource_version(raw: Raw) -> None:
@@ -138,30 +201,40 @@ async def test_custom_resource_put_needs_resource_version(raw: Raw) -> None:
     obj["metadata"].pop("resourceVersion")
     status, body = await raw.put(f"{BASE}/gpu-a", obj)
     assert status == 422
-    assert "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update" in \
-        body["message"]
+    assert body["message"] == ('nodesets.sunkd.io "gpu-a" is invalid: metadata.resourceVersion: '
+                               "Invalid value: 0: must be specified for an update")
     await raw.patch(f"{BASE}/gpu-a", {"metadata": {"labels": {"a": "b"}}})
     status, body = await raw.put(f"{BASE}/gpu-a", stale)
     assert status == 409
 
 
-async def test_example_manifest_is_valid(api: KubeAPIEmulator) -> None:
-    api.create(CRD)
+async def test_example_manifest_is_valid(raw: Raw) -> None:
+    await install(raw)
     for doc in EXAMPLE:
-        api.create(doc, keep_status=False)
-    got = api.get("nds", "gpu-a", "sunkd")
+        if doc["kind"] == "Namespace":
+            status, body = await raw.post("/api/v1/namespaces", doc)
+            assert status in (201, 409), body
+        else:
+            namespace = doc["metadata"]["namespace"]
+            status, body = await raw.post(
+                f"/apis/sunkd.io/v1alpha1/namespaces/{namespace}/nodesets", doc)
+            assert status == 201, body
+    _, got = await raw.get("/apis/sunkd.io/v1alpha1/namespaces/sunkd/nodesets/gpu-a")
     assert got["spec"]["ownership"]["minSlurm"] == 2
     assert got["spec"]["ownership"]["dwellSeconds"] == 300
 
 
-async def test_deleting_the_crd_removes_the_resources(api: KubeAPIEmulator, raw: Raw) -> None:
+async def test_deleting_the_crd_removes_the_resources(raw: Raw) -> None:
     await install(raw)
-    await raw.post(BASE, nodeset())
-    status, _ = await raw.delete(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/nodesets.sunkd.io")
+    assert (await raw.post(BASE, nodeset()))[0] == 201
+    status, _ = await raw.delete(f"{CRDS}/nodesets.sunkd.io")
     assert status == 200
-    status, _ = await raw.get(BASE)
-    assert status == 404
+
+    async def gone() -> bool:  # the real server first removes every custom resource
+        return (await raw.get(BASE))[0] == 404 and \
+            (await raw.get(f"{CRDS}/nodesets.sunkd.io"))[0] == 404
+
+    await until("the CRD and its resources gone", gone)
     await install(raw)
     _, body = await raw.get(BASE)
     assert body["items"] == []

@@ -1,5 +1,6 @@
 """The Slurm poller against a real cluster: change-only events, seeding, demand,
-health (auth, controller down and recovery), the resume flap."""
+health (auth, controller down and recovery), the resume flap. Once per Slurm generation
+(`slurm_version`, tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,24 @@ from sunkd.slurm.auth import mint_jwt
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.source import SlurmSource
 from sunkd.testbed.slurm import SlurmCluster
-from tests.integration.slurm_helpers import jwt_client, start_cluster, wait_node
+from tests.integration.slurm_helpers import (
+    DOUBLE_ANSWER_VERSIONS,
+    jwt_client,
+    start_cluster,
+    wait_node,
+    xfail_double_answer,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[SlurmCluster]:
+def cluster(slurm_version: str) -> Iterator[SlurmCluster]:
     yield from start_cluster(
-        "ss[1-3]", partitions={"batch": "ss[1-2]", "other": "ss3"}, slurmd_timeout=5
+        "ss[1-3]",
+        partitions={"batch": "ss[1-2]", "other": "ss3"},
+        slurmd_timeout=5,
+        version=slurm_version,
     )
 
 
@@ -181,7 +191,10 @@ async def test_resume_flap_is_not_reported(cluster: SlurmCluster, client: SlurmR
     assert reported[-1].flags == () and reported[-1].state == "IDLE"
 
 
-async def test_auth_failure_is_stale_then_lost(cluster: SlurmCluster) -> None:
+async def test_auth_failure_is_stale_then_lost(
+    cluster: SlurmCluster, slurm_version: str, request: pytest.FixtureRequest
+) -> None:
+    xfail_double_answer(request, slurm_version)
     bad = SlurmRestClient(cluster.rest_url, token=mint_jwt(os.urandom(32), "root"))
     try:
         sink = Sink()
@@ -200,7 +213,9 @@ async def test_auth_failure_is_stale_then_lost(cluster: SlurmCluster) -> None:
 
 
 async def test_controller_down_goes_stale_and_recovers(
-    cluster: SlurmCluster, client: SlurmRestClient
+    cluster: SlurmCluster,
+    client: SlurmRestClient,
+    slurm_version: str,
 ) -> None:
     sink = Sink()
     source = SlurmSource(client, sink, partitions=("batch",))
@@ -209,12 +224,17 @@ async def test_controller_down_goes_stale_and_recovers(
     cluster.stop_slurmctld()
     try:
         started = time.monotonic()
-        events = await source.poll_once()  # slurmrestd blocks ~9 s, then 500
+        events = await source.poll_once()  # slurmrestd blocks ~9 s, then 500 (24.11+: 502)
         assert time.monotonic() - started < 20
         assert len(events) == 1
         health = events[0].payload
         assert isinstance(health, SourceHealth)
-        assert (health.status, health.cause) == ("stale", "controller_down"), health
+        assert health.status == "stale", health
+        if slurm_version not in DOUBLE_ANSWER_VERSIONS:
+            assert health.cause == "controller_down", health
+        # else: 26.05.5 doubles its 502, read as a malformed answer; the cause mapping is
+        # the strict xfail tests/unit/test_slurm_live_fixtures.py::
+        # test_client_maps_the_live_error_answers[v0.0.45-nodes_controller_down].
         assert dict(source.nodes) == before  # last good state stands
     finally:
         await asyncio.to_thread(cluster.start_slurmctld)

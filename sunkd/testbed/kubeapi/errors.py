@@ -98,9 +98,12 @@ def conflict(resource: str, group: str, name: str, why: str | None = None) -> Ku
 
 
 def invalid(
-    kind: str, group: str, name: str, causes: list[tuple[str, str, str]]
+    kind: str, group: str, name: str, causes: list[tuple[str, str, str]],
+    *, qualified_as: str | None = None,
 ) -> KubeAPIError:
-    """422 Invalid; `causes` are (reason, field, message) like field.ErrorList."""
+    """422 Invalid; `causes` are (reason, field, message) like field.ErrorList. The message
+    names the object as `Kind.group`, or as `qualified_as` (an update's resourceVersion
+    check names the resource: `nodesets.sunkd.io "x" is invalid`)."""
     rendered = ", ".join(f"{field}: {message}" for _, field, message in causes)
     if len(causes) > 1:
         rendered = "[" + rendered + "]"
@@ -108,15 +111,15 @@ def invalid(
         "name": name,
         "kind": kind,
         "causes": [
-            {"reason": reason, "message": f"{field}: {message}" if field else message,
-             "field": field}
+            # StatusCause.message is the error without its field (field.Error.ErrorBody).
+            {"reason": reason, "message": message, "field": field}
             for reason, field, message in causes
         ],
     }
     if group:
         details["group"] = group
-    return KubeAPIError(422, "Invalid", f'{kind}.{group} "{name}" is invalid: {rendered}'
-                        if group else f'{kind} "{name}" is invalid: {rendered}', details)
+    subject = qualified_as or (f"{kind}.{group}" if group else kind)
+    return KubeAPIError(422, "Invalid", f'{subject} "{name}" is invalid: {rendered}', details)
 
 
 def bad_request(message: str) -> KubeAPIError:
@@ -136,6 +139,21 @@ def unsupported_media_type(content_type: str) -> KubeAPIError:
         "UnsupportedMediaType",
         "the body of the request was in an unknown format - accepted media types include: "
         "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        {},
+    )
+
+
+def unsupported_body(content_type: str) -> KubeAPIError:
+    """415 for a create/update body the emulator cannot decode. The real server's text
+    (apimachinery's NewUnsupportedMediaTypeError) lists what it accepts, protobuf included;
+    the emulator lists what it accepts: it has no protobuf codec, so kubectl's typed clients
+    (`kubectl create namespace`, which sends protobuf) get this instead of a 201."""
+    note = " (the sunkd API emulator has no protobuf codec)" if "protobuf" in content_type else ""
+    return KubeAPIError(
+        415,
+        "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media types include: "
+        f"application/json, application/yaml{note}",
         {},
     )
 

@@ -1,11 +1,11 @@
 """HTTP side of the Kubernetes API emulator (aiohttp) and its public `KubeAPIEmulator`.
 
-No kube-apiserver can run on the machines sunkd is developed and tested on, so sunkd's
-Kubernetes side is exercised against this emulator: an in-process aiohttp server that
-reproduces the wire protocol and the semantics sunkd and kubectl depend on (see
-`docs/kubernetes.md`, "API emulator"). It is an emulator, not a Kubernetes API server:
-no authn/authz, admission, managedFields, protobuf, or controllers beyond the few
-stand-ins documented there.
+An in-process aiohttp server that reproduces the wire protocol and the semantics sunkd
+and kubectl depend on (see `docs/kubernetes.md`, "API emulator"). It is an emulator, not a
+Kubernetes API server: no authn/authz, admission, managedFields, protobuf (a protobuf body
+is an honest 415), or controllers beyond the few stand-ins documented there. The contract
+suite runs against it and against the real kube-apiserver (sunkd.testbed.kubernetes); the
+differences found are listed in docs/kubernetes.md, "Emulator vs the real API server".
 """
 
 from __future__ import annotations
@@ -49,6 +49,18 @@ VERSION_INFO: JSON = {
     "platform": "linux/amd64",
 }
 TABLE_CT = "application/json;as=Table;v=v1;g=meta.k8s.io"
+# What a create/update body may be: JSON (also when no type is given, as the real server
+# assumes) or YAML. Patches have their own types; the store checks those per resource.
+BODY_TYPES = frozenset({"", "application/json", "application/yaml"})
+PATCH_CONTENT_TYPES = frozenset({MERGE_PATCH, JSON_PATCH, STRATEGIC_PATCH, APPLY_PATCH})
+# API groups compiled into kube-apiserver (v1.37) that the emulator does not serve: a 404
+# under them is still a Status (a group the emulator does serve counts as built in too).
+BUILTIN_GROUPS = frozenset({
+    "admissionregistration.k8s.io", "apiregistration.k8s.io", "apps", "authentication.k8s.io",
+    "authorization.k8s.io", "autoscaling", "batch", "certificates.k8s.io", "discovery.k8s.io",
+    "events.k8s.io", "flowcontrol.apiserver.k8s.io", "networking.k8s.io", "node.k8s.io",
+    "rbac.authorization.k8s.io", "resource.k8s.io", "scheduling.k8s.io", "storage.k8s.io",
+    "storagemigration.k8s.io", "coordination.k8s.io", "policy", "apiextensions.k8s.io"})
 PATCH_ALIASES = {"merge": MERGE_PATCH, "json": JSON_PATCH, "strategic": STRATEGIC_PATCH,
                  "apply": APPLY_PATCH}
 
@@ -308,23 +320,57 @@ class KubeAPIEmulator:
         return self._json(error.status(), error.code, headers=headers)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.text() if request.can_read_body else ""
+        raw = await request.read() if request.can_read_body else b""
+        try:
+            body: str | None = raw.decode("utf-8")
+        except UnicodeDecodeError:  # protobuf (kubectl's typed clients) or garbage
+            body = None
         if self.record_requests:
             self.requests.append(RecordedRequest(
                 request.method, request.path, dict(request.query),
-                request.headers.get("Content-Type", ""), body,
+                request.headers.get("Content-Type", ""),
+                body if body is not None else raw.decode("utf-8", "replace"),
                 {k: v for k, v in request.headers.items()}))
         if self._latency:
             await asyncio.sleep(self._latency)
         try:
             return await self._dispatch(request, body)
         except KubeAPIError as error:
+            if error.code == 404 and self._outside_builtin_groups(request.path):
+                # Past the built-in groups the real server's last handler is Go's mux: a
+                # plain-text 404, not a Status (an absent CRD's path, an unknown group).
+                return web.Response(status=404, text="404 page not found\n",
+                                    headers={"X-Content-Type-Options": "nosniff"})
             return self._error(error)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:  # a bug in the emulator: answer like the apiserver would
             log.exception("emulator error on %s %s", request.method, request.path)
             return self._error(errors.internal_error(f"emulator error: {exc!r}"))
+
+    def _outside_builtin_groups(self, path: str) -> bool:
+        """Does a 404 on `path` come from past kube-apiserver's built-in API groups (the
+        CRD handler's and the aggregator's not-found: Go's plain-text mux 404)? Only
+        "the server could not find the requested resource" routes count; a missing object
+        in a served resource is a Status on every server."""
+        parts = [p for p in path.split("/") if p]
+        if not parts or parts[0] in ("api", "openapi"):
+            return False
+        if parts[0] != "apis":
+            return parts[0] not in ("version", "healthz", "livez", "readyz")
+        if len(parts) < 2:
+            return False
+        builtin = {t.group for t in self.store.types.values() if t.builtin}
+        if parts[1] in builtin | BUILTIN_GROUPS:
+            return False
+        served = self.store.group_versions().get(parts[1]) or []
+        # A served custom resource's missing object: a Status like any other.
+        if len(parts) >= 4 and parts[2] in served:
+            rest = parts[3:]
+            if len(rest) >= 3 and rest[0] == "namespaces":
+                rest = rest[2:]
+            return not rest or (parts[1], parts[2], rest[0]) not in self.store.types
+        return True
 
     def _take_fault(self, request: web.Request) -> KubeAPIError | None:
         for fault in self._faults:
@@ -341,7 +387,7 @@ class KubeAPIEmulator:
             return error
         return None
 
-    async def _dispatch(self, request: web.Request, body: str) -> web.StreamResponse:
+    async def _dispatch(self, request: web.Request, body: str | None) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
         parts = [p for p in path.split("/") if p]
         accept = request.headers.get("Accept", "")
@@ -420,10 +466,16 @@ class KubeAPIEmulator:
         return _Route(rt, namespace, name, sub)
 
     @staticmethod
-    def _parse_body(request: web.Request, body: str) -> Any:
+    def _parse_body(request: web.Request, body: str | None) -> Any:
+        content_type = request.headers.get("Content-Type", "")
+        media = content_type.split(";")[0].strip().lower()
+        if body is None or (media not in BODY_TYPES and media not in PATCH_CONTENT_TYPES):
+            # The real server decodes protobuf for built-in types (kubectl's typed clients
+            # send it: `kubectl create namespace`); the emulator cannot, and says so with
+            # the status a server gives for a body format it does not accept.
+            raise errors.unsupported_body(media or "no Content-Type")
         if not body.strip():
             return {}
-        content_type = request.headers.get("Content-Type", "")
         try:
             if "yaml" in content_type and "apply-patch" not in content_type:
                 return yaml.safe_load(body)
@@ -452,7 +504,7 @@ class KubeAPIEmulator:
             return self._json(table, status, TABLE_CT)
         return self._json(self._output(rt, obj), status)
 
-    async def _resource(self, request: web.Request, route: _Route, body: str,
+    async def _resource(self, request: web.Request, route: _Route, body: str | None,
                         accept: str) -> web.StreamResponse:
         rt, ns, name, sub = route.rt, route.namespace, route.name, route.subresource
         q = request.query

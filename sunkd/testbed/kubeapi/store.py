@@ -452,8 +452,10 @@ class Store:
         elif rt.schema is not None:
             unknown = prune(rt.schema, obj)
             if unknown and strict_fields:
-                raise errors.bad_request("strict decoding error: " + ", ".join(
-                    f'unknown field "{path}"' for path in unknown))
+                raise errors.bad_request(
+                    f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                    "strict decoding error: " + ", ".join(
+                        f'unknown field "{path}"' for path in unknown))
             apply_defaults(rt.schema, obj)
 
     def _validate(self, rt: ResourceType, obj: JSON) -> None:
@@ -476,9 +478,14 @@ class Store:
                         f'parsing time "{value}" as "2006-01-02T15:04:05.000000Z07:00": '
                         f"cannot parse")
         if rt.key == "events":
+            # pkg/apis/core/validation/events.go legacyValidateEvent: an Event about a
+            # cluster-scoped object (no involvedObject.namespace) lives in `default` (or,
+            # with an eventTime, also kube-system); any other must match its object's.
             inv = obj.get("involvedObject") or {}
-            inv_ns = inv.get("namespace")
-            if inv_ns and inv_ns != meta.get("namespace"):
+            inv_ns = str(inv.get("namespace") or "")
+            event_ns = str(meta.get("namespace") or "")
+            allowed = ("", "default") if not obj.get("eventTime") else ("default", "kube-system")
+            if (inv_ns and inv_ns != event_ns) or (not inv_ns and event_ns not in allowed):
                 causes.append(("FieldValueInvalid", "involvedObject.namespace",
                                f'Invalid value: "{inv_ns}": does not match event.namespace'))
         if rt.key == "customresourcedefinitions.apiextensions.k8s.io":
@@ -509,7 +516,8 @@ class Store:
             if not sent_rv and not rt.unconditional_update:
                 raise errors.invalid(rt.kind, rt.group, name, [
                     ("FieldValueInvalid", "metadata.resourceVersion",
-                     "Invalid value: 0x0: must be specified for an update")])
+                     "Invalid value: 0: must be specified for an update")],
+                    qualified_as=errors.qualified(rt.plural, rt.group))
             if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
                 raise errors.conflict(rt.plural, rt.group, name)
         new = self._merge_for_update(rt, old, body, subresource)
@@ -817,11 +825,14 @@ class Store:
     def _pdb_status(self, pdb: JSON) -> JSON:
         spec = pdb.get("spec") or {}
         old_status = pdb.get("status") or {}
-        pods = [p for p in self._pdb_pods(pdb) if not p["metadata"].get("deletionTimestamp")]
+        # expectedPods counts terminating pods too (disruption.go: every pod the selector
+        # matches); they are never healthy (countHealthyPods skips a deletionTimestamp).
+        matching = self._pdb_pods(pdb)
+        pods = [p for p in matching if not p["metadata"].get("deletionTimestamp")]
         names = {p["metadata"]["name"] for p in pods}
         disrupted = {k: v for k, v in (old_status.get("disruptedPods") or {}).items()
                      if k in names}
-        expected = len(pods)
+        expected = len(matching)
         healthy = sum(1 for p in pods if self.pod_ready(p)
                       and p["metadata"]["name"] not in disrupted)
 

@@ -1,0 +1,273 @@
+"""RBAC proven on the real API server: sunkd with a bound token of its ServiceAccount and
+exactly the rights manifests/base/rbac.yaml gives it (ClusterRole `sunkd`, Role
+`sunkd-leader-election`), kube-apiserver with `--authorization-mode=Node,RBAC` and an
+audit log (sunkd.testbed.kubernetes).
+
+`exercise` drives every Kubernetes call sunkd makes, through sunkd's own components (the
+source's list-then-watch of Nodes, Pods and Nodesets; the actuator's taint, cordon,
+annotate, evict, Events and Nodeset status; the Lease elector) with the ServiceAccount's
+client. The audit log says which requests were made and which were refused:
+
+- with the manifest as shipped, nothing is refused and the calls made are exactly
+  `API_CALLS` (so the list the ClusterRole is checked against, test_manifests.py, is what
+  sunkd really does);
+- with each verb of each rule removed in turn (a rule with one verb: the rule), exactly that
+  call is refused: every rule, and every verb in it, is needed.
+
+The daemon itself runs on the same kind of token in test_e2e_real_kube.py (no 403 there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sunkd.domain.ports import ActionError
+from sunkd.kubernetes.actuator import API_CALLS, KubernetesActuator
+from sunkd.kubernetes.client import (
+    LEASES,
+    NODESETS,
+    PODS,
+    KubeApiError,
+    KubeClient,
+    nodesets,
+)
+from sunkd.kubernetes.lease import LeaseElector
+from sunkd.kubernetes.source import KubernetesSource
+from sunkd.testbed.kubernetes import KubeControlPlane
+from tests.integration.kube_backends import (
+    RBAC_MANIFEST,
+    SUNKD_NAMESPACE,
+    SUNKD_USER,
+    install_sunkd,
+    real_plane_or_skip,
+    sunkd_kubeconfig,
+)
+from tests.integration.kube_helpers import (
+    ListSink,
+    create_node,
+    create_pod,
+    ensure_namespace,
+    nodeset_body,
+    set_pod_phase,
+)
+
+pytestmark = pytest.mark.slow
+
+Call = tuple[str, str, str]  # (verb, API group, resource[/subresource])
+WORK = "rbac-work"  # the pool's namespace
+LEASE = "rbac-probe"
+RUNS = itertools.count(1)
+DOCS = [d for d in yaml.safe_load_all(RBAC_MANIFEST.read_text()) if d]
+ROLES = {(d["kind"], d["metadata"]["name"]): d for d in DOCS if d["kind"] in ("ClusterRole",
+                                                                               "Role")}
+
+
+@dataclass
+class Env:
+    plane: KubeControlPlane
+    admin: KubeClient
+    sunkd: KubeClient
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[KubeControlPlane]:
+    control_plane = real_plane_or_skip(audit=True, scheduler=False)
+    try:
+        install_sunkd(control_plane)
+        yield control_plane
+    finally:
+        control_plane.stop()
+
+
+@pytest.fixture
+async def env(plane: KubeControlPlane, tmp_path: Path) -> AsyncIterator[Env]:
+    admin = await KubeClient.connect(str(plane.kubeconfig))
+    sunkd = await KubeClient.connect(str(sunkd_kubeconfig(plane, tmp_path / "sa.kubeconfig")))
+    try:
+        await ensure_namespace(admin, WORK)
+        with contextlib.suppress(KubeApiError):  # 409: an earlier test made it
+            await admin.create(nodesets(), nodeset_body(
+                WORK, "pool", node_selector={"pool": "rbac"}, workload_selector={"app": "w"},
+                group=NODESETS.group, version=NODESETS.version), WORK)
+        with contextlib.suppress(KubeApiError):
+            await create_node(admin, "rbac-n1", {"pool": "rbac"})
+        yield Env(plane, admin, sunkd)
+    finally:
+        await sunkd.close()
+        await admin.close()
+
+
+async def prepare(admin: KubeClient) -> None:
+    """A running pool pod to evict, and no Lease yet (so the elector creates one)."""
+    with contextlib.suppress(KubeApiError):
+        await admin.delete(PODS, "victim", WORK, grace_period_seconds=0)
+    with contextlib.suppress(KubeApiError):
+        await admin.delete(LEASES, LEASE, SUNKD_NAMESPACE)
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                await create_pod(admin, WORK, "victim", {"app": "w"}, node="rbac-n1")
+                break
+            except KubeApiError as error:
+                if error.status != 409:  # the old one still being deleted
+                    raise
+                await asyncio.sleep(0.05)
+    await set_pod_phase(admin, WORK, "victim", "Running",
+                        [{"type": "Ready", "status": "True"}])
+
+
+async def exercise(client: KubeClient) -> None:
+    """Every call sunkd makes, through its own components, errors ignored (the audit log
+    is the record of what was allowed and what was refused)."""
+    source = KubernetesSource(client, ListSink(), nodeset_resource=NODESETS)
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    with contextlib.suppress(TimeoutError):
+        await source.wait_synced(3)
+        await asyncio.sleep(0.3)  # the watches open after the lists
+    stop.set()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(task, 10)
+
+    actuator = KubernetesActuator(client, nodeset_resource=NODESETS)
+    steps = [
+        actuator.lock("rbac-n1"),
+        actuator.cordon("rbac-n1", "rbac probe"),
+        actuator.annotate("rbac-n1", {"sunkd.io/slurm-state": "IDLE"}),
+        actuator.uncordon("rbac-n1"),
+        actuator.unlock("rbac-n1"),
+        actuator.record_event("rbac-n1", "SunkdProbe", "the same words"),
+        actuator.record_event("rbac-n1", "SunkdProbe", "the same words"),  # patch: count 2
+        actuator.evict(WORK, "victim"),
+        # A new value each run: an unchanged status is not written at all.
+        actuator.update_nodeset_status(WORK, "pool", {"counts": {"nodes": next(RUNS)}}),
+    ]
+    for step in steps:
+        with contextlib.suppress(ActionError, KubeApiError):
+            await step
+    elector = LeaseElector(client, namespace=SUNKD_NAMESPACE, name=LEASE, identity="probe",
+                           lease_duration=15, renew_deadline=10, retry_period=2)
+    for attempt in (elector.try_acquire_or_renew(), elector.try_acquire_or_renew(),
+                    elector.release()):
+        with contextlib.suppress(KubeApiError, ActionError):
+            await attempt
+
+
+def audited(plane: KubeControlPlane, since: int) -> tuple[set[Call], set[Call]]:
+    """(calls made, calls refused with 403) by sunkd's ServiceAccount in the audit events
+    after the first `since`."""
+    made: set[Call] = set()
+    refused: set[Call] = set()
+    for event in plane.audit_events(SUNKD_USER)[since:]:
+        ref = event.get("objectRef") or {}
+        if not ref.get("resource"):
+            continue
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        call = (str(event["verb"]), str(ref.get("apiGroup") or ""), resource)
+        made.add(call)
+        if (event.get("responseStatus") or {}).get("code") == 403:
+            refused.add(call)
+    return made, refused
+
+
+async def run_exercise(env: Env) -> tuple[set[Call], set[Call]]:
+    await prepare(env.admin)
+    since = len(env.plane.audit_events(SUNKD_USER))
+    await exercise(env.sunkd)
+    await asyncio.sleep(0.2)  # the audit backend writes at ResponseComplete
+    return audited(env.plane, since)
+
+
+async def can(admin: KubeClient, verb: str, group: str, resource: str,
+              namespace: str) -> bool:
+    """A SubjectAccessReview for sunkd's ServiceAccount (what the authorizer now says)."""
+    plural, _, sub = resource.partition("/")
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": SUNKD_USER,
+                       "groups": ["system:serviceaccounts", "system:serviceaccounts:sunkd",
+                                  "system:authenticated"],
+                       "resourceAttributes": {"verb": verb, "group": group,
+                                              "resource": plural, "subresource": sub,
+                                              "namespace": namespace}}}
+    answer = await admin.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                                 body=review)
+    return bool(answer["status"].get("allowed"))
+
+
+def role_path(kind: str, name: str) -> str:
+    if kind == "ClusterRole":
+        return f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}"
+    return f"/apis/rbac.authorization.k8s.io/v1/namespaces/{SUNKD_NAMESPACE}/roles/{name}"
+
+
+async def put_rules(admin: KubeClient, kind: str, name: str, rules: list[Any]) -> None:
+    path = role_path(kind, name)
+    current = await admin.request("GET", path)
+    current["rules"] = rules
+    await admin.request("PUT", path, body=current)
+
+
+async def until_authorizer_says(admin: KubeClient, allowed: bool, call: Call,
+                                namespace: str) -> None:
+    deadline = time.monotonic() + 15
+    while await can(admin, *call, namespace=namespace) != allowed:
+        assert time.monotonic() < deadline, f"RBAC never said {allowed} to {call}"
+        await asyncio.sleep(0.05)
+
+
+def removals() -> list[tuple[str, str, int, str]]:
+    """(role kind, role name, rule index, verb) for every verb of every rule."""
+    return [(kind, name, index, verb)
+            for (kind, name), role in sorted(ROLES.items())
+            for index, rule in enumerate(role["rules"])
+            for verb in rule["verbs"]]
+
+
+def calls_of(rule: dict[str, Any], verb: str) -> set[Call]:
+    return {(verb, group, resource) for group in rule["apiGroups"]
+            for resource in rule["resources"]}
+
+
+LISTED: set[Call] = {(c.verb, c.group, c.resource) for c in API_CALLS}
+
+
+async def test_the_shipped_rbac_allows_exactly_what_sunkd_does(env: Env) -> None:
+    made, refused = await run_exercise(env)
+    assert refused == set()
+    assert made == LISTED, (f"made but not listed: {sorted(made - LISTED)}; "
+                            f"listed but not made: {sorted(LISTED - made)}")
+
+
+@pytest.mark.parametrize(("kind", "name", "index", "verb"), removals(),
+                         ids=[f"{name}-{index}-{verb}" for _, name, index, verb in removals()])
+async def test_every_rule_is_needed(env: Env, kind: str, name: str, index: int,
+                                    verb: str) -> None:
+    role = ROLES[(kind, name)]
+    rule = role["rules"][index]
+    rules = copy.deepcopy(role["rules"])
+    if len(rule["verbs"]) == 1:
+        del rules[index]
+    else:
+        rules[index]["verbs"] = [v for v in rule["verbs"] if v != verb]
+    removed = calls_of(rule, verb)
+    namespace = SUNKD_NAMESPACE if kind == "Role" else WORK
+    probe = next(iter(removed))
+    await put_rules(env.admin, kind, name, rules)
+    try:
+        await until_authorizer_says(env.admin, False, probe, namespace)
+        _made, refused = await run_exercise(env)
+        assert refused == removed, f"without {verb} on {rule['resources']}: refused {refused}"
+    finally:
+        await put_rules(env.admin, kind, name, role["rules"])
+        await until_authorizer_says(env.admin, True, probe, namespace)
