@@ -21,8 +21,9 @@ ALLOWED: dict[str, set[str]] = {
     "kubernetes": {"domain"},
     "api": {"domain", "store", "runtime"},
     "runtime": {"domain", "store", "slurm", "kubernetes", "api"},
-    "cli": {"domain", "store", "slurm", "kubernetes", "api", "runtime", "testbed"},
+    "cli": {"domain", "store", "slurm", "kubernetes", "api", "runtime", "testbed", "simulate"},
     "testbed": {"domain", "store", "slurm", "kubernetes", "api", "runtime"},
+    "simulate": {"domain"},
 }
 # Third-party modules the pure domain may not import (it does no I/O, keeps no clock).
 IO_MODULES = {"aiohttp", "asyncio", "asyncpg", "aiosqlite", "sqlalchemy", "kubernetes_asyncio",

@@ -1,0 +1,127 @@
+"""Simulation benchmark: what sunkd's pool gives on the shipped traces, and how fast.
+
+Why: `sunkd simulate` is how an operator sizes a pool and picks knobs before touching a
+cluster; its answers must stay truthful as the policy changes, and it must stay fast
+enough to run a size search or a sweep in minutes. Per scenario, with sunkd's default
+knobs, on the separate clusters' minimal size (docs/simulation.md):
+
+- traces: the shipped NASA iPSC/860 batch log and OpenB pods x10, 40 days (--quick: 10);
+- diurnal+backlog (synthetic): pods re-timed to a daily curve, a batch queue that never
+  empties, 14 days (--quick: 3); also run with prefer=Kubernetes (informational).
+
+Same-run baseline: the speed of the world model alone (the separate arm: same workload,
+same event engine, no policy) against the sunkd arm, in simulated seconds per wall
+second; their ratio is what sunkd's fold + decide cost the simulation. Targets (from
+issue 16): utilization efficiency >= 0.8 in the diurnal scenario; in every scenario
+sunkd starves no more batch jobs than separate clusters and meets the pod pending p95
+target wherever separate clusters do; the traces scenario in under 2 minutes (--quick:
+under a minute for everything). The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sunkd.domain.events import OwnershipSpec
+from sunkd.simulate import search, traces
+from sunkd.simulate.arms import SimConfig
+from sunkd.simulate.workload import WorkloadSpec, build_workload
+
+
+def run_scenario(name: str, days: float, ownership: OwnershipSpec,
+                 config: SimConfig) -> dict[str, Any]:
+    swf = traces.load_swf(traces.shipped(traces.DEFAULT_SWF))
+    openb = traces.load_openb(traces.shipped(traces.DEFAULT_OPENB))
+    workload = build_workload(WorkloadSpec(scenario=name, days=days), swf, openb)
+    started = time.perf_counter()
+    minimal, _, _ = search.minimal_split(workload, config)
+    assert minimal is not None, f"{name}: no separate split meets the targets"
+    nodes = minimal.slurm + minimal.k8s
+    comparison = search.compare(workload, nodes, minimal, ownership, config)
+    wall = time.perf_counter() - started
+    arms = {"separate": comparison.separate, "sunkd": comparison.sunkd,
+            "ideal": comparison.ideal}
+    simulated = workload.horizon
+    result = {
+        "days": days, "nodes": nodes, "split": [minimal.slurm, minimal.k8s],
+        "wall_seconds": round(wall, 1),
+        "utilization": {arm: r.utilization for arm, r in arms.items()},
+        "utilization_efficiency": comparison.utilization_efficiency,
+        "batch_wait_p95_s": {arm: r.batch_wait_s["p95"] for arm, r in arms.items()},
+        "batch_wait_max_s": {arm: r.batch_wait_s["max"] for arm, r in arms.items()},
+        "jobs_starved": {arm: r.waited_over_max for arm, r in arms.items()},
+        "batch_node_hours": {arm: r.batch_node_hours for arm, r in arms.items()},
+        "pod_pending_p95_s": {arm: r.pod_pending_s["p95"] for arm, r in arms.items()},
+        "pods_never_placed": {arm: r.never_placed for arm, r in arms.items()},
+        "meets": {arm: r.meets_all for arm, r in arms.items()},
+        "pod_target_met": {arm: r.meets["pod_pending_p95"] for arm, r in arms.items()},
+        "moves_per_day": comparison.sunkd.moves_per_day,
+        "aborted": comparison.sunkd.aborted,
+        "evictions": comparison.sunkd.evictions,
+        "decide_calls": comparison.sunkd.decide_calls,
+        "violations": comparison.sunkd.violations,
+        "sunkd_sim_seconds_per_wall_second": round(
+            simulated / max(comparison.sunkd.wall_seconds, 1e-9)),
+        "world_sim_seconds_per_wall_second": round(
+            simulated / max(comparison.separate.wall_seconds, 1e-9)),
+    }
+    result["sunkd_speed_vs_world"] = round(
+        result["sunkd_sim_seconds_per_wall_second"]
+        / max(result["world_sim_seconds_per_wall_second"], 1), 3)
+    print(f"{name}: {json.dumps(result, sort_keys=True)}", file=sys.stderr)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter windows (< 60 s)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    config = SimConfig()
+    defaults = OwnershipSpec()
+    scenarios = {
+        "traces": run_scenario("traces", 10.0 if args.quick else 40.0, defaults, config),
+        "diurnal+backlog": run_scenario("diurnal+backlog", 3.0 if args.quick else 14.0,
+                                        defaults, config),
+    }
+    serving_first = run_scenario("diurnal+backlog", 3.0 if args.quick else 14.0,
+                                 replace(defaults, prefer="Kubernetes"), config)
+    total = time.perf_counter() - started
+    starved_excess = max(s["jobs_starved"]["sunkd"] - s["jobs_starved"]["separate"]
+                         for s in scenarios.values())
+    pod_breaches = sum(1 for s in scenarios.values()
+                       if s["pod_target_met"]["separate"] is not False
+                       and s["pod_target_met"]["sunkd"] is False)
+    efficiency = scenarios["diurnal+backlog"]["utilization_efficiency"]
+    figures = {"scenarios": scenarios, "diurnal+backlog prefer=Kubernetes": serving_first,
+               "total_seconds": round(total, 1)}
+    targets = {
+        "utilization_efficiency_diurnal": {
+            "value": efficiency, "target": 0.8, "better": "higher"},
+        "jobs_starved_beyond_separate": {
+            "value": starved_excess, "target": 0, "better": "lower"},
+        "pod_p95_breaches_where_separate_meets": {
+            "value": pod_breaches, "target": 0, "better": "lower"},
+        "traces_wall_seconds": {
+            "value": scenarios["traces"]["wall_seconds"], "target": 120, "better": "lower"},
+        "sunkd_speed_vs_world": {  # ours: the policy may cost the simulation at most 10x
+            "value": scenarios["traces"]["sunkd_speed_vs_world"], "target": 0.1,
+            "better": "higher"},
+    }
+    if args.quick:
+        targets["total_seconds"] = {"value": round(total, 1), "target": 60, "better": "lower"}
+    print(json.dumps({"benchmark": "simulate", "figures": figures, "targets": targets},
+                     sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
