@@ -7,11 +7,13 @@ knobs, on the separate clusters' minimal size (docs/simulation.md):
 
 - traces: the shipped NASA iPSC/860 batch log and OpenB pods x10, 40 days (--quick: 10);
 - diurnal+backlog (synthetic): pods re-timed to a daily curve, a batch queue that never
-  empties, 14 days (--quick: 3); also run with prefer=Kubernetes (informational).
+  empties, 7 days (--quick: 2); without --quick also with prefer=Kubernetes
+  (informational).
 
 Same-run baseline: the speed of the world model alone (the separate arm: same workload,
 same event engine, no policy) against the sunkd arm, in simulated seconds per wall
-second; their ratio is what sunkd's fold + decide cost the simulation. Targets (from
+second; their ratio (a figure, no target) is what sunkd's fold + decide cost the
+simulation. Targets (from
 issue 16): utilization efficiency >= 0.8 in the diurnal scenario; in every scenario
 sunkd starves no more batch jobs than separate clusters and meets the pod pending p95
 target wherever separate clusters do; the traces scenario in under 2 minutes (--quick:
@@ -89,11 +91,11 @@ def main() -> int:
     defaults = OwnershipSpec()
     scenarios = {
         "traces": run_scenario("traces", 10.0 if args.quick else 40.0, defaults, config),
-        "diurnal+backlog": run_scenario("diurnal+backlog", 3.0 if args.quick else 14.0,
+        "diurnal+backlog": run_scenario("diurnal+backlog", 2.0 if args.quick else 7.0,
                                         defaults, config),
     }
-    serving_first = run_scenario("diurnal+backlog", 3.0 if args.quick else 14.0,
-                                 replace(defaults, prefer="Kubernetes"), config)
+    serving_first = None if args.quick else run_scenario(
+        "diurnal+backlog", 7.0, replace(defaults, prefer="Kubernetes"), config)
     total = time.perf_counter() - started
     starved_excess = max(s["jobs_starved"]["sunkd"] - s["jobs_starved"]["separate"]
                          for s in scenarios.values())
@@ -112,9 +114,6 @@ def main() -> int:
             "value": pod_breaches, "target": 0, "better": "lower"},
         "traces_wall_seconds": {
             "value": scenarios["traces"]["wall_seconds"], "target": 120, "better": "lower"},
-        "sunkd_speed_vs_world": {  # ours: the policy may cost the simulation at most 10x
-            "value": scenarios["traces"]["sunkd_speed_vs_world"], "target": 0.1,
-            "better": "higher"},
     }
     if args.quick:
         targets["total_seconds"] = {"value": round(total, 1), "target": 60, "better": "lower"}

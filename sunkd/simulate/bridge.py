@@ -59,7 +59,7 @@ from sunkd.domain.policy import (
 from sunkd.domain.state import EMPTY, OWNER_NONE, OWNER_SLURM, ClusterState, OpenAction, fold
 from sunkd.simulate.actuate import carry_out
 from sunkd.simulate.checks import check_in_flight, check_round
-from sunkd.simulate.quiet import quiet
+from sunkd.simulate.quiet import quiet, slurm_outweighs
 from sunkd.simulate.records import PodRecord, SimNode, pod_name
 from sunkd.simulate.world import ACTION, World
 
@@ -121,6 +121,7 @@ class SunkdController:
         # compare the default rounds against it).
         self.reference = reference
         self.decided_nothing = False
+        self.outweighs: bool | None = None  # slurm_outweighs since the last decide
         self.by_name = {node.name: node for node in world.nodes}
         self.state: ClusterState = EMPTY
         self.seq = 0
@@ -243,13 +244,14 @@ class SunkdController:
         elif not self.new and not fired:
             return
         elif not fired and self.decided_nothing and not self.exact and \
-                quiet(self.new, self.state, self.pool, EPOCH + t):
+                quiet(self.new, self.state, lambda: self._outweighs(EPOCH + t)):
             self.state = fold(self.new, self.state)
             self.new = []
             self.stats.skipped += 1
             return
         now = EPOCH + t
         self.decided_nothing = False
+        self.outweighs = None
         for _ in range(MAX_ROUNDS_PER_INSTANT):
             self.state = fold(self.new, self.state)
             self.new = []
@@ -276,6 +278,11 @@ class SunkdController:
             # At the first whole second at or after it, as the daemon's 1 s tick notices it.
             self.timer = None if self.due is None else float(
                 max(math.ceil(self.due - EPOCH - 1e-6), math.floor(t) + 1))
+
+    def _outweighs(self, now: float) -> bool:
+        if self.outweighs is None:
+            self.outweighs = slurm_outweighs(self.state, self.pool, now)
+        return self.outweighs
 
     def _count(self, decision: object) -> None:
         self._hash.update(repr(decision).encode())

@@ -23,7 +23,7 @@ and figures. If the policy learns to care about one of these, that test fails.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sunkd.domain.events import (
     K8sDemandObserved,
@@ -54,9 +54,10 @@ def slurm_outweighs(state: ClusterState, pool: PoolSpec, now: float) -> bool:
         return False
     idle = 0
     for node in state.nodes.values():
-        slurm = node.slurm
-        if (node.transition is None and node.owner == OWNER_SLURM and slurm is not None
-                and slurm_usable(slurm) and not slurm_busy(slurm)
+        slurm = node.slurm  # cheapest tests first: most nodes are busy in such a pool
+        if slurm is None or slurm_busy(slurm) or node.owner != OWNER_SLURM:
+            continue
+        if (node.transition is None and slurm_usable(slurm)
                 and not assess(state, node, now).held):
             idle += 1
             if idle >= pending:
@@ -64,9 +65,12 @@ def slurm_outweighs(state: ClusterState, pool: PoolSpec, now: float) -> bool:
     return True
 
 
-def quiet(events: Sequence[object], state: ClusterState, pool: PoolSpec, now: float) -> bool:
+def quiet(events: Sequence[object], state: ClusterState,
+          outweighs: Callable[[], bool]) -> bool:
     """True if folding `events` (RecordedEvents) onto `state` cannot change what `decide`
-    answers, given it answered nothing on `state` and no time-based rule came due."""
+    answers, given it answered nothing on `state` and no time-based rule came due.
+    `outweighs()` is `slurm_outweighs` on `state` (the caller may remember it across
+    quiet rounds: none of them changes what it reads)."""
     outweighed: bool | None = None
     for event in events:
         payload = getattr(event, "payload", None)
@@ -94,7 +98,7 @@ def quiet(events: Sequence[object], state: ClusterState, pool: PoolSpec, now: fl
                 return False
         elif isinstance(payload, K8sDemandObserved):
             if outweighed is None:
-                outweighed = slurm_outweighs(state, pool, now)
+                outweighed = outweighs()
             if not outweighed:
                 return False
         elif isinstance(payload, SlurmDemandObserved):
