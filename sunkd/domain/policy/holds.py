@@ -11,7 +11,6 @@ from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     MIRROR_REASON_PREFIX,
     Assessment,
-    foreign_word,
     has_hold_taint,
     is_mirror_drain,
     is_ours,
@@ -56,7 +55,6 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
             and "DRAIN" not in slurm.flags
             and not foreign_reason
             and not slurm_unhealthy(slurm)
-            and not foreign_word(slurm)
         ):
             why = ", ".join(assessment.k8s_holds)
             planner.ensure(
