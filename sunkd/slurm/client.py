@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+import h11
 import structlog
 
 from sunkd.slurm.auth import DEFAULT_TOKEN_LIFESPAN, _TokenSource
+from sunkd.slurm.firstanswer import DATA_AFTER_CLOSE, AnswerTooLarge, first_answer
 from sunkd.slurm.model import (
     SlurmApiError,
     SlurmAuthError,
@@ -288,6 +290,11 @@ class SlurmRestClient:
                 raise SlurmPayloadError(f"{method} {path}", f"incomplete answer body: {error}",
                                         cause="truncated") from error
             except aiohttp.ClientResponseError as error:  # bad status line, bad headers
+                if method == "GET" and DATA_AFTER_CLOSE in str(error.message):
+                    status, content_type, raw = await self._first_answer(method, path,
+                                                                         headers)
+                    self.last_elapsed = time.monotonic() - started
+                    break
                 raise SlurmPayloadError(f"{method} {path}",
                                         f"not a valid HTTP answer: {error.message}",
                                         cause="bad_response") from error
@@ -318,6 +325,28 @@ class SlurmRestClient:
         else:
             parsed = raw.decode(errors="replace")
         return status, parsed
+
+    async def _first_answer(self, method: str, path: str,
+                            headers: Mapping[str, str]) -> tuple[int, str, bytes]:
+        """Ask again, reading only the first answer (slurmrestd 26.05's doubled error
+        answers: sunkd/slurm/firstanswer.py)."""
+        try:
+            return await first_answer(method, self._base, path, headers,
+                                      socket_path=self._socket_path, time_limit=self._timeout,
+                                      max_body=self._max_response_bytes)
+        except TimeoutError as error:
+            raise SlurmTimeoutError(f"{method} {path}: no answer from slurmrestd at "
+                                    f"{self.url} within {self._timeout:.0f} s") from error
+        except OSError as error:
+            raise SlurmUnavailableError(f"{method} {path}: cannot connect to slurmrestd at "
+                                        f"{self.url}: {error}", cause="unreachable") from error
+        except AnswerTooLarge as error:
+            raise SlurmPayloadError(f"{method} {path}", f"answer of {error} bytes exceeds the "
+                                    f"{self._max_response_bytes}-byte limit "
+                                    "(slurm.max_response_bytes)", cause="too_large") from error
+        except h11.ProtocolError as error:
+            raise SlurmPayloadError(f"{method} {path}", f"not a valid HTTP answer: {error}",
+                                    cause="bad_response") from error
 
     async def _read_capped(self, response: aiohttp.ClientResponse, method: str,
                            path: str) -> bytes | bytearray:

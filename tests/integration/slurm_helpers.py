@@ -96,23 +96,3 @@ async def first_call(client: SlurmRestClient) -> None:
     await client.get_nodes()
 
 
-# slurmrestd 26.05.5 follows an error answer that closes the connection (401 without a
-# token, 511 for a refused one) with a second answer on the same connection:
-#   HTTP/1.1 511 ...\r\nConnection: Close\r\nContent-Length: 693 ... {json}HTTP/1.1 511 ...
-# aiohttp refuses the bytes after `Connection: close` (BadHttpMessage "Data after
-# `Connection: close`"), so the client sees a malformed answer instead of the auth error.
-# Captured in tests/fixtures/slurm/v0.0.45_nodes_bad_token_raw.http.
-DOUBLE_ANSWER_VERSIONS = frozenset({"26.05"})
-
-
-def xfail_double_answer(request: pytest.FixtureRequest, version: str) -> None:
-    """Mark an auth-failure test as a known failure on 26.05 until the client reads past
-    slurmrestd's doubled error answer; strict, so the fix shows up as XPASS."""
-    if version in DOUBLE_ANSWER_VERSIONS:
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="slurmrestd 26.05.5 doubles its 401/511 answer; aiohttp rejects it "
-                "(tests/integration/slurm_helpers.py, DOUBLE_ANSWER_VERSIONS)",
-                strict=True,
-            )
-        )

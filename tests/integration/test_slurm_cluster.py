@@ -24,7 +24,7 @@ from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.slurm.actuator import SlurmActuator
 from sunkd.slurm.auth import mint_jwt
 from sunkd.slurm.client import SlurmRestClient
-from sunkd.slurm.model import SlurmAuthError, SlurmError
+from sunkd.slurm.model import SlurmAuthError
 from sunkd.testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import (
     NEGOTIATED,
@@ -34,7 +34,6 @@ from tests.integration.slurm_helpers import (
     resumed_reason,
     start_cluster,
     wait_node,
-    xfail_double_answer,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
@@ -248,9 +247,8 @@ async def test_not_responding_then_down(cluster: SlurmCluster, client: SlurmRest
 
 
 async def test_token_signed_with_another_key(
-    cluster: SlurmCluster, slurm_version: str, request: pytest.FixtureRequest
+    cluster: SlurmCluster
 ) -> None:
-    xfail_double_answer(request, slurm_version)
     client = SlurmRestClient(cluster.rest_url, token=mint_jwt(os.urandom(32), "root"))
     try:
         started = time.monotonic()
@@ -262,9 +260,8 @@ async def test_token_signed_with_another_key(
 
 
 async def test_expired_token(
-    cluster: SlurmCluster, slurm_version: str, request: pytest.FixtureRequest
+    cluster: SlurmCluster
 ) -> None:
-    xfail_double_answer(request, slurm_version)
     key = cluster.jwt_key_path.read_bytes()
     token = mint_jwt(key, "root", 60, now=time.time() - 3600)
     client = SlurmRestClient(cluster.rest_url, token=token)
@@ -288,10 +285,7 @@ async def test_minted_token_for_another_user_reads(cluster: SlurmCluster) -> Non
 async def test_no_token_over_tcp(
     cluster: SlurmCluster,
     monkeypatch: pytest.MonkeyPatch,
-    slurm_version: str,
-    request: pytest.FixtureRequest,
 ) -> None:
-    xfail_double_answer(request, slurm_version)
     monkeypatch.delenv("SUNKD_SLURM_TOKEN", raising=False)
     client = SlurmRestClient(cluster.rest_url)
     try:
@@ -306,8 +300,7 @@ async def test_token_file_is_reread_when_it_changes(cluster: SlurmCluster, tmp_p
     token_file.write_text(mint_jwt(os.urandom(32), "root"))
     client = SlurmRestClient(cluster.rest_url, token_file=token_file)
     try:
-        # SlurmAuthError; on 26.05 a malformed answer (see xfail_double_answer).
-        with pytest.raises(SlurmError):
+        with pytest.raises(SlurmAuthError):
             await first_call(client)
         # `scontrol token` output format is accepted verbatim.
         token_file.write_text(f"SLURM_JWT={cluster.token('root', 600)}\n")
@@ -427,13 +420,12 @@ async def test_doctor_prints_the_normalized_table(
 
 
 async def test_doctor_with_a_wrong_key_is_an_auth_failure(
-    cluster: SlurmCluster, slurm_version: str, request: pytest.FixtureRequest, tmp_path: Path
+    cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     import io
 
     from sunkd.cli.doctor import doctor
 
-    xfail_double_answer(request, slurm_version)
     wrong_key = tmp_path / "wrong.key"
     wrong_key.write_bytes(os.urandom(32))
     out = io.StringIO()

@@ -280,22 +280,11 @@ EXPECTED = {
     "nodes_no_token": SlurmAuthError,
     "nodes_controller_down": SlurmUnavailableError,
 }
-# The client does not read past 26.05.5's doubled answer yet: aiohttp rejects the bytes
-# after `Connection: close`, so these come out as malformed answers. Strict: a client
-# that handles it turns these into XPASS failures, to drop the mark.
-DOUBLED = pytest.mark.xfail(
-    reason="slurmrestd 26.05.5 doubles its error answers; aiohttp refuses data after "
-    "`Connection: close` (tests/integration/slurm_helpers.py, DOUBLE_ANSWER_VERSIONS)",
-    strict=True,
-)
-
-
 @pytest.mark.parametrize(
     "replay",
     [
-        pytest.param(
-            (version, what), id=f"{version}-{what}", marks=[DOUBLED] if version == "v0.0.45" else []
-        )
+        # v0.0.45: slurmrestd 26.05.5 doubles these answers (sunkd/slurm/firstanswer.py).
+        pytest.param((version, what), id=f"{version}-{what}")
         for version in ("v0.0.42", "v0.0.45")
         for what in sorted(EXPECTED)
     ],
