@@ -44,7 +44,6 @@ from sunkd.domain.events import (
     K8sNodeObserved,
     K8sWorkloadObserved,
     Label,
-    NodeJobEnd,
     OwnershipSpec,
     Payload,
     PendingPod,
@@ -79,9 +78,10 @@ def _pool_of(i: int) -> int:
 
 
 def _slurm(name: str, pool: int, state: str, flags: tuple[str, ...], reason: str | None,
-           alloc: int) -> SlurmNodeObserved:
+           alloc: int, job_end: float | None = None) -> SlurmNodeObserved:
     return SlurmNodeObserved(node=name, state=state, flags=flags, reason=reason, cpus=64,
-                             alloc_cpus=alloc, partitions=(f"part-{pool}",))
+                             alloc_cpus=alloc, partitions=(f"part-{pool}",),
+                             jobs=0 if job_end is None else 1, job_end=job_end)
 
 
 def _k8s(name: str, pool: int, tainted: bool, ready: bool = True) -> K8sNodeObserved:
@@ -226,7 +226,6 @@ def decide_state(nodes: int) -> tuple[ClusterState, list[PoolSpec], float]:
 
     add(SourceHealth(source="slurm", status="fresh"), "slurm")
     add(SourceHealth(source="kubernetes", status="fresh"), "kubernetes")
-    job_ends: dict[int, list[NodeJobEnd]] = {pool: [] for pool in range(POOLS)}
     for i in range(nodes):
         name, pool = _node(i), _pool_of(i)
         lent = i % 4 == 0
@@ -238,11 +237,11 @@ def decide_state(nodes: int) -> tuple[ClusterState, list[PoolSpec], float]:
                                         pods=(PodRef("serving", f"web-{i}", "Running"),)), name)
         else:
             busy = rng.random() < 0.7
+            # The node's expected job end rides on its own observation (issue 15).
+            end = START + rng.uniform(60, 86400) if busy else None
             add(_slurm(name, pool, "ALLOCATED" if busy else "IDLE", (), None,
-                       64 if busy else 0), name)
+                       64 if busy else 0, end), name)
             add(_k8s(name, pool, True), name)
-            if busy:
-                job_ends[pool].append(NodeJobEnd(name, START + rng.uniform(60, 86400), 1))
         owner = "kubernetes" if lent else "slurm"
         add(TransitionStarted(transition_id=f"adopt-{i}", node=name, pool=f"pool-{pool}",
                               from_owner="none", to_owner=owner), name)
@@ -251,8 +250,8 @@ def decide_state(nodes: int) -> tuple[ClusterState, list[PoolSpec], float]:
             add(TransitionStarted(transition_id=f"lend-{i}", node=name, pool=f"pool-{pool}",
                                   from_owner="slurm", to_owner="kubernetes"), name)
     for pool in range(POOLS):
-        add(SlurmDemandObserved(partition=f"part-{pool}", pending_jobs=40, pending_nodes=30,
-                                node_job_ends=tuple(job_ends[pool])), f"part-{pool}")
+        add(SlurmDemandObserved(partition=f"part-{pool}", pending_jobs=40, pending_nodes=30),
+            f"part-{pool}")
         add(K8sDemandObserved(pool=f"pool-{pool}", pending=tuple(
             PendingPod("serving", f"p-{pool}-{k}", cpu_millis=8000) for k in range(200))),
             f"pool-{pool}")

@@ -81,11 +81,24 @@ class Label:
 
 @dataclass(frozen=True, slots=True)
 class NodeJobEnd:
-    """When the jobs running on a Slurm node are expected to end (max end time)."""
+    """When the jobs running on a Slurm node are expected to end (max end time).
+
+    Only in logs written before job ends moved to `slurm.node.observed` (issue 15):
+    `legacy_node_job_ends` decodes it from an old `slurm.demand.observed` row."""
 
     node: str
     expected_end: float | None  # unix seconds; None = unlimited / unknown
     jobs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConfiguredPool:
+    """What decides a config-file pool's membership (its knobs stay in the config)."""
+
+    name: str
+    partitions: tuple[str, ...] = ()
+    node_selector: tuple[Label, ...] = ()
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +155,12 @@ class SlurmNodeObserved(Payload):
     comment: str | None = None
     boot_time: float | None = None
     last_busy: float | None = None
+    # The running jobs on the node (any partition) and the latest of their expected ends
+    # (unix seconds; None with jobs > 0 = unlimited or unknown). Per node, so an event's
+    # size never grows with the number of busy nodes; the source emits a change of
+    # `job_end` only beyond `JOB_END_TOLERANCE_SECONDS` (sunkd/slurm/source.py).
+    jobs: int = 0
+    job_end: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,14 +171,23 @@ class SlurmNodeVanished(Payload):
 
 @dataclass(frozen=True, slots=True)
 class SlurmDemandObserved(Payload):
-    """Per partition: what pending jobs wait for, and when running jobs end."""
+    """Per partition: what pending jobs wait for, and how many jobs run (counters only).
+
+    Rows written before issue 15 also carried `node_job_ends` (every busy node's expected
+    job end): such a row decodes with it in `extra`, re-encodes unchanged, and still
+    means what it meant (`legacy_node_job_ends`, read by the policy's `_job_ends`)."""
 
     KIND: ClassVar[str] = "slurm.demand.observed"
     partition: str = ""
     pending_jobs: int = 0
     pending_nodes: int = 0  # nodes needed by jobs pending for resources
     running_jobs: int = 0
-    node_job_ends: tuple[NodeJobEnd, ...] = ()
+    # Nodes the job Slurm schedules next needs: the widest pending job whose reason is
+    # `Resources` (Slurm gives that reason to the highest-priority job waiting for nodes;
+    # the others show `Priority`). 0: not reported (older sunkd) or no such job. The
+    # policy's fairness bounds read it (policy/fairness.py).
+    head_nodes: int = 0
+    head_job: int = 0  # that job's id (0: not reported); its wait is folded from here
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +354,17 @@ class NodeForgotten(Payload):
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class PoolsConfigured(Payload):
+    """The config-file pools the leader runs with, recorded when they differ from the
+    log's (a term's start, a SIGHUP reload): with the Nodesets already in the log, the
+    fold then knows every pool and keeps full state only for the nodes a pool, a pin or
+    sunkd's own history names (docs/architecture.md, "Bounded state")."""
+
+    KIND: ClassVar[str] = "pools.configured"
+    pools: tuple[ConfiguredPool, ...] = ()
+
+
 # ------------------------------------------------------------------------ leadership
 
 
@@ -334,6 +373,41 @@ class LeaderElected(Payload):
     KIND: ClassVar[str] = "leader.elected"
     epoch: int = 0
     identity: str = ""
+
+
+# ------------------------------------------------------------------------ retention
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveFile:
+    """One file of an archive: events from_seq..upto_seq, gzip JSON lines."""
+
+    name: str
+    from_seq: int
+    upto_seq: int
+    events: int
+    sha256: str  # of the file's bytes as written (compressed)
+
+
+@dataclass(frozen=True, slots=True)
+class LogArchived(Payload):
+    """`sunkd log archive` wrote events from_seq..upto_seq to files (checksummed, listed
+    in `manifest`) and is about to remove them from the database; the snapshot at
+    `base_seq` (= upto_seq) is the new base a replay starts from. `origin_*` identify
+    the log's first event (seq 1), which may be archived by now (docs/operations.md)."""
+
+    KIND: ClassVar[str] = "log.archived"
+    from_seq: int = 0
+    upto_seq: int = 0
+    events: int = 0
+    base_seq: int = 0
+    location: str = ""
+    manifest: str = ""
+    manifest_sha256: str = ""
+    files: tuple[ArchiveFile, ...] = ()
+    origin_recorded_at: str = ""
+    origin_kind: str = ""
+    origin_subject: str = ""
 
 
 PAYLOAD_TYPES: dict[str, type[Payload]] = {
@@ -356,10 +430,31 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
         ActionSucceeded,
         ActionFailed,
         LeaderElected,
+        LogArchived,
         NodeForgotten,
+        PoolsConfigured,
     )
 }
 
+
+
+LEGACY_NODE_JOB_ENDS = "node_job_ends"
+
+
+def legacy_node_job_ends(demand: SlurmDemandObserved) -> tuple[NodeJobEnd, ...]:
+    """The per-node job ends an old-format `slurm.demand.observed` carried (empty for a
+    current one). Decoded on read: such rows are only in logs older than issue 15."""
+    raw = demand.extra.get(LEGACY_NODE_JOB_ENDS)
+    if not raw:
+        return ()
+    try:
+        ends: tuple[NodeJobEnd, ...] = _decode_value(
+            tuple[NodeJobEnd, ...], raw, f"{SlurmDemandObserved.KIND}.{LEGACY_NODE_JOB_ENDS}")
+    except EventDecodeError:
+        # Ends only order lend candidates (soonest first); a malformed old row must not
+        # stop the policy, and without ends a node simply sorts last among busy ones.
+        return ()
+    return ends
 
 
 # ---------------------------------------------------------------------------- events

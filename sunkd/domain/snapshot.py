@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sunkd.domain.events import (
+    ConfiguredPool,
     K8sDemandObserved,
     K8sNodeObserved,
     K8sNodesetObserved,
@@ -29,6 +30,7 @@ from sunkd.domain.state import (
     Phase,
     Pin,
     SourceState,
+    UnpooledNode,
 )
 
 # ------------------------------------------------------------------------------ JSON
@@ -62,6 +64,7 @@ def _node_to_json(node: NodeState) -> dict[str, Any]:
         "k8s_missing": node.k8s_missing,
         "k8s_rivals": {name: _payload_to_json(obs) for name, obs in node.k8s_rivals.items()},
         "gone_since": node.gone_since,
+        "unpooled_since": node.unpooled_since,
         "slurm_unhealthy_since": node.slurm_unhealthy_since,
         "owner": node.owner,
         "phase": node.phase.value,
@@ -194,7 +197,51 @@ def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
             name: _k8s_from_json(obs) for name, obs in (raw.get("k8s_rivals") or {}).items()
         },
         gone_since=_float_or_none(raw.get("gone_since")),
+        unpooled_since=_float_or_none(raw.get("unpooled_since")),
     )
+
+
+def _unpooled_to_json(name: str, record: UnpooledNode) -> dict[str, Any]:
+    return {
+        "name": name,
+        "k8s_name": record.k8s_name,
+        "slurm": _payload_to_json(record.slurm),
+        "k8s": _payload_to_json(record.k8s),
+        "slurm_seq": record.slurm_seq,
+        "k8s_seq": record.k8s_seq,
+        "slurm_missing": record.slurm_missing,
+        "k8s_missing": record.k8s_missing,
+        "slurm_unhealthy_since": record.slurm_unhealthy_since,
+        "gone_since": record.gone_since,
+        "k8s_rivals": {k8s: _payload_to_json(obs) for k8s, obs in record.k8s_rivals.items()},
+    }
+
+
+def _unpooled_from_json(raw: Mapping[str, Any]) -> UnpooledNode:
+    slurm, k8s = raw["slurm"], raw["k8s"]
+    return UnpooledNode(
+        k8s_name=raw["k8s_name"],
+        slurm=None if slurm is None else _decoded(SlurmNodeObserved.KIND, slurm,
+                                                  SlurmNodeObserved),
+        k8s=None if k8s is None else _k8s_from_json(k8s),
+        slurm_seq=raw["slurm_seq"],
+        k8s_seq=raw["k8s_seq"],
+        slurm_missing=raw["slurm_missing"],
+        k8s_missing=raw["k8s_missing"],
+        slurm_unhealthy_since=_float_or_none(raw["slurm_unhealthy_since"]),
+        gone_since=_float_or_none(raw["gone_since"]),
+        k8s_rivals={k8s_name: _k8s_from_json(obs) for k8s_name, obs in raw["k8s_rivals"].items()},
+    )
+
+
+def _pool_to_json(pool: ConfiguredPool) -> dict[str, Any]:
+    return {"name": pool.name, "partitions": list(pool.partitions),
+            "node_selector": _labels_to_json(pool.node_selector), "nodes": list(pool.nodes)}
+
+
+def _pool_from_json(raw: Mapping[str, Any]) -> ConfiguredPool:
+    return ConfiguredPool(raw["name"], tuple(raw["partitions"]),
+                          _labels_from_json(raw["node_selector"]), tuple(raw["nodes"]))
 
 
 def _k8s_from_json(raw: Mapping[str, Any]) -> K8sNodeObserved:
@@ -213,9 +260,14 @@ def state_to_json(state: ClusterState) -> dict[str, Any]:
         "leader_identity": state.leader_identity,
         "nodes": [_node_to_json(node) for node in state.nodes.values()],
         "k8s_names": dict(state.k8s_names),
+        "unpooled": [_unpooled_to_json(name, r) for name, r in state.unpooled.items()],
+        "configured_pools": None if state.configured_pools is None
+        else [_pool_to_json(pool) for pool in state.configured_pools],
         "nodesets": {pool: encode_payload(p) for pool, p in state.nodesets.items()},
         "slurm_demand": {part: encode_payload(p) for part, p in state.slurm_demand.items()},
         "k8s_demand": {pool: encode_payload(p) for pool, p in state.k8s_demand.items()},
+        "k8s_pending_since": dict(state.k8s_pending_since),
+        "slurm_head_since": dict(state.slurm_head_since),
         "sources": {
             source: {
                 "status": s.status,
@@ -244,6 +296,10 @@ def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
     return ClusterState(
         nodes={node["name"]: _node_from_json(node) for node in raw["nodes"]},
         k8s_names=dict(raw["k8s_names"]),
+        # Both absent in snapshots older than `pools.configured`: every node in `nodes`.
+        unpooled={r["name"]: _unpooled_from_json(r) for r in raw.get("unpooled") or ()},
+        configured_pools=None if raw.get("configured_pools") is None
+        else tuple(_pool_from_json(pool) for pool in raw["configured_pools"]),
         nodesets={
             pool: _decoded(K8sNodesetObserved.KIND, p, K8sNodesetObserved)
             for pool, p in raw["nodesets"].items()
@@ -255,6 +311,14 @@ def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
         k8s_demand={
             pool: _decoded(K8sDemandObserved.KIND, p, K8sDemandObserved)
             for pool, p in raw["k8s_demand"].items()
+        },
+        # Absent in snapshots written before it existed: the next pending list restarts
+        # the clock (fold), which only delays the starvation bound, never hastens it.
+        k8s_pending_since={
+            pool: float(since) for pool, since in raw.get("k8s_pending_since", {}).items()
+        },
+        slurm_head_since={
+            part: float(since) for part, since in raw.get("slurm_head_since", {}).items()
         },
         sources={
             source: SourceState(

@@ -31,6 +31,7 @@ from sunkd.domain.events import (
     ActionFailed,
     ActionRequested,
     ActionSucceeded,
+    ConfiguredPool,
     K8sDemandObserved,
     K8sNodeObserved,
     K8sNodesetObserved,
@@ -38,10 +39,12 @@ from sunkd.domain.events import (
     K8sWorkloadObserved,
     Label,
     LeaderElected,
+    LogArchived,
     NodeForgotten,
     OperatorPinned,
     Payload,
     PodRef,
+    PoolsConfigured,
     RecordedEvent,
     SlurmDemandObserved,
     SlurmNodeObserved,
@@ -204,6 +207,10 @@ class NodeState:
     # When the node was last seen vanish so that neither side knows it (None while either
     # side observes it): after a grace the policy forgets it (`node.forgotten`).
     gone_since: float | None = None
+    # When the node, carrying sunkd history (an owner, outcomes, a pin ...), stopped
+    # matching any pool the log knows (None while it matches one, and always before the
+    # log records the config-file pools): after a grace the policy forgets the history.
+    unpooled_since: float | None = None
 
     def open_action_on(self, side: str) -> OpenAction | None:
         for action in self.open_actions.values():
@@ -212,14 +219,114 @@ class NodeState:
         return None
 
 
+class UnpooledNode(NamedTuple):
+    """An observed node that no pool, pin or sunkd history names: only its last
+    observations, so that a pool appearing later gets the node's state at once (the
+    sources emit only on change). Exactly the fields a NodeState without history has:
+    `expand` gives back the NodeState it stands for."""
+
+    k8s_name: str | None
+    slurm: SlurmNodeObserved | None
+    k8s: K8sNodeObserved | None
+    slurm_seq: int
+    k8s_seq: int
+    slurm_missing: bool
+    k8s_missing: bool
+    slurm_unhealthy_since: float | None
+    gone_since: float | None
+    k8s_rivals: Mapping[str, K8sNodeObserved]
+
+    def expand(self, name: str) -> NodeState:
+        return NodeState(
+            name=name, k8s_name=self.k8s_name, slurm=self.slurm, k8s=self.k8s,
+            slurm_seq=self.slurm_seq, k8s_seq=self.k8s_seq, slurm_missing=self.slurm_missing,
+            k8s_missing=self.k8s_missing, slurm_unhealthy_since=self.slurm_unhealthy_since,
+            gone_since=self.gone_since, k8s_rivals=self.k8s_rivals)
+
+
+def _record_of(node: NodeState) -> UnpooledNode:
+    return UnpooledNode(node.k8s_name, node.slurm, node.k8s, node.slurm_seq, node.k8s_seq,
+                        node.slurm_missing, node.k8s_missing, node.slurm_unhealthy_since,
+                        node.gone_since, node.k8s_rivals)
+
+
+def without_history(node: NodeState | _NodeDraft) -> bool:
+    """Nothing but observations: sunkd never owned, moved, pinned or acted on it (or
+    forgot all that). Such a node is exactly its `UnpooledNode` record."""
+    return (node.owner == OWNER_NONE and node.phase == Phase.UNKNOWN and node.since is None
+            and node.last_move_at is None and node.transition is None and node.pin is None
+            and not node.workload and not node.open_actions and not node.outcomes
+            and node.unpooled_since is None)
+
+
+class _PoolMatch(NamedTuple):
+    """One pool's membership rule (the same as `policy.membership`'s)."""
+
+    name: str
+    partitions: frozenset[str]
+    selector: frozenset[tuple[str, str]]
+    nodes: frozenset[str]
+
+
+def _pool_rules(nodesets: Mapping[str, K8sNodesetObserved],
+                configured: tuple[ConfiguredPool, ...]) -> tuple[_PoolMatch, ...]:
+    """The effective pools (a Nodeset wins a name clash, as in `effective_pools`)."""
+    rules = {pool.name: _PoolMatch(pool.name, frozenset(pool.partitions),
+                                   frozenset((lb.key, lb.value) for lb in pool.node_selector),
+                                   frozenset(pool.nodes)) for pool in configured}
+    for nodeset in nodesets.values():
+        if not nodeset.deleted:
+            rules[nodeset.pool] = _PoolMatch(
+                nodeset.pool, frozenset(nodeset.partitions),
+                frozenset((lb.key, lb.value) for lb in nodeset.node_selector), frozenset())
+    return tuple(rules[name] for name in sorted(rules))
+
+
+def _in_a_pool(rules: tuple[_PoolMatch, ...], node: NodeState | _NodeDraft) -> bool:
+    """A pool, a pin or an open transition names the node (membership keeps a moving
+    node in its transition's pool)."""
+    if node.transition is not None or node.pin is not None:
+        return True
+    labels: frozenset[tuple[str, str]] | None = None
+    for rule in rules:
+        if node.name in rule.nodes:
+            return True
+        if rule.selector:
+            if node.k8s is None:
+                continue
+            if labels is None:
+                labels = frozenset((label.key, label.value) for label in node.k8s.labels)
+            if rule.selector <= labels:
+                return True
+            continue
+        if rule.nodes or not rule.partitions or node.slurm is None:
+            continue
+        if not rule.partitions.isdisjoint(node.slurm.partitions):
+            return True
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterState:
     nodes: Mapping[str, NodeState] = field(default_factory=dict)
     k8s_names: Mapping[str, str] = field(default_factory=dict)  # k8s node -> slurm node
+    # Observed nodes that no pool, pin or sunkd history names (compact: observations only),
+    # once the log records the config-file pools (`configured_pools` not None); before
+    # that, as in logs older than `pools.configured`, every node is in `nodes`.
+    unpooled: Mapping[str, UnpooledNode] = field(default_factory=dict)
+    configured_pools: tuple[ConfiguredPool, ...] | None = None
     nodesets: Mapping[str, K8sNodesetObserved] = field(default_factory=dict)  # by pool
     slurm_demand: Mapping[str, SlurmDemandObserved] = field(default_factory=dict)  # partition
     k8s_demand: Mapping[str, K8sDemandObserved] = field(default_factory=dict)  # by pool
     sources: Mapping[str, SourceState] = field(default_factory=dict)
+    # Per pool: recorded_at of the first k8s.demand.observed of the current unbroken run of
+    # non-empty pending lists (absent while nothing is pending). How long Kubernetes'
+    # demand has waited: the policy's starvation bound reads it (policy/fairness.py).
+    k8s_pending_since: Mapping[str, float] = field(default_factory=dict)
+    # Per partition: recorded_at of the first slurm.demand.observed naming the current
+    # head job (`head_job`); absent while none is reported. How long Slurm's next job has
+    # waited: the policy's reservation bound reads it (policy/fairness.py).
+    slurm_head_since: Mapping[str, float] = field(default_factory=dict)
     leader_epoch: int = 0
     leader_identity: str = ""
     last_seq: int = 0
@@ -275,6 +382,7 @@ class _NodeDraft:
     outcomes: Mapping[str, ActionOutcome]
     k8s_rivals: Mapping[str, K8sNodeObserved]
     gone_since: float | None
+    unpooled_since: float | None
 
     def __init__(self, node: NodeState) -> None:
         for name in _NODE_FIELDS:
@@ -293,9 +401,17 @@ class _Builder:
         self.drafts: dict[str, _NodeDraft] = {}
         self.forgotten: set[str] = set()
         self.k8s_names: dict[str, str] | None = None
+        self.configured_pools = base.configured_pools
+        # Pool-aware (the log records the config-file pools): nodes touched by the current
+        # event, settled after it (`settle`); the pool rules, rebuilt when pools change.
+        self.aware = base.configured_pools is not None
+        self.touched: list[str] = []
+        self._rules: tuple[_PoolMatch, ...] | None = None
         self.nodesets: dict[str, K8sNodesetObserved] | None = None
         self.slurm_demand: dict[str, SlurmDemandObserved] | None = None
         self.k8s_demand: dict[str, K8sDemandObserved] | None = None
+        self.k8s_pending_since: dict[str, float] | None = None
+        self.slurm_head_since: dict[str, float] | None = None
         self.sources: dict[str, SourceState] | None = None
         self.leader_epoch = base.leader_epoch
         self.leader_identity = base.leader_identity
@@ -303,13 +419,72 @@ class _Builder:
         self.last_recorded_at = base.last_recorded_at
 
     def draft(self, name: str) -> _NodeDraft:
+        """The node's draft; in a pool-aware fold, settled after the event (`settle`)."""
+        draft = self.quiet_draft(name)
+        if self.aware:
+            self.touched.append(name)
+        return draft
+
+    def quiet_draft(self, name: str) -> _NodeDraft:
+        """The node's draft, not settled: for the hot observation handlers, which mark
+        the node touched only when what a pool matches on changed."""
         draft = self.drafts.get(name)
         if draft is None:
-            node = self.base.nodes.get(name) if name not in self.forgotten else None
+            node = None
+            if name not in self.forgotten:
+                node = self.base.nodes.get(name)
+                if node is None:
+                    record = self.base.unpooled.get(name)
+                    node = record.expand(name) if record is not None else None
             self.forgotten.discard(name)
             draft = _NodeDraft(node if node is not None else NodeState(name=name))
             self.drafts[name] = draft
         return draft
+
+    def rules(self) -> tuple[_PoolMatch, ...]:
+        if self._rules is None:
+            nodesets = self.nodesets if self.nodesets is not None else self.base.nodesets
+            self._rules = _pool_rules(nodesets, self.configured_pools or ())
+        return self._rules
+
+    def settle(self, at: float) -> None:
+        """After an event: when a node with history stopped matching any pool (the
+        policy forgets its history after a grace: `node.forgotten`)."""
+        rules = self.rules()
+        for name in self.touched:
+            d = self.drafts.get(name)
+            if d is None:
+                continue
+            if _in_a_pool(rules, d):
+                d.unpooled_since = None
+            elif d.unpooled_since is None and not without_history(d):
+                d.unpooled_since = at
+        self.touched.clear()
+
+    def repool(self, at: float) -> None:
+        """The set of pools changed (a Nodeset, the config-file pools) at `at`: every node
+        may now match or not. Drafts only the nodes whose place or clock changes."""
+        self._rules = None
+        if not self.aware:
+            return
+        rules = self.rules()
+        base = self.base
+        for name, node in base.nodes.items():
+            if name in self.drafts or name in self.forgotten:
+                continue
+            matched = _in_a_pool(rules, node)
+            if without_history(node):
+                if not matched:
+                    self.draft(name)  # to the compact record at build()
+            elif (node.unpooled_since is None) == (not matched):
+                self.draft(name)
+        for name, record in base.unpooled.items():
+            if name in self.drafts or name in self.forgotten:
+                continue
+            if _in_a_pool(rules, record.expand(name)):
+                self.draft(name)
+        self.touched = list(self.drafts)
+        self.settle(at)
 
     def slurm_name_of(self, k8s_name: str) -> str:
         names = self.k8s_names if self.k8s_names is not None else self.base.k8s_names
@@ -318,21 +493,46 @@ class _Builder:
     def build(self) -> ClusterState:
         base = self.base
         nodes: Mapping[str, NodeState] = base.nodes
+        unpooled: Mapping[str, UnpooledNode] = base.unpooled
         if self.drafts or self.forgotten:
             copied = dict(base.nodes)
+            records = dict(base.unpooled) if self.aware else None
             for name in self.forgotten:
                 copied.pop(name, None)
+                if records is not None:
+                    records.pop(name, None)
+            rules = self.rules() if self.aware else ()
             for name, draft in self.drafts.items():
-                copied[name] = draft.freeze()
+                node = draft.freeze()
+                if records is not None and without_history(node) and not _in_a_pool(
+                        rules, node):
+                    copied.pop(name, None)
+                    records[name] = _record_of(node)
+                    continue
+                copied[name] = node
+                if records is not None:
+                    records.pop(name, None)
             nodes = copied
+            if records is not None:
+                unpooled = records
         return ClusterState(
             nodes=nodes,
+            unpooled=unpooled,
+            configured_pools=self.configured_pools,
             k8s_names=self.k8s_names if self.k8s_names is not None else base.k8s_names,
             nodesets=self.nodesets if self.nodesets is not None else base.nodesets,
             slurm_demand=(
                 self.slurm_demand if self.slurm_demand is not None else base.slurm_demand
             ),
             k8s_demand=self.k8s_demand if self.k8s_demand is not None else base.k8s_demand,
+            k8s_pending_since=(
+                self.k8s_pending_since if self.k8s_pending_since is not None
+                else base.k8s_pending_since
+            ),
+            slurm_head_since=(
+                self.slurm_head_since if self.slurm_head_since is not None
+                else base.slurm_head_since
+            ),
             sources=self.sources if self.sources is not None else base.sources,
             leader_epoch=self.leader_epoch,
             leader_identity=self.leader_identity,
@@ -351,7 +551,9 @@ def _at(event: RecordedEvent) -> float:
 def _on_slurm_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     # The hottest path of a replay: keep it to a few attribute stores.
     name = p.node or event.subject
-    d = b.drafts.get(name) or b.draft(name)
+    d = b.drafts.get(name) or b.quiet_draft(name)
+    if b.aware and (d.slurm is None or d.slurm.partitions != p.partitions):
+        b.touched.append(name)  # a partition pool may match it now, or no longer
     if (p.flags or p.state not in _HEALTHY_STATES) and slurm_unhealthy(p):
         if d.slurm_unhealthy_since is None:
             d.slurm_unhealthy_since = _at(event)
@@ -385,8 +587,8 @@ def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
             b.k8s_names = dict(b.base.k8s_names)
         b.k8s_names[k8s_name] = name
         if old_name is not None:
-            _release_claim(b.drafts.get(old_name) or b.draft(old_name), k8s_name, seq)
-    d = b.drafts.get(name) or b.draft(name)
+            _release_claim(b.draft(old_name), k8s_name, seq)
+    d = b.drafts.get(name) or b.quiet_draft(name)
     if d.k8s is not None and d.k8s_name not in (None, k8s_name):
         # A second Node claims this Slurm name: an identity conflict, never a takeover.
         rivals = dict(d.k8s_rivals)
@@ -394,6 +596,8 @@ def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         d.k8s_rivals = rivals
         return
     previous = d.k8s
+    if b.aware and (previous is None or previous.labels != observation.labels):
+        b.touched.append(name)  # a selector may match it now, or no longer
     d.gone_since = None
     if observation.pin != (previous.pin if previous is not None else None):
         d.pin = _pin(observation.pin, "annotation", f"annotation sunkd.io/pin on {k8s_name}",
@@ -457,14 +661,35 @@ def _on_slurm_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> Non
     subject = event.subject
     if b.slurm_demand is None:
         b.slurm_demand = dict(b.base.slurm_demand)
-    b.slurm_demand[p.partition or subject] = p
+    partition = p.partition or subject
+    previous = b.slurm_demand.get(partition)
+    b.slurm_demand[partition] = p
+    since = b.slurm_head_since if b.slurm_head_since is not None else b.base.slurm_head_since
+    same_head = (p.head_job > 0 and partition in since and previous is not None
+                 and previous.head_job == p.head_job)
+    if not same_head and (p.head_job > 0 or partition in since):
+        if b.slurm_head_since is None:
+            b.slurm_head_since = dict(b.base.slurm_head_since)
+        if p.head_job > 0:
+            b.slurm_head_since[partition] = _at(event)
+        else:
+            del b.slurm_head_since[partition]
 
 
 def _on_k8s_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     subject = event.subject
     if b.k8s_demand is None:
         b.k8s_demand = dict(b.base.k8s_demand)
-    b.k8s_demand[p.pool or subject] = p
+    pool = p.pool or subject
+    b.k8s_demand[pool] = p
+    since = b.k8s_pending_since if b.k8s_pending_since is not None else b.base.k8s_pending_since
+    if bool(p.pending) != (pool in since):
+        if b.k8s_pending_since is None:
+            b.k8s_pending_since = dict(b.base.k8s_pending_since)
+        if p.pending:
+            b.k8s_pending_since[pool] = _at(event)
+        else:
+            del b.k8s_pending_since[pool]
 
 
 def _on_nodeset(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -477,6 +702,14 @@ def _on_nodeset(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         b.nodesets.pop(pool, None)
     else:
         b.nodesets[pool] = nodeset
+    b.repool(_at(event))
+
+
+def _on_pools_configured(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    configured: PoolsConfigured = p
+    b.configured_pools = configured.pools
+    b.aware = True
+    b.repool(_at(event))
 
 
 def _on_health(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -613,6 +846,14 @@ def _on_outcome(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
 
 def _on_forgotten(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     name = p.node or event.subject
+    d = b.draft(name)
+    if d.slurm is not None or d.k8s is not None or d.k8s_rivals:
+        # Still observed (it left every pool): forget what sunkd did, keep what the
+        # sources see, so a pool that takes it later starts from the live node.
+        d.owner, d.phase, d.since, d.last_move_at = OWNER_NONE, Phase.UNKNOWN, None, None
+        d.transition, d.pin, d.unpooled_since = None, None, None
+        d.workload, d.open_actions, d.outcomes = {}, {}, {}
+        return
     b.drafts.pop(name, None)
     b.forgotten.add(name)
     names = b.k8s_names if b.k8s_names is not None else b.base.k8s_names
@@ -629,6 +870,13 @@ def _on_leader(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     if elected.epoch >= b.leader_epoch:
         b.leader_epoch = elected.epoch
         b.leader_identity = elected.identity
+
+
+def _on_archived(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
+    """`log.archived` changes nothing the policy decides on: archived events stay
+    folded into the state (the archive's base snapshot holds them), so only `last_seq`
+    moves, as for every event."""
+    return None
 
 
 _HANDLERS: dict[type[Payload], Any] = {
@@ -649,6 +897,8 @@ _HANDLERS: dict[type[Payload], Any] = {
     ActionSucceeded: _on_outcome,
     ActionFailed: _on_outcome,
     LeaderElected: _on_leader,
+    PoolsConfigured: _on_pools_configured,
+    LogArchived: _on_archived,
     NodeForgotten: _on_forgotten,
 }
 
@@ -673,6 +923,8 @@ def fold(events: Iterable[RecordedEvent], state: ClusterState = EMPTY) -> Cluste
         handler = handlers.get(type(payload))
         if handler is not None:
             handler(builder, payload, seq, event)
+            if builder.touched:
+                builder.settle(_at(event))
     builder.last_seq = last_seq
     if last_event is not None:
         builder.last_recorded_at = _at(last_event)

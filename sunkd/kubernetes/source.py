@@ -672,8 +672,15 @@ class KubernetesSource:
         for event in accepted:
             family = _family(event.payload)
             assert family is not None
-            self._last[family] = event.payload
             self._rejected.pop(family, None)
+            gone = isinstance(event.payload, K8sNodeVanished) or (
+                isinstance(event.payload, K8sWorkloadObserved) and not event.payload.pods)
+            if gone and family[1] not in self.nodes:
+                # Reported gone (a vanish, an emptied workload): nothing left to compare
+                # with, so forget it (memory follows the live cluster, issue 15.4).
+                self._last.pop(family, None)
+                continue
+            self._last[family] = event.payload
         self.emitted += len(accepted)
         if self._recovered("append"):
             await self._emit_health()

@@ -33,7 +33,6 @@ from sunkd.domain.events import (
     K8sWorkloadObserved,
     Label,
     LeaderElected,
-    NodeJobEnd,
     OwnershipSpec,
     Payload,
     PendingPod,
@@ -46,8 +45,10 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS
 from sunkd.domain.policy import (
+    KUBERNETES_WAIT_BOUND_SECONDS,
     OBSERVATION_CATCHUP_SECONDS,
     REFUSED_RETRY_SECONDS,
+    SLURM_HEAD_WAIT_BOUND_SECONDS,
     AbortTransition,
     CompleteTransition,
     PoolSpec,
@@ -164,6 +165,10 @@ class SunkdController:
     def _slurm_node(self, node: SimNode) -> SlurmNodeObserved:
         world = self.world
         busy = node.job is not None
+        job_end = None
+        if node.job is not None:  # its job's expected end, as GET /jobs reports it
+            job, _nodes, start = world.running[node.job]
+            job_end = EPOCH + start + job.estimate
         return SlurmNodeObserved(
             node=node.name, state="ALLOCATED" if busy else "IDLE",
             flags=("DRAIN",) if node.drain else (),
@@ -172,17 +177,17 @@ class SunkdController:
             cpus=world.shape.cpu_milli // 1000,
             alloc_cpus=world.shape.cpu_milli // 1000 if busy else 0,
             gpus_total=world.shape.gpus, gpus_used=world.shape.gpus if busy else 0,
-            partitions=(PARTITION,))
+            partitions=(PARTITION,), jobs=1 if busy else 0, job_end=job_end)
 
     def _slurm_demand(self) -> SlurmDemandObserved:
         world = self.world
-        ends = sorted((world.nodes[i].name, EPOCH + start + job.estimate)
-                      for job, nodes, start in world.running.values() for i in nodes)
         return SlurmDemandObserved(
             partition=PARTITION, pending_jobs=len(world.queue),
             pending_nodes=sum(job.nodes for job in world.queue),
             running_jobs=len(world.running),
-            node_job_ends=tuple(NodeJobEnd(name, end, 1) for name, end in ends))
+            # FIFO: the queue's first job is the one Slurm reports waiting on `Resources`.
+            head_nodes=world.queue[0].nodes if world.queue else 0,
+            head_job=world.queue[0].job_id if world.queue else 0)
 
     def _k8s_node(self, node: SimNode) -> K8sNodeObserved:
         shape = self.world.shape
@@ -209,6 +214,9 @@ class SunkdController:
             key = ("k8s-demand", POOL)
             last = self.last.get(key)
             if not isinstance(last, K8sDemandObserved) or last.pending != pending:
+                before = last.pending if isinstance(last, K8sDemandObserved) else ()
+                if bool(pending) != bool(before):
+                    self.timers_dirty = True  # the pending clock (re)starts or stops
                 payload = K8sDemandObserved(pool=POOL, pending=pending)
                 self.last[key] = payload
                 self._append(payload, POOL, t)
@@ -225,7 +233,12 @@ class SunkdController:
             world.slurm_changed.clear()
             if world.queue_changed:
                 world.queue_changed = False
-                self._emit(("slurm-demand", PARTITION), self._slurm_demand(), t)
+                demand = self._slurm_demand()
+                last_demand = self.last.get(("slurm-demand", PARTITION))
+                if not isinstance(last_demand, SlurmDemandObserved) or \
+                        last_demand.head_job != demand.head_job:
+                    self.timers_dirty = True  # the head job's clock (re)starts or stops
+                self._emit(("slurm-demand", PARTITION), demand, t)
 
     @staticmethod
     def _pending_pod(record: PodRecord) -> PendingPod:
@@ -315,6 +328,11 @@ class SunkdController:
             if now < at < best:
                 best = at
 
+        pending_since = self.state.k8s_pending_since.get(self.pool.name)
+        if pending_since is not None:
+            consider(pending_since + KUBERNETES_WAIT_BOUND_SECONDS)
+        for head_since in self.state.slurm_head_since.values():
+            consider(head_since + SLURM_HEAD_WAIT_BOUND_SECONDS)
         for node in self.state.nodes.values():
             if node.last_move_at is not None:
                 consider(node.last_move_at + spec.dwell_seconds)

@@ -115,7 +115,8 @@ class SlurmNode(NamedTuple):
             text = self.state.lower()
         return text + ("*" if "NOT_RESPONDING" in self.flags else "")
 
-    def to_observed(self) -> SlurmNodeObserved:
+    def to_observed(self, jobs: int = 0, job_end: float | None = None) -> SlurmNodeObserved:
+        """The observation of this node; `jobs`/`job_end` come from `GET /jobs`."""
         return SlurmNodeObserved(
             node=self.name,
             state=self.state,
@@ -132,6 +133,8 @@ class SlurmNode(NamedTuple):
             comment=self.comment,
             boot_time=self.boot_time,
             last_busy=self.last_busy,
+            jobs=jobs,
+            job_end=job_end,
         )
 
 

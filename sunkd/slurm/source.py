@@ -4,8 +4,10 @@ slurmrestd has no watch and its `update_time` filter is broken for nodes on ever
 release before 26.05.3 (304-empty or HTTP 500), so the only reliable way to follow
 Slurm is a full `GET /nodes` (+ `GET /jobs` for demand) every `poll_interval` and a
 diff on our side. This module does that diff: it emits `slurm.node.observed` only when
-a node's normalized content changed, `slurm.node.vanished` when it disappears,
-`slurm.demand.observed` per partition when demand changed, and `source.health` when
+a node's normalized content changed (its running jobs and their latest expected end
+included, within `JOB_END_TOLERANCE_SECONDS`), `slurm.node.vanished` when it disappears,
+`slurm.demand.observed` per partition when its counters changed (never a per-node list:
+an event's size does not grow with the busy nodes, issue 15.3), and `source.health` when
 the source turns fresh / stale / lost (with the cause). Seeded with the last payloads
 from the fold, a restarted daemon does not re-emit what the log already has.
 
@@ -31,7 +33,6 @@ import structlog
 
 from sunkd.domain.events import (
     Event,
-    NodeJobEnd,
     SlurmDemandObserved,
     SlurmNodeObserved,
     SlurmNodeVanished,
@@ -71,18 +72,26 @@ RESOURCE_REASONS = ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required"
 DEFAULT_POLL_INTERVAL = 5.0
 MIN_POLL_GAP = 0.05
 
-__all__ = ["SlurmSource", "compute_demand"]
+# A node's expected job end that moved by less than this is not a change (no event).
+# The policy uses ends only to lend the node whose jobs end soonest first; a drain
+# then waits for those jobs, which takes minutes, so ends within a minute of each other
+# are equally good candidates. Any change of the job count, or between finite and
+# unlimited, is always emitted.
+JOB_END_TOLERANCE_SECONDS = 60.0
+
+__all__ = ["JOB_END_TOLERANCE_SECONDS", "SlurmSource", "compute_demand", "compute_node_jobs"]
 
 
 def compute_demand(
     jobs: Sequence[SlurmJob], partitions: Sequence[str]
 ) -> dict[str, SlurmDemandObserved]:
-    """Per partition: pending jobs and the nodes they wait for; running jobs' ends."""
+    """Per partition: pending jobs, the nodes they wait for, and running jobs (counters
+    only: when the running jobs end is per node, `compute_node_jobs`)."""
     managed = set(partitions)
     pending: dict[str, int] = {p: 0 for p in partitions}
     pending_nodes: dict[str, int] = {p: 0 for p in partitions}
     running: dict[str, int] = {p: 0 for p in partitions}
-    ends: dict[str, dict[str, tuple[float | None, int]]] = {p: {} for p in partitions}
+    head: dict[str, tuple[int, int]] = {}  # partition -> (nodes, job id) of the head
     for job in jobs:
         is_pending = job.state == "PENDING"
         is_running = job.state in ACTIVE_RUNNING
@@ -93,38 +102,59 @@ def compute_demand(
                 continue
             if partition not in pending:
                 pending[partition] = pending_nodes[partition] = running[partition] = 0
-                ends[partition] = {}
             if is_pending:
                 pending[partition] += 1
                 reason = job.state_reason or ""
                 if reason.startswith(RESOURCE_REASONS):
                     pending_nodes[partition] += max(1, job.node_count)
+                if reason.startswith("Resources"):
+                    head[partition] = max(head.get(partition, (0, 0)),
+                                          (max(1, job.node_count), job.job_id))
                 continue
             running[partition] += 1
-            per_node = ends[partition]
-            end = job.end_time
-            for node in job.nodes:
-                previous = per_node.get(node)
-                if previous is None:
-                    per_node[node] = (end, 1)
-                else:
-                    old_end, count = previous
-                    # None = unlimited: it dominates any finite end.
-                    new_end = None if old_end is None or end is None else max(old_end, end)
-                    per_node[node] = (new_end, count + 1)
     return {
         partition: SlurmDemandObserved(
             partition=partition,
             pending_jobs=pending[partition],
             pending_nodes=pending_nodes[partition],
             running_jobs=running[partition],
-            node_job_ends=tuple(
-                NodeJobEnd(node=node, expected_end=end, jobs=count)
-                for node, (end, count) in sorted(ends[partition].items())
-            ),
+            head_nodes=head.get(partition, (0, 0))[0],
+            head_job=head.get(partition, (0, 0))[1],
         )
         for partition in pending
     }
+
+
+def compute_node_jobs(jobs: Sequence[SlurmJob]) -> dict[str, tuple[int, float | None]]:
+    """Per node: the running jobs on it, whatever their partition (a job of any
+    partition must end before the node can be lent), and the latest expected end
+    (None = one of them is unlimited or has no end time: it dominates)."""
+    per_node: dict[str, tuple[int, float | None]] = {}
+    for job in jobs:
+        if job.state not in ACTIVE_RUNNING:
+            continue
+        end = job.end_time
+        for node in job.nodes:
+            previous = per_node.get(node)
+            if previous is None:
+                per_node[node] = (1, end)
+            else:
+                count, old_end = previous
+                new_end = None if old_end is None or end is None else max(old_end, end)
+                per_node[node] = (count + 1, new_end)
+    return per_node
+
+
+def _settle_job_end(previous: SlurmNodeObserved | None, jobs: int,
+                    job_end: float | None) -> float | None:
+    """`job_end`, or the one last emitted if it moved by less than the tolerance: a
+    recomputed end (a job whose limit slurmctld re-evaluates, a node whose latest job
+    changes within the same minute) is not a change worth an event."""
+    if (previous is not None and previous.jobs > 0 and jobs > 0
+            and previous.job_end is not None and job_end is not None
+            and abs(job_end - previous.job_end) < JOB_END_TOLERANCE_SECONDS):
+        return previous.job_end
+    return job_end
 
 
 def _cause(error: BaseException) -> tuple[str, str]:
@@ -251,8 +281,11 @@ class SlurmSource:
             return True
         return any(p in self.partitions for p in node.partitions)
 
-    def _observed(self, node: SlurmNode, now: float) -> SlurmNodeObserved:
-        observed = node.to_observed()
+    def _observed(self, node: SlurmNode, now: float,
+                  jobs: tuple[int, float | None]) -> SlurmNodeObserved:
+        count, job_end = jobs
+        job_end = _settle_job_end(self._nodes.get(node.name), count, job_end)
+        observed = node.to_observed(count, job_end if count else None)
         if "NOT_RESPONDING" in node.flags:
             # After a resume slurmctld shows idle+NOT_RESPONDING for ~1 s until its next
             # ping (docs/slurm.md, "Measured behaviour"). Report the flag only once it has
@@ -276,14 +309,19 @@ class SlurmSource:
         previous = self._nodes
         raw_cache = self._raw
         nr_pending = self._nr_since
+        node_jobs = compute_node_jobs(jobs)
+        no_jobs: tuple[int, float | None] = (0, None)
         for node in nodes:
             if not self._managed(node):
                 continue
             name = node.name
             seen.add(name)
-            if raw_cache.get(name) == node and name not in nr_pending and name in previous:
+            on_node = node_jobs.get(name, no_jobs)
+            last = previous.get(name)
+            if (last is not None and raw_cache.get(name) == node and name not in nr_pending
+                    and _same_jobs(last, on_node)):
                 continue
-            observed = self._observed(node, now)
+            observed = self._observed(node, now, on_node)
             if previous.get(name) != observed:
                 events.append(Event(subject=name, payload=observed))
             self._pending_raw[name] = node
@@ -344,6 +382,16 @@ class SlurmSource:
         await self._sink([event])
         self._commit([event])
         return [event]
+
+
+def _same_jobs(last: SlurmNodeObserved, jobs: tuple[int, float | None]) -> bool:
+    """The jobs on a node are what `last` says, within the job-end tolerance."""
+    count, job_end = jobs
+    if count != last.jobs:
+        return False
+    if count == 0 or job_end is None or last.job_end is None:
+        return job_end == last.job_end or count == 0
+    return abs(job_end - last.job_end) < JOB_END_TOLERANCE_SECONDS
 
 
 def _positive_finite(value: object) -> bool:

@@ -32,6 +32,11 @@ partitions = ["gpu"]
             assert time.monotonic() < deadline and not task.done()
             await asyncio.sleep(0.05)
         assert [p.name for p in daemon.engine.config_pools] == ["gpu-a"]
+        # The leader records its config pools in the log: the fold knows every pool.
+        while daemon.state().configured_pools is None:
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.05)
+        assert [p.name for p in daemon.state().configured_pools or ()] == ["gpu-a"]
 
         config.write_text(config.read_text() + '[[pools]]\nname = "cpu-b"\nmax_in_flight = 3\n')
         os.kill(os.getpid(), signal.SIGHUP)
@@ -39,6 +44,9 @@ partitions = ["gpu"]
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         assert daemon.engine.config_pools[1].ownership.max_in_flight == 3
+        while [p.name for p in daemon.state().configured_pools or ()] != ["cpu-b", "gpu-a"]:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
 
         config.write_text("[[pools]]\nname = 'x'\nprefer = 'Nobody'\n")  # invalid
         os.kill(os.getpid(), signal.SIGHUP)

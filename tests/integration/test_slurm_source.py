@@ -143,8 +143,12 @@ async def test_demand_per_partition(cluster: SlurmCluster, client: SlurmRestClie
             await asyncio.sleep(0.2)
         assert demand is not None
         assert (demand.pending_jobs, demand.pending_nodes, demand.running_jobs) == (1, 1, 1)
-        assert [(e.node, e.jobs) for e in demand.node_job_ends] == [("ss1", 1), ("ss2", 1)]
-        assert all(e.expected_end and e.expected_end > time.time() for e in demand.node_job_ends)
+        assert not demand.extra  # counters only: no per-node job ends (issue 15)
+        # The running job's end rides on each of its nodes' own observation.
+        nodes = {name: source.nodes[name] for name in ("ss1", "ss2")}
+        assert {name: node.jobs for name, node in nodes.items()} == {"ss1": 1, "ss2": 1}
+        assert all(n.job_end is not None and n.job_end > time.time() for n in nodes.values())
+        assert source.nodes["ss3"].jobs == 0 and source.nodes["ss3"].job_end is None
         # The other partition saw no change, so no demand event for it.
         assert not [
             e
@@ -163,6 +167,12 @@ async def test_demand_per_partition(cluster: SlurmCluster, client: SlurmRestClie
             break
         await asyncio.sleep(0.2)
     assert last is not None and (last.pending_jobs, last.running_jobs) == (0, 0)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(source.nodes[n].jobs for n in ("ss1", "ss2")):
+        await source.poll_once()
+        await asyncio.sleep(0.2)
+    assert [(source.nodes[n].jobs, source.nodes[n].job_end) for n in ("ss1", "ss2")] == [
+        (0, None), (0, None)]
 
 
 async def test_resume_flap_is_not_reported(cluster: SlurmCluster, client: SlurmRestClient) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TypeVar
 
 from sunkd.domain.events import (
@@ -22,6 +23,8 @@ from sunkd.domain.events import (
     TransitionAborted,
     TransitionCompleted,
     TransitionStarted,
+    decode_payload,
+    legacy_node_job_ends,
 )
 from sunkd.domain.policy import (
     AbortTransition,
@@ -69,8 +72,17 @@ def _pods(log: Log, count: int, now: float = 3.0, **request: int) -> None:
 
 
 def _jobs(log: Log, nodes: int, now: float = 3.0, ends: tuple[NodeJobEnd, ...] = ()) -> None:
-    log.add(SlurmDemandObserved(partition=PARTITION, pending_jobs=nodes, pending_nodes=nodes,
-                                node_job_ends=ends), now)
+    if not ends:
+        log.add(SlurmDemandObserved(partition=PARTITION, pending_jobs=nodes,
+                                    pending_nodes=nodes), now)
+        return
+    # A row as sunkd wrote it before issue 15: every busy node's job end in the demand.
+    legacy = decode_payload(SlurmDemandObserved.KIND, {
+        "v": 1, "partition": PARTITION, "pending_jobs": nodes, "pending_nodes": nodes,
+        "running_jobs": 0, "node_job_ends": [
+            {"node": e.node, "expected_end": e.expected_end, "jobs": e.jobs} for e in ends]})
+    assert legacy_node_job_ends(legacy) == ends  # type: ignore[arg-type]
+    log.add(legacy, now)
 
 
 def _decide(log: Log, now: float, pool: PoolSpec | None = None) -> list[Decision]:
@@ -276,6 +288,20 @@ def test_lend_order_idle_first_then_soonest_job_end() -> None:
     _pods(log, 4)
     starts = _only(_decide(log, T0, pool_spec(max_in_flight=3)), StartTransition)
     assert [s.node for s in starts] == ["n4", "n3", "n2"]
+
+
+def test_lend_order_reads_job_ends_from_node_observations() -> None:
+    log = _cluster(4)
+    for name, end in (("n1", None), ("n2", T0 + 500), ("n3", T0 + 100)):
+        log.add(replace(slurm_obs(name, "ALLOCATED", alloc_cpus=8), jobs=1, job_end=end), 3.0)
+    _jobs(log, 0)
+    _pods(log, 4)
+    starts = _only(_decide(log, T0, pool_spec(max_in_flight=3)), StartTransition)
+    assert [s.node for s in starts] == ["n4", "n3", "n2"]
+    # A later observation of the node moves it in the order (n3 now ends last).
+    log.add(replace(slurm_obs("n3", "ALLOCATED", alloc_cpus=8), jobs=2, job_end=T0 + 900), 3.5)
+    starts = _only(_decide(log, T0, pool_spec(max_in_flight=3)), StartTransition)
+    assert [s.node for s in starts] == ["n4", "n2", "n3"]
 
 
 def test_pending_pods_are_packed_by_requests() -> None:

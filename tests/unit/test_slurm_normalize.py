@@ -23,9 +23,9 @@ from aiohttp import web
 from sunkd.domain.events import Event, SlurmNodeObserved, SourceHealth
 from sunkd.slurm.auth import jwt_expiry, mint_jwt
 from sunkd.slurm.client import SlurmRestClient
-from sunkd.slurm.model import SlurmApiError, SlurmPayloadError
+from sunkd.slurm.model import SlurmApiError, SlurmJob, SlurmPayloadError
 from sunkd.slurm.normalize import gpu_count, normalize_jobs, normalize_nodes, slurm_release
-from sunkd.slurm.source import SlurmSource, compute_demand
+from sunkd.slurm.source import SlurmSource, compute_demand, compute_node_jobs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
@@ -152,12 +152,24 @@ def test_demand_from_jobs() -> None:
     demand = compute_demand(jobs, ("standard", "idle"))
     standard = demand["standard"]
     assert (standard.pending_jobs, standard.pending_nodes, standard.running_jobs) == (1, 4, 2)
-    assert [(e.node, e.expected_end, e.jobs) for e in standard.node_job_ends] == [
-        ("cn1", 1762788891.0, 1),
-        ("cn2", 1762788891.0, 1),
-        ("cn3", 1762788891.0, 1),
+    assert demand["idle"].pending_jobs == 0 and demand["idle"].running_jobs == 0
+    # Job ends are per node now (they ride on slurm.node.observed), not in the demand.
+    assert compute_node_jobs(jobs) == {
+        "cn1": (1, 1762788891.0),
+        "cn2": (1, 1762788891.0),
+        "cn3": (1, 1762788891.0),
+    }
+
+
+def test_node_jobs_count_every_partition_and_unlimited_dominates() -> None:
+    jobs = [
+        SlurmJob(1, "RUNNING", partition="a", nodes=("n1", "n2"), end_time=100.0),
+        SlurmJob(2, "RUNNING", partition="b", nodes=("n1",), end_time=300.0),
+        SlurmJob(3, "CONFIGURING", partition="a", nodes=("n2",), end_time=None),
+        SlurmJob(4, "PENDING", partition="a", node_count=2),
+        SlurmJob(5, "COMPLETED", partition="a", nodes=("n3",), end_time=50.0),
     ]
-    assert demand["idle"].pending_jobs == 0 and demand["idle"].node_job_ends == ()
+    assert compute_node_jobs(jobs) == {"n1": (2, 300.0), "n2": (2, None)}
 
 
 @pytest.mark.parametrize(

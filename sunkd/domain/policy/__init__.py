@@ -25,6 +25,8 @@ The package is split by concern (each module says why it exists):
 - `planner`: `_Planner`, the round's decisions and ids, and `ensure` (retry, backoff);
 - `demand`: nodes each side's pending work needs, Slurm job end times;
 - `lend`, `reclaim`: the two directions of a move, step by step;
+- `fairness`: `prefer` decides contested nodes, within a starvation bound and no
+  preemption of waiting or preferred work;
 - `transitions`: driving an open transition (or aborting it), adoption;
 - `holds`: mirroring each side's holds to the other; `repair`: undoing tampering;
 - `pool`: one pool's round, as a sequence of named steps.
@@ -33,8 +35,16 @@ Other code imports only from `sunkd.domain.policy` (this module).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
+from sunkd.domain.policy.fairness import (
+    FAIR_SHARE,
+    KUBERNETES_WAIT_BOUND_SECONDS,
+    SLURM_HEAD_WAIT_BOUND_SECONDS,
+    kubernetes_overrides,
+    protect_running_pods,
+    slurm_reserves,
+)
 from sunkd.domain.policy.model import (
     FORGET_AFTER_SECONDS,
     MODE_AUTO,
@@ -71,10 +81,12 @@ from sunkd.domain.policy.model import (
 from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.policy.pool import _plan_pool
 from sunkd.domain.policy.repair import _report_overlap
-from sunkd.domain.state import ClusterState, NodeState
+from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState
 
 __all__ = [
+    "FAIR_SHARE",
     "FORGET_AFTER_SECONDS",
+    "KUBERNETES_WAIT_BOUND_SECONDS",
     "MODE_AUTO",
     "MODE_KUBERNETES",
     "MODE_SLURM",
@@ -83,6 +95,7 @@ __all__ = [
     "REFUSED_RETRY_SECONDS",
     "RETRY_BASE_SECONDS",
     "RETRY_MAX_SECONDS",
+    "SLURM_HEAD_WAIT_BOUND_SECONDS",
     "VERB_CORDON",
     "VERB_DRAIN",
     "VERB_EVICT",
@@ -101,11 +114,14 @@ __all__ = [
     "decide",
     "decision_to_event",
     "effective_pools",
+    "kubernetes_overrides",
     "lend_reason",
     "membership",
     "pool_from_nodeset",
     "pool_overlaps",
+    "protect_running_pods",
     "retry_backoff",
+    "slurm_reserves",
 ]
 
 
@@ -121,22 +137,25 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
     planner = _Planner(state, now)
     by_name = {pool.name: pool for pool in pools}
     members: dict[str, list[NodeState]] = {}
-    for name, pool_name in membership(state, pools).items():
+    member_of = membership(state, pools)
+    for name, pool_name in member_of.items():
         members.setdefault(pool_name, []).append(state.nodes[name])
     for pool_name in sorted(members):
         nodes = sorted(members[pool_name], key=lambda n: n.name)
         pool = by_name.get(pool_name) or PoolSpec(name=pool_name)
         _plan_pool(planner, pool, nodes)
-    for name, claimed_by in sorted(pool_overlaps(state, pools).items()):
+    overlaps = pool_overlaps(state, pools)
+    for name, claimed_by in sorted(overlaps.items()):
         _report_overlap(planner, state.nodes[name], claimed_by)
-    _forget_gone(planner, state)
+    _forget_gone(planner, state, member_of.keys() | overlaps.keys())
     return planner.decisions
 
 
-def _forget_gone(planner: _Planner, state: ClusterState) -> None:
-    """Forget nodes gone from both sides for FORGET_AFTER_SECONDS (bounded memory): not
-    while anything is open on them, not while an operator's pin names them, and only
-    while both sources are fresh in this term (decisions need that, always)."""
+def _forget_gone(planner: _Planner, state: ClusterState, pooled: Set[str]) -> None:
+    """Forget nodes gone from both sides for FORGET_AFTER_SECONDS (bounded memory), and
+    the history of nodes in no pool (`unpooled_since`) as long: not while anything is
+    open on them, not while an operator's pin names them, and only while both sources
+    are fresh in this term (decisions need that, always)."""
     if not (state.source_fresh("slurm") and state.source_fresh("kubernetes")):
         return
     for name in sorted(state.nodes):
@@ -152,3 +171,24 @@ def _forget_gone(planner: _Planner, state: ClusterState) -> None:
         ):
             planner.decisions.append(ForgetNode(
                 name, f"gone from Slurm and Kubernetes for {FORGET_AFTER_SECONDS:g} s"))
+        elif (
+            node.unpooled_since is not None
+            and name not in pooled  # the pools decide() runs with agree
+            and planner.now - node.unpooled_since >= FORGET_AFTER_SECONDS
+            and node.transition is None
+            and not node.open_actions
+            and node.pin is None
+            # A node lent to Kubernetes keeps its history: its Slurm drain is sunkd's,
+            # and only a pool that takes it again may resume it (docs/safety.md).
+            and node.owner != OWNER_KUBERNETES
+        ):
+            # Its observations stay (compactly, `ClusterState.unpooled`): only sunkd's
+            # history of it goes, so a pool that takes it later adopts it afresh.
+            planner.decisions.append(ForgetNode(
+                name, f"in no pool for {FORGET_AFTER_SECONDS:g} s"))
+    gone = [name for name, record in state.unpooled.items()
+            if record.gone_since is not None and record.slurm is None and record.k8s is None
+            and planner.now - record.gone_since >= FORGET_AFTER_SECONDS]
+    for name in sorted(gone):
+        planner.decisions.append(ForgetNode(
+            name, f"gone from Slurm and Kubernetes for {FORGET_AFTER_SECONDS:g} s"))

@@ -8,9 +8,12 @@ per pool), net of idle nodes already covering it, and raised to the pool's floor
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from sunkd.domain.events import legacy_node_job_ends
 from sunkd.domain.ownership import Assessment, assess, slurm_busy, slurm_usable
+from sunkd.domain.policy.fairness import kubernetes_overrides, slurm_reserves
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
 from sunkd.domain.policy.planner import _active_pods, _Planner
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
@@ -26,6 +29,7 @@ class _Census:
     reclaims: list[NodeState]  # members in an open reclaim
     owned_k8s: int  # members settled with Kubernetes
     owned_slurm: int  # members settled with Slurm
+    now: float = 0.0  # the round's time (fairness reads how long demand has waited)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +54,7 @@ def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
     ]
     owned_k8s = sum(1 for n in members if n.transition is None and n.owner == OWNER_KUBERNETES)
     owned_slurm = sum(1 for n in members if n.transition is None and n.owner == OWNER_SLURM)
-    return _Census(members, assessments, lends, reclaims, owned_k8s, owned_slurm)
+    return _Census(members, assessments, lends, reclaims, owned_k8s, owned_slurm, now)
 
 
 def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand:
@@ -76,9 +80,22 @@ def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand
     slurm_needed = max(_slurm_nodes_needed(state, pool) - idle_slurm, 0)
     contested = k8s_needed > 0 and slurm_needed > 0
     if contested and spec.prefer == PREFER_KUBERNETES:
-        slurm_needed = 0
+        # prefer: Kubernetes, unless Slurm's head job waited past the reservation bound:
+        # then Slurm wins until it holds what that job needs (policy/fairness.py).
+        reserve = slurm_reserves(state, pool, members, census.now)
+        if reserve > 0:
+            k8s_needed, slurm_needed = 0, min(slurm_needed, reserve)
+        else:
+            slurm_needed = 0
     elif contested:
-        k8s_needed = 0
+        # prefer: Slurm, unless Kubernetes' pods waited past the starvation bound below
+        # its fair share and Slurm holds more than its next job needs: then Kubernetes
+        # wins up to that share (policy/fairness.py).
+        override = kubernetes_overrides(state, pool, members, census.now)
+        if override > 0:
+            k8s_needed, slurm_needed = min(k8s_needed, override), 0
+        else:
+            k8s_needed = 0
 
     lend_target = max(k8s_needed, spec.min_kubernetes - census.owned_k8s)
     reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
@@ -129,13 +146,48 @@ def _k8s_nodes_needed(state: ClusterState, pool: PoolSpec, members: list[NodeSta
     return min(len(pods), needed)
 
 
-def _job_ends(state: ClusterState, pool: PoolSpec) -> dict[str, float]:
-    ends: dict[str, float] = {}
-    for partition in pool.partitions:
-        demand = state.slurm_demand.get(partition)
-        if demand is None:
-            continue
-        for job_end in demand.node_job_ends:
-            end = math.inf if job_end.expected_end is None else job_end.expected_end
-            ends[job_end.node] = max(ends.get(job_end.node, -math.inf), end)
-    return ends
+class _JobEnds(Mapping[str, float]):
+    """Node name -> when its running jobs are expected to end (inf: unlimited/unknown),
+    for the nodes running jobs. Read per node from its `slurm.node.observed` (`jobs`,
+    `job_end`), lazily: the policy looks up only the lend candidates. Old logs carried
+    the ends in the pool's partitions' `slurm.demand.observed` (`node_job_ends`); those
+    still count, exactly as they did (the latest end wins), until a current demand
+    event of the partition replaces them."""
+
+    __slots__ = ("_legacy", "_nodes")
+
+    def __init__(self, state: ClusterState, pool: PoolSpec) -> None:
+        self._nodes = state.nodes
+        legacy: dict[str, float] = {}
+        for partition in pool.partitions:
+            demand = state.slurm_demand.get(partition)
+            if demand is None:
+                continue
+            for job_end in legacy_node_job_ends(demand):
+                end = math.inf if job_end.expected_end is None else job_end.expected_end
+                legacy[job_end.node] = max(legacy.get(job_end.node, -math.inf), end)
+        self._legacy = legacy
+
+    def __getitem__(self, name: str) -> float:
+        end = self._legacy.get(name)
+        node = self._nodes.get(name)
+        slurm = node.slurm if node is not None else None
+        if slurm is not None and slurm.jobs > 0:
+            own = math.inf if slurm.job_end is None else slurm.job_end
+            end = own if end is None else max(end, own)
+        if end is None:
+            raise KeyError(name)
+        return end
+
+    def __iter__(self) -> Iterator[str]:
+        names = set(self._legacy)
+        names.update(name for name, node in self._nodes.items()
+                     if node.slurm is not None and node.slurm.jobs > 0)
+        return iter(sorted(names))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _job_ends(state: ClusterState, pool: PoolSpec) -> Mapping[str, float]:
+    return _JobEnds(state, pool)
