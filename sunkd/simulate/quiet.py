@@ -9,11 +9,13 @@ no time-based rule came due, such an observation cannot make the next one return
   wanted);
 - a settled, undrained Slurm node going between IDLE and ALLOCATED while no Slurm job
   waits (idle Slurm nodes only net Slurm demand, and there is none);
-- Slurm demand whose pending jobs and nodes did not change (running jobs' expected ends
-  only order lends, which nothing wanted);
-- any change of pending pods while the pool prefers Slurm and Slurm's demand, net of its
-  idle nodes, is positive: the policy then ignores Kubernetes' demand altogether (this is
-  what keeps a starved Kubernetes side, thousands of pending pods, affordable to run).
+- Slurm demand whose pending jobs, nodes and head job did not change (running jobs'
+  expected ends only order lends, which nothing wanted);
+- any change of pending pods while the pool prefers Slurm, Slurm's demand, net of its
+  idle nodes, is positive and Kubernetes' demand cannot win by the starvation bound (it
+  has not waited long enough, or holds its fair share: `kubernetes_overrides`): the
+  policy then ignores Kubernetes' demand altogether. A pending list turning empty or
+  non-empty is never quiet: it stops or starts the pending clock the bound reads.
 
 The bridge then folds the events but skips `decide`. This is knowledge about the policy,
 so it is tested, not trusted: tests/unit/test_simulate_bridge.py runs the same workload
@@ -32,7 +34,7 @@ from sunkd.domain.events import (
     SlurmNodeObserved,
 )
 from sunkd.domain.ownership import assess, running_pods, slurm_busy, slurm_usable
-from sunkd.domain.policy import PREFER_KUBERNETES, PoolSpec
+from sunkd.domain.policy import PREFER_KUBERNETES, PoolSpec, kubernetes_overrides, membership
 from sunkd.domain.state import OWNER_SLURM, ClusterState, NodeState, Phase
 
 _SETTLED_SLURM_STATES = frozenset({"IDLE", "ALLOCATED"})
@@ -48,6 +50,11 @@ def slurm_outweighs(state: ClusterState, pool: PoolSpec, now: float) -> bool:
     policy's `_net_demand`: then Kubernetes' demand counts as zero, whatever it is)."""
     if pool.ownership.prefer == PREFER_KUBERNETES:
         return False
+    if pool.name in state.k8s_pending_since:
+        members = [state.nodes[name] for name, in_pool in membership(state, [pool]).items()
+                   if in_pool == pool.name]
+        if kubernetes_overrides(state, pool, members, now) > 0:
+            return False
     pending = sum(max(demand.pending_nodes, 0) for partition, demand in
                   state.slurm_demand.items() if partition in pool.partitions)
     if pending == 0:
@@ -97,6 +104,8 @@ def quiet(events: Sequence[object], state: ClusterState,
                    for demand in state.slurm_demand.values()):
                 return False
         elif isinstance(payload, K8sDemandObserved):
+            if bool(payload.pending) != (payload.pool in state.k8s_pending_since):
+                return False
             if outweighed is None:
                 outweighed = outweighs()
             if not outweighed:
@@ -104,7 +113,9 @@ def quiet(events: Sequence[object], state: ClusterState,
         elif isinstance(payload, SlurmDemandObserved):
             old_demand = state.slurm_demand.get(payload.partition)
             if (old_demand is None or old_demand.pending_jobs != payload.pending_jobs
-                    or old_demand.pending_nodes != payload.pending_nodes):
+                    or old_demand.pending_nodes != payload.pending_nodes
+                    or old_demand.head_nodes != payload.head_nodes
+                    or old_demand.head_job != payload.head_job):
                 return False
         else:
             return False

@@ -17,6 +17,7 @@ from sunkd.domain.policy.demand import (
     _net_demand,
     _take_census,
 )
+from sunkd.domain.policy.fairness import protect_running_pods
 from sunkd.domain.policy.holds import _mirror_holds
 from sunkd.domain.policy.lend import _can_lend, _lend_order, _start_lend, _unlock_started
 from sunkd.domain.policy.model import (
@@ -253,6 +254,12 @@ def _start_demand_reclaims(
         why = f"max_kubernetes is {spec.max_kubernetes}"
     elif demand.slurm_needed > 0:
         why = f"Slurm needs {demand.slurm_needed} node(s) for pending jobs"
+        floor_met = census.owned_slurm + len(census.reclaims) >= spec.min_slurm
+        if floor_met and protect_running_pods(planner.state, pool, census.members,
+                                              planner.now):
+            # Demand evicts pool pods only for Slurm's next job, never those the pool
+            # prefers (policy/fairness.py): otherwise only nodes running none move.
+            candidates = [n for n in candidates if not _active_pods(n)]
     else:
         why = f"min_slurm is {spec.min_slurm}"
     for node in candidates[: min(reclaim_more, budget)]:
