@@ -11,19 +11,24 @@ import getpass
 import json
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from sunkd.cli.text import printable
-from sunkd.domain.events import Event, OperatorPinned
+from sunkd.domain.events import Event, OperatorPinned, RecordedEvent
 from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import EMPTY, ClusterState
+from sunkd.domain.state import EMPTY, ClusterState, fold
 from sunkd.runtime.config import Settings, pool_spec
-from sunkd.runtime.engine import load_state
-from sunkd.store import projections
+from sunkd.runtime.engine import ArchivedLogError, load_state
+from sunkd.store import archive, projections
 from sunkd.store.eventlog import EventLog
+from sunkd.store.models import snapshots
 from sunkd.store.projections import CorruptRow, observed
 
 
@@ -170,30 +175,106 @@ def compare_states(expected: ClusterState, actual: ClusterState) -> list[str]:
     return differences
 
 
-async def replay_check(event_log: EventLog) -> list[str]:
+async def replay_check(event_log: EventLog, *, archives: Sequence[Path] = (),
+                       notes: list[str] | None = None) -> list[str]:
     """Rebuild from the whole log and compare: the snapshot with the replay up to its
     seq, the daemon's way of loading (snapshot + tail) with the full replay, and the read
     models with it. A row that does not decode is a problem, reported with its seq, kind
-    and raw text; the check goes on without it."""
+    and raw text; the check goes on without it.
+
+    After `sunkd log archive` the database starts at the archive's end: the full replay
+    then starts from the archive base snapshot, or, with `archives` (directories), from
+    seq 1 through the archive files, which are verified first (checksums, counts, seq
+    continuity up to the live log), and the fold through the archive must equal the
+    base snapshot. `notes` receives what was checked or skipped, for people."""
     problems: list[str] = []
     corrupt: dict[int, CorruptRow] = {}
+    said = notes if notes is not None else []
 
     def note(row: CorruptRow) -> None:
         corrupt.setdefault(row.seq, row)
 
+    live = await archive.live_range(event_log.engine)
+    live_first = live[0] if live is not None else 1
+    base_seq = await event_log.archive_base_seq()
+    start = EMPTY
+    if archives:
+        found, archive_problems = await asyncio.to_thread(archive.verify, list(archives))
+        problems += [f"archive: {p}" for p in archive_problems]
+        archived_upto = found[-1].upto_seq if found else 0
+        if found and archived_upto + 1 != live_first:
+            problems.append(f"archive ends at seq {archived_upto}, the live log starts at "
+                            f"{live_first}: seqs are not continuous across the boundary")
+        if not archive_problems:
+            start = await asyncio.to_thread(_fold_archive, found)
+            said.append(f"archive verified: seqs 1-{archived_upto} in {len(found)} "
+                        "manifest(s), checksums match")
+            if base_seq is not None and base_seq == archived_upto:
+                base = await _snapshot_state(event_log, base_seq)
+                if base is None:
+                    problems.append(f"the archive base snapshot {base_seq} is missing")
+                else:
+                    problems += [f"archive fold vs base snapshot {base_seq}: {d}"
+                                 for d in compare_states(start, base)]
+    elif live_first > 1:
+        if base_seq is None or base_seq != live_first - 1:
+            problems.append(f"the log starts at seq {live_first} but no archive base snapshot "
+                            f"is at {live_first - 1}: pass --archive DIR")
+        else:
+            base = await _snapshot_state(event_log, base_seq)
+            if base is None:
+                problems.append(f"the archive base snapshot {base_seq} is missing: pass "
+                                "--archive DIR")
+            else:
+                start = base
+                said.append(f"seqs 1-{base_seq} are archived: replayed from the archive "
+                            f"base snapshot {base_seq} (pass --archive DIR to check them too)")
+    if live_first > start.last_seq + 1:
+        return problems  # nothing to replay from: said above
     snapshot = await event_log.latest_snapshot()
-    full = EMPTY
-    if snapshot is not None:  # one pass, stopping by the snapshot's position on the way
+    full = start
+    if snapshot is not None and snapshot[0] >= start.last_seq:
+        # one pass, stopping by the snapshot's position on the way
         seq, body = snapshot
-        full, _ = await load_state(event_log, from_snapshot=False, upto=seq, on_corrupt=note)
+        full, _ = await load_state(event_log, from_snapshot=False, upto=seq, start=start,
+                                   on_corrupt=note)
         problems += [f"snapshot {seq} vs replay to {seq}: {d}"
                      for d in compare_states(full, state_from_json(body))]
     full, _ = await load_state(event_log, from_snapshot=False, start=full, on_corrupt=note)
-    incremental, _ = await load_state(event_log, from_snapshot=True, on_corrupt=note)
-    problems += [f"snapshot+tail vs full replay: {d}" for d in compare_states(full, incremental)]
-    problems += [f"read models: {d}"
-                 for d in await projections.check_against_state(event_log.engine, full)]
+    try:
+        incremental, _ = await load_state(event_log, from_snapshot=True, on_corrupt=note)
+        problems += [f"snapshot+tail vs full replay: {d}"
+                     for d in compare_states(full, incremental)]
+    except ArchivedLogError as error:
+        problems.append(f"the daemon could not load this log: {error}")
+    first, _last, count = await archive.restored_range(event_log.engine)
+    covered = live_first == 1 or (first == 1 and count == live_first - 1)
+    if covered:
+        problems += [f"read models: {d}"
+                     for d in await projections.check_against_state(event_log.engine, full)]
+    else:
+        said.append(f"read models not compared: they cover the live log (from seq "
+                    f"{live_first}) and {count} restored events; `sunkd log restore` the "
+                    "whole archive to compare them")
     return [row.describe() for _seq, row in sorted(corrupt.items())] + problems
+
+
+def _fold_archive(found: Sequence[archive.Manifest]) -> ClusterState:
+    state = EMPTY
+    batch: list[RecordedEvent] = []
+    for row in archive.read_rows(found):
+        batch.append(row.recorded())
+        if len(batch) >= 5000:
+            state = fold(batch, state)
+            batch = []
+    return fold(batch, state)
+
+
+async def _snapshot_state(event_log: EventLog, seq: int) -> ClusterState | None:
+    async with event_log.engine.connect() as connection:
+        row = (await connection.execute(
+            select(snapshots.c.state).where(snapshots.c.seq == seq))).first()
+    return None if row is None else state_from_json(dict(row.state))
 
 
 def cmd_replay(args: Any, settings: Settings) -> int:
@@ -206,7 +287,11 @@ def cmd_replay(args: Any, settings: Settings) -> int:
                 await projections.rebuild(event_log.engine)
                 print("read models rebuilt from the log")
             started = time.perf_counter()
-            problems = await replay_check(event_log)
+            notes: list[str] = []
+            problems = await replay_check(event_log, archives=args.archive or (),
+                                          notes=notes)
+            for line in notes:
+                print(printable(line))
             seconds = time.perf_counter() - started
             latest = await event_log.latest_seq()
             if problems:

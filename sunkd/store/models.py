@@ -58,5 +58,28 @@ snapshots = Table(
     Column("state", JSONType, nullable=False),
 )
 
+# Ranges `sunkd log restore` brought back for audit (migration 0003): the columns of
+# `events`, read by the audit views through `sunkd_event_history`, never by the fold.
+events_restored = Table(
+    "events_restored",
+    metadata,
+    Column("seq", SeqType, primary_key=True, autoincrement=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("causation_seq", BigInteger, nullable=True),
+    Column("payload", JSONType, nullable=False),
+)
+
+# SQLite only (migration 0003): the archive's permission to delete, written and removed
+# inside the archive's own transaction; the DELETE trigger on `events` checks it.
+sunkd_maintenance = Table(
+    "sunkd_maintenance",
+    metadata,
+    Column("operation", Text, nullable=False),
+    Column("upto_seq", Integer, nullable=False),
+)
+
 # The single leadership row's id.
 LEADERSHIP_ROW = 1
