@@ -34,16 +34,16 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from sqlalchemy import select
 
 from sunkd.api.app import HTTP_IDLE_TIMEOUT, api_pools, build_app, start_http, tls_context
 from sunkd.api.extender import ApiPool
 from sunkd.api.metrics import Metrics
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import EventDecodeError, Payload
+from sunkd.domain.events import EventDecodeError, Payload, SlurmNodeObserved
 from sunkd.domain.state import ClusterState
 from sunkd.runtime.config import Settings, load_settings, parse_listen, pool_spec
 from sunkd.runtime.engine import (
+    ArchivedLogError,
     CorruptRowError,
     Engine,
     LeaderTerm,
@@ -52,8 +52,8 @@ from sunkd.runtime.engine import (
 )
 from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.runtime.logs import configure_logging
+from sunkd.store.archive import log_origin
 from sunkd.store.eventlog import EventLog, Lease, StaleLeaderError
-from sunkd.store.models import events as events_table
 
 log = structlog.get_logger(__name__)
 
@@ -101,6 +101,16 @@ def watchdog_interval() -> float | None:
 # ---------------------------------------------------------------------- sources
 
 
+def slurm_seed(state: ClusterState) -> dict[str, SlurmNodeObserved]:
+    """The node observations the Slurm source should consider already emitted (the
+    compact records of nodes in no pool included: they are observed all the same)."""
+    seed = {name: node.slurm for name, node in state.nodes.items()
+            if node.slurm is not None and not node.slurm_missing}
+    seed.update((name, record.slurm) for name, record in state.unpooled.items()
+                if record.slurm is not None and not record.slurm_missing)
+    return seed
+
+
 def kubernetes_seed(state: ClusterState) -> list[Payload]:
     """The observations the Kubernetes source should consider already emitted."""
     from sunkd.domain.events import K8sWorkloadObserved
@@ -111,9 +121,25 @@ def kubernetes_seed(state: ClusterState) -> list[Payload]:
             seed.append(node.k8s)
             for pool, pods in node.workload.items():
                 seed.append(K8sWorkloadObserved(node=node.k8s.node, pool=pool, pods=pods))
+    # Nodes in no pool are compact records in the fold, observed all the same.
+    seed.extend(record.k8s for record in state.unpooled.values()
+                if record.k8s is not None and not record.k8s_missing)
     seed.extend(state.k8s_demand.values())
     seed.extend(nodeset for nodeset in state.nodesets.values() if not nodeset.deleted)
     return seed
+
+
+def term_end_cause(reason: str) -> str:
+    """The `cause` label of `sunkd_leader_terms_ended_total` for a `_why_term_ended` text."""
+    if reason.startswith(("lease expired", "the lease was not renewed")):
+        return "lease_expired"
+    if reason.startswith("deposed"):
+        return "deposed"
+    if "Kubernetes Lease" in reason:
+        return "kubernetes_lease"
+    if reason == "shutdown requested":
+        return "shutdown"
+    return "error"
 
 
 # ------------------------------------------------------------------------- daemon
@@ -216,6 +242,22 @@ class Daemon:
             return False
         return abs(lease.db_offset) > self.settings.max_clock_skew_seconds
 
+    def _renewal_late(self) -> bool:
+        """The lease is still ours but a renewal is late (less than the third left that
+        acting needs): lead without acting until a renewal succeeds, instead of ending the
+        term (issue 15.5: a renewal that waited behind a burst of appends used to end the
+        term, and the next one started with every source stale). The term ends when the
+        lease runs out unrenewed (`_renew_forever`) or someone else holds it."""
+        lease = self.lease
+        if lease is None or self._stepping_down:
+            return False
+        if self._kube_elector is not None and not self._kube_elector.holds_lease():
+            return False
+        return 0 < lease.remaining() <= lease.lease_seconds / 3
+
+    def _paused(self) -> bool:
+        return self._clock_paused() or self._renewal_late()
+
     def clock(self) -> float:
         """The policy's `now`: the database's clock (event times are the database's), as
         this host's wall clock plus the offset measured at the last acquire or renew."""
@@ -255,6 +297,9 @@ class Daemon:
                                    seq=error.row.seq)
             except EventDecodeError as error:
                 return self._fatal(f"the event log has an undecodable event: {error}")
+            except ArchivedLogError as error:
+                return self._fatal(str(error), hint="restore the archive base snapshot, "
+                                   "or check the log with `sunkd replay --check --archive DIR`")
             self._log_identity = await self._first_row()
             self._follow_task = asyncio.create_task(self.engine.follow(), name="sunkd-follow")
             self._follow_task.add_done_callback(self._follow_ended)
@@ -299,14 +344,11 @@ class Daemon:
     # ------------------------------------------------------------ log guard
 
     async def _first_row(self) -> tuple[Any, ...] | None:
-        """What identifies this log: its first row (seq 1). A recreated database has
-        another one (or none yet)."""
+        """What identifies this log: its first event (seq 1), as the row or, once
+        `sunkd log archive` removed it, as the `log.archived` event recorded it. A
+        recreated database has another one (or none yet)."""
         assert self.event_log is not None
-        query = select(events_table.c.recorded_at, events_table.c.kind,
-                       events_table.c.subject).where(events_table.c.seq == 1)
-        async with self.event_log.engine.connect() as connection:
-            row = (await connection.execute(query)).first()
-        return None if row is None else tuple(row)
+        return await log_origin(self.event_log.engine)
 
     async def check_log(self) -> None:
         """Raise LogWentBackwardsError when the log ends before what we folded, or its
@@ -385,6 +427,7 @@ class Daemon:
                                                      self.settings.lease_seconds)
             except Exception as error:
                 log.warning("leadership.acquire_failed", error=str(error))
+                self.metrics.acquire_failures.inc()
                 lease = None
             self.metrics.set_leader(lease is not None, lease.epoch if lease else 0)
             if lease is None:
@@ -400,7 +443,7 @@ class Daemon:
         self.lease, self.leading, self._stepping_down = lease, True, False
         self.metrics.clock_offset.set(lease.db_offset)
         self._last_renew_error = None
-        term = LeaderTerm(epoch=lease.epoch, may_act=self.may_act, paused=self._clock_paused)
+        term = LeaderTerm(epoch=lease.epoch, may_act=self.may_act, paused=self._paused)
         log.info("daemon.leading", epoch=lease.epoch, identity=lease.identity)
         sd_notify(f"STATUS=leader (epoch {lease.epoch})")
         sources_stop = asyncio.Event()
@@ -486,10 +529,14 @@ class Daemon:
                     await self.event_log.release(lease)
             self.leading, self.lease = False, None
             if self.stop_event.is_set() and self.fatal_error is None:
-                log.info("daemon.stepped_down", epoch=lease.epoch, reason="shutdown requested")
+                self.metrics.terms_ended.labels(cause="shutdown").inc()
+                log.info("daemon.stepped_down", epoch=lease.epoch, reason="shutdown requested",
+                         cause="shutdown")
             else:
+                cause = "error" if self.fatal_error else term_end_cause(reason)
+                self.metrics.terms_ended.labels(cause=cause).inc()
                 log.warning("daemon.stepped_down", epoch=lease.epoch,
-                            reason=self.fatal_error or reason)
+                            reason=self.fatal_error or reason, cause=cause)
 
     def _why_term_ended(self, done: set[asyncio.Task[Any]], lead_task: asyncio.Task[Any]
                         ) -> str:
@@ -592,8 +639,10 @@ class Daemon:
     async def _renew_forever(self) -> None:
         """Renew at a third of the lease, measured from the last renewal (not from when
         the previous attempt ended, so a slow attempt does not push the next one back);
-        after a failure retry soon, each attempt bounded so a hung database call cannot
-        hold the loop past the point where acting stops."""
+        after a failure retry soon. An attempt may take until the lease runs out: acting
+        stops on its own at a third left (`may_act`), so a slow renewal costs no safety,
+        while giving up on it at a third left used to end terms that a renewal arriving a
+        second later would have kept (a busy event loop makes every await late)."""
         assert self.event_log is not None
         while True:
             lease = self.lease
@@ -602,7 +651,7 @@ class Daemon:
             due = lease.remaining() - lease.lease_seconds * 2 / 3
             await asyncio.sleep(0.5 if self._last_renew_error is not None else max(due, 0.0))
             try:
-                async with asyncio.timeout(max(lease.lease_seconds / 3, 1.0)):
+                async with asyncio.timeout(max(lease.remaining(), 1.0)):
                     self.lease = await self.event_log.renew(lease)
                     self.metrics.clock_offset.set(self.lease.db_offset)
                 self._last_renew_error = None
@@ -692,8 +741,7 @@ class Daemon:
             sources.append(SlurmSource(
                 slurm_client, sink, partitions=self.settings.slurm.partitions,
                 poll_interval=self.settings.slurm.poll_interval,
-                initial_nodes={name: node.slurm for name, node in state.nodes.items()
-                               if node.slurm is not None and not node.slurm_missing},
+                initial_nodes=slurm_seed(state),
                 initial_demand=dict(state.slurm_demand),
                 # No health seed: the source reports health after its first poll of this
                 # term, and only that report makes it fresh again (docs/safety.md, I3).

@@ -22,26 +22,40 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
 from sunkd.domain.events import (
     ActionFailed,
     ActionSucceeded,
+    ConfiguredPool,
     Event,
+    PoolsConfigured,
     RecordedEvent,
 )
 from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_pools
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction, fold
+from sunkd.store.archive import live_range
 from sunkd.store.eventlog import EventLog, StaleLeaderError
 from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
 
 log = structlog.get_logger(__name__)
+
+# From this many nodes on, folding a batch, deciding and turning the state into a snapshot
+# run in a worker thread (the state is immutable: every fold builds a new one), so the
+# event loop keeps its turns for the lease renewal, the API and the sources (issue 15.5:
+# at 10,000 nodes each of these held the loop for seconds and a renewal came too late).
+# Below it the work takes milliseconds and the hop to a thread would cost more.
+OFFLOAD_NODES = 1000
+# Decisions logged one by one per turn; beyond it one summary line (a first sync at
+# 10,000 nodes decides 20,000 things at once, all of them in the log anyway).
+DECISIONS_LOGGED = 50
 
 
 class CorruptRowError(Exception):
@@ -51,6 +65,11 @@ class CorruptRowError(Exception):
     def __init__(self, row: CorruptRow) -> None:
         super().__init__(row.describe())
         self.row = row
+
+
+class ArchivedLogError(Exception):
+    """The log's first seqs were archived and no snapshot covers them: a fold from
+    nothing would be a state without that history."""
 
 
 class LogWentBackwardsError(Exception):
@@ -83,6 +102,8 @@ class EngineObserver(Protocol):
     else, including action latency, is derived from the folded events themselves."""
 
     def observe_events(self, batch: Sequence[RecordedEvent]) -> None: ...
+    def observe_loaded(self, state: ClusterState, pools: Sequence[PoolSpec], at: float
+                       ) -> None: ...
     def observe_append(self, seconds: float) -> None: ...
     def set_fold_lag(self, events_behind: int) -> None: ...
 
@@ -135,6 +156,11 @@ class Engine:
     async def load(self) -> None:
         """Latest snapshot plus the tail: restart is O(tail), not O(log)."""
         self.state, self._last_snapshot_seq = await load_state(self.event_log)
+        if self.observer is not None:
+            try:  # busy/idle node-seconds go on from the loaded state
+                self.observer.observe_loaded(self.state, self.pools(), self.clock())
+            except Exception:  # metrics must never stop the fold
+                log.exception("engine.observer_failed")
         log.info("engine.loaded", last_seq=self.state.last_seq, nodes=len(self.state.nodes),
                  from_snapshot=self._last_snapshot_seq)
 
@@ -151,7 +177,10 @@ class Engine:
                                            error) from error
 
     async def _apply(self, batch: list[RecordedEvent]) -> None:
-        self.state = fold(batch, self.state)
+        if len(self.state.nodes) >= OFFLOAD_NODES or len(batch) >= OFFLOAD_NODES:
+            self.state = await asyncio.to_thread(fold, batch, self.state)
+        else:
+            self.state = fold(batch, self.state)
         if self.observer is not None:
             try:
                 self.observer.observe_events(batch)
@@ -206,13 +235,24 @@ class Engine:
                 # Actions already requested run whatever else is being decided, so a
                 # busy cluster that always has something to decide never starves them.
                 self._dispatch(state, term)
+                configured = configured_pools(self.config_pools)
+                if state.configured_pools != configured:
+                    # The fold learns the config-file pools from the log (a term's start,
+                    # a SIGHUP reload); decide once it has folded them.
+                    await self.append([Event(subject=CONFIG_SUBJECT,
+                                             payload=PoolsConfigured(pools=configured))], term)
+                    continue
                 now = self.clock()
-                decisions = decide(state, self.pools(), now)
+                pools = self.pools()
+                if len(state.nodes) >= OFFLOAD_NODES:
+                    decisions = await asyncio.to_thread(decide, state, pools, now)
+                    if not term.may_act() or self._quiesced:
+                        continue  # decided on a term that stopped acting meanwhile
+                else:
+                    decisions = decide(state, pools, now)
                 if decisions and state.last_seq != decided_at_seq:
                     decided_at_seq = state.last_seq
-                    for decision in decisions:
-                        log.info("engine.decision", kind=type(decision).__name__,
-                                 node=decision.node, reason=decision.reason)
+                    _log_decisions(decisions)
                     await self.append([decision_to_event(d) for d in decisions], term)
                 await self._maybe_snapshot(state)
         finally:
@@ -294,11 +334,37 @@ class Engine:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _maybe_snapshot(self, state: ClusterState) -> None:
-        if state.last_seq - self._last_snapshot_seq < self.snapshot_every:
+        if state.last_seq - self._last_snapshot_seq < snapshot_interval(state,
+                                                                        self.snapshot_every):
             return
-        await self.event_log.save_snapshot(state.last_seq, state_to_json(state))
+        body = (await asyncio.to_thread(state_to_json, state)
+                if len(state.nodes) >= OFFLOAD_NODES else state_to_json(state))
+        await self.event_log.save_snapshot(state.last_seq, body)
         self._last_snapshot_seq = state.last_seq
         log.info("engine.snapshot", seq=state.last_seq)
+
+
+def _log_decisions(decisions: Sequence[Any]) -> None:
+    for decision in decisions[:DECISIONS_LOGGED]:
+        log.info("engine.decision", kind=type(decision).__name__, node=decision.node,
+                 reason=decision.reason)
+    if len(decisions) > DECISIONS_LOGGED:
+        kinds = Counter(type(decision).__name__ for decision in decisions[DECISIONS_LOGGED:])
+        log.info("engine.decisions_more", count=len(decisions) - DECISIONS_LOGGED,
+                 kinds=dict(sorted(kinds.items())), hint="all of them are in the event log")
+
+
+# A snapshot costs O(nodes) to write (~3 KB a node) and saves folding the tail on restart
+# (~300,000 events/s): past `snapshot_every`, wait for SNAPSHOT_EVENTS_PER_NODE events a
+# node, so snapshot bytes stay O(1) per event at any size while a restart folds at most
+# ~0.1 s of tail per 1,000 nodes (docs/performance.md, "Scale").
+SNAPSHOT_EVENTS_PER_NODE = 10
+
+
+def snapshot_interval(state: ClusterState, snapshot_every: int) -> int:
+    """Events between two snapshots: `snapshot_every`, or more on a big cluster."""
+    nodes = len(state.nodes) + len(state.unpooled)
+    return max(snapshot_every, SNAPSHOT_EVENTS_PER_NODE * nodes)
 
 
 async def load_state(event_log: EventLog, *, from_snapshot: bool = True,
@@ -321,6 +387,13 @@ async def load_state(event_log: EventLog, *, from_snapshot: bool = True,
             # A snapshot is only a cache: an unreadable one (older format) costs a
             # full replay, never correctness.
             log.warning("engine.snapshot_unreadable", seq=seq, error=str(error))
+    live = await live_range(event_log.engine)
+    if live is not None and live[0] > state.last_seq + 1:
+        # Folding on would skip archived history (`sunkd log archive`) without a word.
+        raise ArchivedLogError(
+            f"the event log starts at seq {live[0]} (the seqs before were archived), but "
+            f"the state to fold onto ends at seq {state.last_seq}: no readable snapshot "
+            "covers the archived range (docs/operations.md, \"Retention\")")
     while True:
         position = state.last_seq
         try:
@@ -346,6 +419,15 @@ async def load_state(event_log: EventLog, *, from_snapshot: bool = True,
 
 
 Sink = Callable[[Sequence[Event]], Awaitable[object]]
+
+
+CONFIG_SUBJECT = "config"
+
+
+def configured_pools(pools: Sequence[PoolSpec]) -> tuple[ConfiguredPool, ...]:
+    """What the fold needs of the config-file pools: their membership rules, by name."""
+    return tuple(ConfiguredPool(pool.name, pool.partitions, pool.node_selector, pool.nodes)
+                 for pool in sorted(pools, key=lambda pool: pool.name))
 
 
 def leader_sink(engine: Engine, term: LeaderTerm) -> Sink:
