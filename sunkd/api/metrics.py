@@ -8,6 +8,14 @@ of "where is every node now" come from `set_state(state, now, pools)` after each
 Process-level facts the log does not hold (append latency, fold lag, leadership) have
 explicit setters.
 
+Busy and idle node-seconds (`sunkd_node_seconds_total`, the figure the pool exists to
+raise) come from the utilization fold (`sunkd.domain.utilization`) fed with the same
+events, so they count event time, not scrape time: the engine seeds it with the loaded
+state (`observe_loaded`), every folded event moves nodes between (pool, owner,
+busy|idle), and each scrape accrues up to `now`. Like every counter here it restarts
+at 0 with the process (Prometheus' `rate()`/`increase()` handle the reset); leader and
+standby count alike.
+
 Everything lives on a dedicated `CollectorRegistry` (`Metrics.registry`), never the
 global default, so several daemons in one test process do not collide. Transition
 reasons are free text; `reason_class` maps them to a small fixed vocabulary so label
@@ -38,6 +46,7 @@ from sunkd.domain.events import (
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import PoolSpec, membership
 from sunkd.domain.state import ClusterState, Phase
+from sunkd.domain.utilization import BUSY, IDLE, Key, Utilization, node_busy, node_counted
 from sunkd.store.projections import observed
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -118,6 +127,10 @@ class Metrics:
             "sunkd_source_seconds_since_success",
             "Seconds since the source's last good poll or watch event.", ["source"],
             registry=r)
+        self.nodes_activity = Gauge(
+            "sunkd_nodes_activity",
+            "Observed nodes per pool, owner and activity (state=busy: a Slurm allocation "
+            "or a Running pool pod; idle otherwise).", ["pool", "owner", "state"], registry=r)
         self.last_event_age = Gauge("sunkd_last_event_age_seconds",
                                     "Seconds since the last folded event was recorded.",
                                     registry=r)
@@ -155,6 +168,11 @@ class Metrics:
             "sunkd_decisions_total",
             "Decisions recorded (transition start/complete/abort, action request) by reason.",
             ["decision", "reason"], registry=r)
+        self.node_seconds = Counter(
+            "sunkd_node_seconds",
+            "Node-seconds per pool, owner (in transit: the side it comes from) and state "
+            "(busy|idle), by event time since this process loaded the log.",
+            ["pool", "owner", "state"], registry=r)
         self.leader_changes = Counter("sunkd_leader_elections_total",
                                       "leader.elected events folded.", registry=r)
         # --- process facts
@@ -171,6 +189,14 @@ class Metrics:
             "(beyond max_clock_skew_seconds the leader stops acting).", registry=r)
         self.leader_epoch = Gauge("sunkd_leader_epoch", "Leadership epoch seen by this process.",
                                   registry=r)
+        self.terms_ended = Counter(
+            "sunkd_leader_terms_ended_total",
+            "Leadership terms of this process that ended, by cause (shutdown, lease_expired, "
+            "deposed, kubernetes_lease, error).", ["cause"], registry=r)
+        self.acquire_failures = Counter(
+            "sunkd_leader_acquire_failures_total",
+            "Attempts to acquire the lease that failed with an error (not: someone else "
+            "holds it).", registry=r)
         self.extender_requests = Counter(
             "sunkd_extender_requests_total", "Scheduler extender calls by verb and result.",
             ["verb", "result"], registry=r)
@@ -181,6 +207,9 @@ class Metrics:
         self._action_starts: OrderedDict[str, float] = OrderedDict()
         self._source_good: dict[str, float] = {}
         self._gauge_keys: dict[str, set[tuple[str, ...]]] = {}
+        self._utilization = Utilization()
+        self._carried: dict[Key, float] = {}  # accrued by an earlier fold (re-seeded)
+        self._exported: dict[Key, float] = {}  # what node_seconds already counts
 
     # ------------------------------------------------------------------ stream
 
@@ -189,6 +218,7 @@ class Metrics:
         in log order, including the ones replayed at startup)."""
         payload = recorded.payload
         self.events.labels(kind=recorded.kind).inc()
+        self._utilization.apply(recorded)  # node_seconds: exported per batch and scrape
         at = recorded.recorded_at.timestamp()
         if isinstance(payload, TransitionStarted):
             way = direction(payload.from_owner or "none", payload.to_owner)
@@ -234,6 +264,24 @@ class Metrics:
     def observe_events(self, batch: Iterable[RecordedEvent]) -> None:
         for recorded in batch:
             self.observe_event(recorded)
+        self._export_node_seconds()
+
+    def observe_loaded(self, state: ClusterState, pools: Sequence[PoolSpec], at: float
+                       ) -> None:
+        """The engine loaded `state` (snapshot + tail) at `at`: busy/idle accrual goes
+        on from there (nodes not moving are in the pool `pools` select)."""
+        self._carried = dict(self._exported)
+        self._utilization = Utilization.from_state(
+            state, at, membership(state, pools) if pools else {})
+
+    def _export_node_seconds(self) -> None:
+        totals = self._utilization.totals
+        for key in set(totals) | set(self._carried):
+            value = self._carried.get(key, 0.0) + totals.get(key, 0.0)
+            delta = value - self._exported.get(key, 0.0)
+            if delta > 0:
+                self.node_seconds.labels(*key).inc(delta)
+                self._exported[key] = value
 
     # ------------------------------------------------------------------- state
 
@@ -265,6 +313,15 @@ class Metrics:
                 dkey = (node.transition.direction,)
                 moving[dkey] = moving.get(dkey, 0) + 1
         self._set_all("nodes", self.nodes, counts)
+        activity: dict[tuple[str, ...], int] = {}
+        for name, node in state.nodes.items():
+            if node_counted(node):
+                akey = (members.get(name, NO_POOL), node.owner,
+                        BUSY if node_busy(node) else IDLE)
+                activity[akey] = activity.get(akey, 0) + 1
+        self._set_all("nodes_activity", self.nodes_activity, activity)
+        self._utilization.advance(now)
+        self._export_node_seconds()
         self._set_all("slurm_nodes", self.slurm_nodes, slurm_counts)
         self._set_all("open_transitions", self.open_transitions, moving)
         self._set_all("conflicts", self.conflicts, conflicts)

@@ -3,17 +3,23 @@ fresh - readable in a browser with no front-end build step.
 
 Server-rendered HTML with an inline SVG timeline (one row per node, one rectangle per
 ownership interval from the `ownership_intervals` read model), pool counters and
-source health from the live state. Everything user-controlled is HTML-escaped.
+source health from the live state, and busy/idle node-hours per pool and owner over the
+last 24 hours (`sunkd.store.utilization.RollingUtilization`: the fold `sunkd audit` uses,
+over the log, read once per process and then incrementally).
+Everything user-controlled is HTML-escaped.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING
 
 from sunkd.store import projections
+from sunkd.store.eventlog import EventLog
+from sunkd.store.utilization import RollingUtilization
 
 if TYPE_CHECKING:
     from sunkd.api.app import DaemonView
@@ -30,6 +36,16 @@ PHASE_COLOURS = {
 _ROW = 22
 _LABEL = 150
 _WIDTH = 1100
+UTILIZATION_HOURS = 24
+_ROLLING: weakref.WeakKeyDictionary[EventLog, RollingUtilization] = weakref.WeakKeyDictionary()
+
+
+def rolling_utilization(event_log: EventLog) -> RollingUtilization:
+    """The process's rolling busy/idle fold over `event_log` (made on first use)."""
+    rolling = _ROLLING.get(event_log)
+    if rolling is None:
+        rolling = _ROLLING[event_log] = RollingUtilization(event_log, UTILIZATION_HOURS)
+    return rolling
 
 
 def _fmt(seconds: float | None) -> str:
@@ -89,8 +105,29 @@ async def render_status(view: DaemonView, *, hours: float, offset: int) -> str:
                      f"<td>{summary.k8s_pending_pods}</td></tr>")
     parts.append("</table>")
 
-    # ------------------------------------------------------------- timeline
+    # ---------------------------------------------------------- utilization
     event_log = view.event_log
+    parts.append(f"<h2>Utilization (last {UTILIZATION_HOURS} h)</h2>")
+    if event_log is None:
+        parts.append("<p>utilization unavailable: no event log</p>")
+    else:
+        window, usage = await rolling_utilization(event_log).rows(
+            now_dt, [pool.spec for pool in pools])
+        parts.append(f"<p>Node-hours since {window:%Y-%m-%d %H:%M} UTC.</p>"
+                     "<table><tr><th>pool</th><th>owner</th><th>busy h</th>"
+                     "<th>idle h</th><th>busy share</th></tr>")
+        for use in usage:
+            share = "-" if use.busy_share is None else f"{100 * use.busy_share:.1f} %"
+            parts.append(
+                f"<tr><td>{escape(use.pool)}</td><td>{escape(use.owner)}</td>"
+                f"<td>{use.busy_s / 3600:.2f}</td><td>{use.idle_s / 3600:.2f}</td>"
+                f"<td>{share}</td></tr>")
+        if not usage:
+            parts.append("<tr><td colspan=5>no node observed in this period</td></tr>")
+        parts.append("</table><p>Busy: a Slurm allocation or a Running pool pod. A node "
+                     "in transit counts for the side it comes from.</p>")
+
+    # ------------------------------------------------------------- timeline
     intervals: list[projections.Interval] = []
     if event_log is not None and page:
         intervals = await projections.intervals(

@@ -1,10 +1,12 @@
 """`sunkd history` and `sunkd audit`: the read models as answers people ask for.
 
 `history NODE` lists the ownership intervals of one node with who decided each change
-and why; `audit` summarizes a period: hours per pool and owner, transitions by
-direction and outcome, aborts, the slowest drains and failed actions. Both read only
-the SQL read models (`sunkd.store.projections`), so they work on SQLite and
-PostgreSQL alike and never need the daemon. Tables for people, `--json` for scripts.
+and why; `audit` summarizes a period: hours per pool and owner, busy and idle
+node-hours per pool and owner (the figure the pool exists to raise), transitions by
+direction and outcome, aborts, the slowest drains and failed actions. They read the SQL
+read models (`sunkd.store.projections`) and, for busy/idle, the log itself through the
+utilization fold (`sunkd.store.utilization`), so they work on SQLite and PostgreSQL
+alike and never need the daemon. Tables for people, `--json` for scripts.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from typing import Any, TextIO
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sunkd.cli.text import printable
-from sunkd.runtime.config import Settings
+from sunkd.domain.policy import PoolSpec
+from sunkd.runtime.config import Settings, pool_spec
 from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
+from sunkd.store.utilization import utilization
 
 SLOWEST = 10
 
@@ -108,8 +112,25 @@ def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
 # ------------------------------------------------------------------------- audit
 
 
-async def audit_report(engine: AsyncEngine, since: datetime, until: datetime) -> dict[str, Any]:
+def _hours(seconds: float) -> float:
+    return round(seconds / 3600, 2)
+
+
+async def node_hours(event_log: EventLog, since: datetime, until: datetime,
+                     pools: Sequence[PoolSpec] = ()) -> list[dict[str, Any]]:
+    """Busy and idle node-hours per pool and owner in [since, until) (`pools`: the
+    config file's, for an archived log's base)."""
+    fold = await utilization(event_log, since, until, pools)
+    return [{"pool": row.pool, "owner": row.owner, "busy_hours": _hours(row.busy_s),
+             "idle_hours": _hours(row.idle_s),
+             "busy_share": None if row.busy_share is None else round(row.busy_share, 4)}
+            for row in fold.rows()]
+
+
+async def audit_report(event_log: EventLog, since: datetime, until: datetime,
+                       pools: Sequence[PoolSpec] = ()) -> dict[str, Any]:
     """The audit of [since, until) as plain data (what `--json` prints)."""
+    engine: AsyncEngine = event_log.engine
     dialect = engine.dialect.name
     params = {"since": projections.bind_time(dialect, since),
               "until": projections.bind_time(dialect, until)}
@@ -154,6 +175,7 @@ async def audit_report(engine: AsyncEngine, since: datetime, until: datetime) ->
         "until": until.isoformat(),
         "utilization": [{"pool": pool, "owner": owner, "hours": round(value, 2)}
                         for (pool, owner), value in sorted(hours.items())],
+        "node_hours": await node_hours(event_log, since, until, pools),
         "transitions": [{"direction": d, "outcome": o, "count": n}
                         for (d, o), n in sorted(counts.items())],
         "aborts": [clean(m) for m in moves if m["outcome"] == "aborted"],
@@ -163,18 +185,25 @@ async def audit_report(engine: AsyncEngine, since: datetime, until: datetime) ->
 
 
 def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
-    """`sunkd audit [--since 30d|ISO] [--json]`."""
+    """`sunkd audit [--from 30d|ISO] [--to ISO|duration ago] [--json]` (`--since` is
+    `--from`)."""
     now = datetime.now(UTC)
     try:
         since = _since(args.since, now, "30d")
+        until = min(_since(args.to, now, "0s"), now)  # nothing is known about the future
     except ValueError as error:
         print(f"sunkd audit: {error}", file=sys.stderr)
+        return 2
+    if until <= since:
+        print(f"sunkd audit: --to ({until.isoformat()}) is not after --from "
+              f"({since.isoformat()})", file=sys.stderr)
         return 2
 
     async def run() -> dict[str, Any]:
         event_log = await EventLog.open(settings.database_url)
         try:
-            return await audit_report(event_log.engine, since, now)
+            return await audit_report(event_log, since, until,
+                                      [pool_spec(pool) for pool in settings.pools])
         finally:
             await event_log.close()
 
@@ -188,6 +217,11 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     print("Hours per pool and owner", file=out)
     table(["pool", "owner", "hours"],
           [(u["pool"], u["owner"], f"{u['hours']:.2f}") for u in report["utilization"]], out)
+    print("\nBusy and idle node-hours per pool and owner", file=out)
+    table(["pool", "owner", "busy h", "idle h", "busy share"],
+          [(u["pool"], u["owner"], f"{u['busy_hours']:.2f}", f"{u['idle_hours']:.2f}",
+            "-" if u["busy_share"] is None else f"{100 * u['busy_share']:.1f} %")
+           for u in report["node_hours"]], out)
     print("\nTransitions", file=out)
     table(["direction", "outcome", "count"],
           [(t["direction"], t["outcome"], t["count"]) for t in report["transitions"]], out)

@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--limit", type=_count, default=10_000_000)
     events.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    _add_log_commands(commands, database)
+
     doctor = add("doctor", cmd_doctor, "check the connections to Slurm (and Kubernetes)")
     doctor.add_argument("--json", action="store_true")
 
@@ -150,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--check", action="store_true",
                         help="exit non-zero on any difference with the snapshot/read models")
     replay.add_argument("--rebuild", action="store_true", help="rebuild the SQL read models")
+    replay.add_argument("--archive", type=Path, action="append", metavar="DIR",
+                        help="also verify this archive (`sunkd log archive`) and replay "
+                             "from seq 1 through it (repeatable)")
 
     history = add("history", _optional("sunkd.cli.audit", "cmd_history"),
                   "ownership intervals of a node, with who and why")
@@ -161,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit = add("audit", _optional("sunkd.cli.audit", "cmd_audit"),
                 "utilization per owner, transitions, aborts, slowest drains")
     database(audit)
-    audit.add_argument("--since", help="ISO time or a duration like 30d")
+    audit.add_argument("--from", "--since", dest="since",
+                       help="start: ISO time or a duration ago like 30d (default 30d)")
+    audit.add_argument("--to", help="end: ISO time or a duration ago like 1d (default now)")
     audit.add_argument("--json", action="store_true")
 
     demo = add("demo", _optional("sunkd.testbed.demo", "cmd_demo"),
@@ -189,6 +196,44 @@ def build_parser() -> argparse.ArgumentParser:
     kubeapi.add_argument("--kubeconfig-out", type=Path)
     kubeapi.add_argument("--load", type=Path, action="append", help="YAML objects to create")
     return parser
+
+
+def _add_log_commands(commands: Any, database: Callable[[argparse.ArgumentParser], None]
+                      ) -> None:
+    """`sunkd log archive|restore|partitions|grants` (docs/operations.md, "Retention")."""
+    from sunkd.cli.log import duration, seq_range
+
+    group = commands.add_parser("log", help="retention: archive, restore, partitions, roles",
+                                description="retention of the event log")
+    subs = group.add_subparsers(dest="log_command", metavar="ACTION", required=True)
+
+    def add(name: str, attribute: str, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = subs.add_parser(name, help=help_text,
+                                                       description=help_text)
+        sub.set_defaults(handler=_optional("sunkd.cli.log", attribute))
+        database(sub)
+        sub.add_argument("--json", action="store_true")
+        return sub
+
+    archive = add("archive", "cmd_log_archive",
+                  "write old events to checksummed files, then remove them from the database")
+    cut = archive.add_mutually_exclusive_group(required=True)
+    cut.add_argument("--older-than", type=duration, metavar="AGE", help="e.g. 30d")
+    cut.add_argument("--upto-seq", type=_count, metavar="SEQ")
+    archive.add_argument("--to", type=Path, required=True, metavar="DIR")
+    restore = add("restore", "cmd_log_restore",
+                  "bring an archived range back (into events_restored) for audit")
+    restore.add_argument("--from", dest="source", type=Path, action="append", required=True,
+                         metavar="DIR")
+    restore.add_argument("--range", type=seq_range, metavar="A-B")
+    partitions = add("partitions", "cmd_log_partitions",
+                     "create the PostgreSQL partitions ahead of the append point")
+    partitions.add_argument("--ahead", type=_count, default=4, metavar="N")
+    grants = add("grants", "cmd_log_grants",
+                 "print the SQL of the daemon and maintenance database roles")
+    grants.add_argument("--daemon-role", default="sunkd")
+    grants.add_argument("--maintenance-role", default="sunkd_maintenance")
+    grants.add_argument("--database", help="defaults to the database of the URL")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,9 @@ import asyncpg
 import yaml
 
 from sunkd.api.metrics import Metrics
-from tests.seeding import open_clocked, seed_pool_history
+from sunkd.domain.events import RecordedEvent, SlurmNodeObserved
+from sunkd.domain.state import fold
+from tests.seeding import T0, open_clocked, seed_pool_history
 
 GRAFANA = Path(__file__).resolve().parents[2] / "manifests" / "grafana"
 FROM, TO = "'2026-11-02T08:00:00Z'", "'2026-11-02T12:00:00Z'"
@@ -86,6 +88,23 @@ def test_promql_names_only_exported_metrics() -> None:
         assert names, f"{title}: no metric in {target['expr']}"
         unknown = names - exported
         assert not unknown, f"{title}: {sorted(unknown)} not exported by sunkd"
+
+
+def test_utilization_panels_query_the_node_seconds_counter() -> None:
+    """The busy/idle panels read `sunkd_node_seconds_total`, which a Metrics fed with
+    events really exports with the labels the panels group by."""
+    panels = {panel["title"]: panel for panel in dashboard()["panels"]}
+    for title in ("Busy / idle node-hours per owner", "Busy share per pool and owner (range)"):
+        [target] = panels[title]["targets"]
+        assert promql_metrics(target["expr"]) == {"sunkd_node_seconds_total"}, title
+    assert "by (owner, state)" in panels["Busy / idle node-hours per owner"]["targets"][0]["expr"]
+    metrics = Metrics()
+    at = T0.timestamp()
+    metrics.observe_event(RecordedEvent(1, T0, 1, "n1", SlurmNodeObserved(
+        node="n1", state="ALLOCATED", alloc_cpus=1)))
+    metrics.set_state(fold([]), at + 60)
+    text = metrics.render().decode()
+    assert 'sunkd_node_seconds_total{owner="none",pool="none",state="busy"} 60.0' in text
 
 
 def test_promql_checker_catches_unknown_metrics() -> None:
