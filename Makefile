@@ -14,7 +14,7 @@ all: test
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,plot]'
 	touch $@
 
 venv: $(BIN)/.installed

@@ -1,8 +1,9 @@
 """`sunkd simulate`: separate clusters vs sunkd's pool vs an ideal pool, on workload traces.
 
 Imports nothing heavy at module level: `main.build_parser` calls `add_arguments`, and the
-simulator itself is imported only when the command runs. docs/simulation.md explains the
-model and the figures.
+simulator itself is imported only when the command runs. docs/evaluation.md explains the
+model and the figures (docs/evaluation.md); `--plot` lives in `simulate_plot` (optional
+matplotlib), `--from-log` in `simulate_shadow`.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
     asks.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
                       help="run sunkd with every combination (repeatable), e.g. "
                            "--sweep dwell=0,300 --sweep prefer=Slurm,Kubernetes")
+    asks.add_argument("--from-log", metavar="DB_URL",
+                      help="shadow replay: the demand recorded in this sunkd event log "
+                           "(postgresql+asyncpg://... or sqlite+aiosqlite:///...) "
+                           "replayed with the log's knobs, --knobs and --sweep; no "
+                           "traces are read")
     asks.add_argument("--batch-wait-p95", type=float, default=3600.0, metavar="SECONDS")
     asks.add_argument("--pod-pending-p95", type=float, default=60.0, metavar="SECONDS")
     asks.add_argument("--max-wait-hours", type=float, default=24.0,
@@ -94,6 +100,9 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
     out.add_argument("--json", nargs="?", const="-", metavar="FILE",
                      help="one JSON object, to FILE or (without FILE) stdout instead of "
                           "the table")
+    out.add_argument("--plot", type=Path, metavar="FILE.png",
+                     help="nodes per owner over time, queue lengths, size-search and sweep "
+                          "curves as a PNG (needs the optional extra: sunkd[plot])")
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -181,6 +190,7 @@ def _run(args: argparse.Namespace) -> int:
     from sunkd.simulate.bridge import Latencies
     from sunkd.simulate.metrics import Targets
     from sunkd.simulate.records import NodeShape
+    from sunkd.simulate.search import knob_text
     from sunkd.simulate.workload import WorkloadSpec, build_workload
 
     started = time.perf_counter()
@@ -189,6 +199,24 @@ def _run(args: argparse.Namespace) -> int:
     if ownership.max_in_flight < 1:
         raise UsageError("maxInFlight must be at least 1")
     grid = _sweep_grid(args.sweep)
+    if args.plot is not None:
+        from sunkd.cli.simulate_plot import PlotUnavailable, require
+
+        if args.from_log:
+            raise UsageError("--plot is not available with --from-log (use --json)")
+        try:
+            require()
+        except PlotUnavailable as error:
+            raise UsageError(str(error)) from None
+    config = SimConfig(
+        shape=NodeShape(args.gpus_per_node, args.node_cpus * 1000, args.node_memory_gib * 1024),
+        latencies=Latencies(poll=args.poll_interval, move_cost=args.move_cost,
+                            pod_termination=args.pod_termination),
+        targets=Targets(args.batch_wait_p95, args.pod_pending_p95,
+                        args.max_wait_hours * 3600 if args.max_wait_hours > 0 else None),
+        drain_limit_days=args.drain_days, check=args.check)
+    if args.from_log:
+        return _shadow(args, knobs, grid, config, args.json == "-")
     if not args.window_days > 0 or args.pods_scale < 0 or args.slurm_scale < 0:
         raise UsageError("--window-days must be > 0 and the scales >= 0")
     try:
@@ -205,13 +233,6 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     if not workload.jobs and not workload.pods:
         raise UsageError("the window holds neither batch jobs nor pods")
-    config = SimConfig(
-        shape=NodeShape(args.gpus_per_node, args.node_cpus * 1000, args.node_memory_gib * 1024),
-        latencies=Latencies(poll=args.poll_interval, move_cost=args.move_cost,
-                            pod_termination=args.pod_termination),
-        targets=Targets(args.batch_wait_p95, args.pod_pending_p95,
-                        args.max_wait_hours * 3600 if args.max_wait_hours > 0 else None),
-        drain_limit_days=args.drain_days, check=args.check)
     to_stdout = args.json == "-"
     bar = ProgressBar(sys.stderr, workload.horizon,
                       not args.no_progress and sys.stderr.isatty())
@@ -236,11 +257,59 @@ def _run(args: argparse.Namespace) -> int:
             print(text)
         else:
             Path(args.json).write_text(text + "\n")
+    if args.plot is not None:
+        from sunkd.cli.simulate_plot import plot
+
+        title = (f"sunkd simulate --scenario {workload.scenario}"
+                 f"{' (SYNTHETIC)' if workload.synthetic else ''}: "
+                 f"{workload.horizon / 86400:g} days, {nodes} nodes, {knob_text(ownership)}")
+        plot(args.plot, title, workload.horizon,
+             {"separate": comparison.separate, "sunkd": comparison.sunkd,
+              "ideal": comparison.ideal}, split, sizes,
+             [(_short_label(spec, grid), result) for spec, result in swept])
     if not to_stdout:
         print(report.text(workload, comparison, ownership, config.targets, sizes, swept))
         print(f"\n({wall:.1f} s wall, {comparison.sunkd.decide_calls} decide calls in the "
               f"sunkd arm, {comparison.sunkd.violations} safety violations)")
     return 1 if comparison.sunkd.violations else 0
+
+
+def _short_label(spec: Any, grid: dict[str, list[Any]]) -> str:
+    """The swept knobs only, for a plot's annotations."""
+    names: dict[str, str] = {}
+    for key, field in KNOBS.items():
+        names.setdefault(field, key)  # the short form: dwell, reclaimGrace, ...
+    return " ".join(f"{names.get(field, field)}={getattr(spec, field):g}"
+                    if isinstance(getattr(spec, field), float) else
+                    f"{names.get(field, field)}={getattr(spec, field)}" for field in sorted(grid))
+
+
+def _shadow(args: argparse.Namespace, knobs: dict[str, Any], grid: dict[str, list[Any]],
+            config: Any, to_stdout: bool) -> int:
+    from sunkd.cli import simulate_shadow as shadow
+
+    started = time.perf_counter()
+    try:
+        pools = shadow.load(args.from_log)
+    except Exception as error:  # a bad URL, no such database, a schema not at head
+        # The message may quote the URL, password and all: never print it.
+        detail = (str(error).replace(args.from_log, "DB_URL").splitlines() or [""])[0]
+        raise UsageError(f"--from-log: cannot read the event log: "
+                         f"{type(error).__name__}: {detail[:200]}") from None
+    results = [(pool, shadow.replay(pool, shadow.settings_for(pool, knobs, grid), config))
+               for pool in pools]
+    body = shadow.to_json(results)
+    body["wall_seconds"] = round(time.perf_counter() - started, 2)
+    if args.json is not None:
+        text = json.dumps(body, sort_keys=True)
+        if to_stdout:
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    if not to_stdout:
+        print(shadow.text(results))
+    violations = sum(report.violations for _, runs in results for _, _, report in runs)
+    return 1 if violations else 0
 
 
 def _split(text: str | None, nodes: int | None, minimal: Any, widest: int) -> Any:

@@ -2,7 +2,7 @@
 
 Three arms run on the same window of the same traces: separate clusters, sunkd's pool
 (the domain's `fold` and `decide` driving a modelled Slurm partition and Kubernetes),
-and an ideal pool (instant, free moves). docs/simulation.md describes the model, its
+and an ideal pool (instant, free moves). docs/evaluation.md describes the model, its
 limits and the measured results. Imports only `sunkd.domain` and the standard library;
 `traces` is the one module that reads files.
 """

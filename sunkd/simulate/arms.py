@@ -62,11 +62,14 @@ def run_sunkd(workload: Workload, nodes: int, k8s_nodes: int, ownership: Ownersh
     started = time.perf_counter()
     world = _world(workload, nodes, k8s_nodes, config)
     controller = SunkdController(world, ownership, config.latencies, check=config.check)
-    world.run(progress)
     stats = controller.stats
+    if world.series is not None:
+        world.series.moves = lambda: stats.lends + stats.reclaims
+    world.run(progress)
     return measure(world, "sunkd", nodes - min(k8s_nodes, nodes), min(k8s_nodes, nodes),
                    config.targets, moves=stats.lends + stats.reclaims,
-                   aborted=dict(stats.aborted), decide_calls=stats.decide_calls,
+                   aborted=dict(stats.aborted), lends=stats.lends, reclaims=stats.reclaims,
+                   decide_calls=stats.decide_calls,
                    events=stats.events, problems=len(stats.problems),
                    digest=controller.digest(), wall_seconds=time.perf_counter() - started)
 

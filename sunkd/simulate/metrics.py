@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sunkd.simulate.series import Series
 from sunkd.simulate.world import World
 
 HOUR = 3600.0
@@ -64,6 +65,8 @@ class ArmReport:
     aborted: int
     abort_reasons: dict[str, int]
     meets: dict[str, bool | None]  # per target; None: not applicable (backlog)
+    lends: int = 0  # sunkd: completed moves to Kubernetes
+    reclaims: int = 0  # and back to Slurm
     decide_calls: int = 0
     events: int = 0
     violations: int = 0  # world or safety-rule violations (always 0 unless a bug)
@@ -71,20 +74,27 @@ class ArmReport:
     simulated_days: float = 0.0
     wall_seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Sampled owners and queues over the run (for --plot); not part of the JSON figures.
+    series: Series | None = field(default=None, compare=False, repr=False)
 
     @property
     def meets_all(self) -> bool:
         return all(value is not False for value in self.meets.values())
 
     def to_json(self) -> dict[str, Any]:
-        body = asdict(self)
+        body = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "series"}
+        body["batch_wait_s"] = dict(self.batch_wait_s)
+        body["pod_pending_s"] = dict(self.pod_pending_s)
+        body["abort_reasons"] = dict(self.abort_reasons)
+        body["meets"] = dict(self.meets)
         body["meets_all"] = self.meets_all
         body["notes"] = list(self.notes)
         return body
 
 
 def measure(world: World, arm: str, slurm_nodes: int, k8s_nodes: int, targets: Targets, *,
-            moves: int, aborted: dict[str, int] | None = None, decide_calls: int = 0,
+            moves: int, aborted: dict[str, int] | None = None, lends: int = 0,
+            reclaims: int = 0, decide_calls: int = 0,
             events: int = 0, problems: int = 0, digest: str = "",
             wall_seconds: float = 0.0) -> ArmReport:
     end = world.now
@@ -122,7 +132,7 @@ def measure(world: World, arm: str, slurm_nodes: int, k8s_nodes: int, targets: T
         transit_node_hours=round(transit / HOUR, 1),
         moves=moves, moves_per_day=round(moves / (horizon / DAY), 2),
         aborted=sum(aborted.values()), abort_reasons=aborted, meets=meets,
-        decide_calls=decide_calls, events=events,
+        lends=lends, reclaims=reclaims, decide_calls=decide_calls, events=events,
         violations=len(world.violations) + problems, digest=digest,
         simulated_days=round(end / DAY, 2), wall_seconds=round(wall_seconds, 2),
-        notes=tuple(world.violations[:5]))
+        notes=tuple(world.violations[:5]), series=world.series)

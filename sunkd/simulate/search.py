@@ -144,6 +144,8 @@ class SizeSearch:
     sunkd: int | None
     ideal: int | None
     searched_up_to: int
+    # Every pool size tried: (arm, nodes, targets met, targets that apply), in order.
+    trials: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def nodes_saved(self) -> float | None:
@@ -167,6 +169,7 @@ class SizeSearch:
                 "separate_split": None if self.separate_split is None else
                 {"slurm": self.separate_split.slurm, "kubernetes": self.separate_split.k8s},
                 "searched_up_to": self.searched_up_to, "nodes_saved": self.nodes_saved,
+                "trials": [list(trial) for trial in self.trials],
                 "size_efficiency": self.size_efficiency}
 
 
@@ -181,18 +184,25 @@ def size_search(workload: Workload, ownership: OwnershipSpec, config: SimConfig,
     guess = max(separate or low, low)
     high = 2 * guess
     initial = minimal or Split(low, 0)
+    trials: list[tuple[str, int, int, int]] = []
+
+    def tried(arm: str, n: int, report: ArmReport) -> bool:
+        known = [value for value in report.meets.values() if value is not None]
+        trials.append((arm, n, sum(1 for value in known if value), len(known)))
+        return report.meets_all
 
     def ideal_meets(n: int) -> bool:
-        return run_ideal(workload, n, ownership.prefer, config,
-                         progress(f"size search: ideal {n}")).meets_all
+        return tried("ideal", n, run_ideal(workload, n, ownership.prefer, config,
+                                           progress(f"size search: ideal {n}")))
 
     def sunkd_meets(n: int) -> bool:
         share = split_for(n, initial)
-        return run_sunkd(workload, n, share.k8s, ownership, config,
-                         progress(f"size search: sunkd {n}")).meets_all
+        return tried("sunkd", n, run_sunkd(workload, n, share.k8s, ownership, config,
+                                           progress(f"size search: sunkd {n}")))
 
-    return SizeSearch(separate, minimal, _smallest(sunkd_meets, low, guess, high),
-                      _smallest(ideal_meets, low, guess, high), high)
+    sunkd = _smallest(sunkd_meets, low, guess, high)
+    ideal = _smallest(ideal_meets, low, guess, high)
+    return SizeSearch(separate, minimal, sunkd, ideal, high, tuple(trials))
 
 
 def _smallest(meets: Callable[[int], bool], low: int, guess: int, high: int) -> int | None:

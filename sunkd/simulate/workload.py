@@ -1,6 +1,6 @@
 """What the simulated pool is asked to run: a window of each trace, scaled, per scenario.
 
-Times are seconds from the window's start. Construction (docs/simulation.md states it):
+Times are seconds from the window's start. Construction (docs/evaluation.md states it):
 
 - window: `days` of each trace. The batch window starts at `slurm_start_day` (default 0);
   the pod window by default ends at the pod trace's last creation (OpenB's pods are

@@ -38,6 +38,7 @@ from sunkd.simulate.records import (
     SimNode,
     pod_name,
 )
+from sunkd.simulate.series import Series, owners
 from sunkd.simulate.workload import BatchJob, SimPod, Workload
 
 END, ACTION, HORIZON = 0, 1, 2  # order of events at one instant
@@ -96,6 +97,7 @@ class World:
         self.evictions = 0
         self.controller: Callable[[World], None] | None = None
         self.wakeup: Callable[[], float | None] | None = None
+        self.series: Series | None = Series()  # sampled owners and queues (--plot)
         self._job_arrivals = list(workload.jobs)
         self._next_job = 0
         self._backlog_cycle = 0
@@ -111,12 +113,14 @@ class World:
         heapq.heappush(self.heap, (at, kind, self.seq, kind, payload))
 
     def _next_arrival(self) -> float:
+        """The next arrival in the window; arrivals at or after the horizon never come
+        (`_step` admits none), so they must not be waited for either."""
         t = math.inf
         if not self.workload.backlog_depth and self._next_job < len(self._job_arrivals):
             t = self._job_arrivals[self._next_job].submit
         if self._next_pod < len(self._pod_arrivals):
             t = min(t, self._pod_arrivals[self._next_pod].create)
-        return t
+        return t if t < self.horizon else math.inf
 
     def run(self, progress: Callable[[float], None] | None = None) -> None:
         """Run to the end: the horizon, then (without a backlog) until every batch job
@@ -133,8 +137,12 @@ class World:
                 break
             if t > self.horizon and not self.queue and not self.running:
                 break  # everything submitted has run
+            if self.series is not None and self.series.due(t):
+                self._sample(t)
             self.now = t
             self._step(t)
+            if self.series is not None:
+                self.series.observe(len(self.queue), len(self.pending) + len(self.untried))
             if progress is not None:
                 progress(t)
         self.finish(min(self.now, self.end_limit))
@@ -400,6 +408,19 @@ class World:
         for node in self.nodes:
             for run in list(node.pods.values()):
                 self._end_pod(run, t)
+
+    def _sample(self, t: float) -> None:
+        """Record the state (unchanged since the last instant) at every grid point <= t."""
+        series = self.series
+        assert series is not None
+        slurm, kubernetes, transit = owners(self.nodes, self.ideal)
+        now = len(self.queue), len(self.pending) + len(self.untried)
+        jobs, pods = series.take_peaks(*now)
+        moves = series.moves() if series.moves is not None else self.flips
+        while series.due(t):
+            series.add(series.next_at, slurm, kubernetes, transit, jobs, pods, moves,
+                       self.evictions)
+            jobs, pods = now  # later grid points of a quiet gap: the queues as they are
 
     # -------------------------------------------------------------- accounting
 

@@ -115,7 +115,7 @@ def test_openb_header_must_have_the_columns(tmp_path: Path) -> None:
 
 def test_shipped_traces_are_the_published_files() -> None:
     """The copies in sunkd/simulate/traces/ are byte-for-byte the ones traces/README.md
-    cites (sha256 there), and load to the counts docs/simulation.md quotes."""
+    cites (sha256 there), and load to the counts docs/evaluation.md quotes."""
     readme = shipped("README.md").read_text()
     for name in (DEFAULT_SWF, DEFAULT_OPENB):
         digest = hashlib.sha256(shipped(name).read_bytes()).hexdigest()

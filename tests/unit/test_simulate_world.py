@@ -110,3 +110,14 @@ def test_separate_and_ideal_do_the_same_work_when_nothing_waits() -> None:
     assert separate.batch_node_hours == ideal.batch_node_hours == 4.0
     assert separate.utilization == ideal.utilization
     assert separate.meets_all and ideal.meets_all
+
+
+def test_arrivals_after_the_horizon_never_come_and_the_run_ends() -> None:
+    # A hand-built workload (build_workload never does this) listing a pod at the
+    # horizon and one after it, while a batch job runs past the horizon: the run drains
+    # the job and ends, instead of stepping forever at an arrival it never admits.
+    jobs = (BatchJob(1, 0.0, 2 * HOUR, 1, 2 * HOUR), BatchJob(2, 3 * HOUR, 600.0, 1, 600.0))
+    pods = (pod("at-horizon", create=HOUR), pod("late", create=1.5 * HOUR))
+    report = run_separate(workload(jobs, pods, hours=1.0), 2, 1, SimConfig())
+    assert report.jobs == 1 and report.pods == 0 and report.jobs_started == 1
+    assert report.simulated_days == round(2 * HOUR / 86400, 2)
