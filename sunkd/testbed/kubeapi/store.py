@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import copy
 import json
 import math
@@ -140,6 +141,9 @@ class Store:
         # A watch or continue token from version N is valid while N >= floor.
         self.floor = 1
         self.objects: dict[str, dict[ObjKey, JSON]] = {}
+        # The sorted keys of a type as of a list's resourceVersion: every page of a paged
+        # LIST is served at that version, so its pages share one sort (the newest two kept).
+        self._sorted_keys: dict[tuple[str, int], list[ObjKey]] = {}
         self.types: dict[tuple[str, str, str], ResourceType] = {}  # (group, version, plural)
         self.watchers: set[Watcher] = set()
         self.pod_removal_delay: float | None = 0.0
@@ -254,29 +258,47 @@ class Store:
                 at_rv = wanted  # Exact: paged lists, or resourceVersionMatch=Exact
         list_rv = at_rv if at_rv is not None else self.rv
         snap = self.snapshot(rt, at_rv)
-        keys = sorted(snap)
+        keys = self._keys_at(rt, list_rv, snap)
+        first = 0
         if start_after is not None:
-            keys = [k for k in keys if list(k) > start_after]
+            first = bisect.bisect_right(keys, tuple(str(part) for part in start_after))
+        selective = bool(labels.requirements or fields.terms)
         matched = []
-        for key in keys:
-            obj = snap[key]
+        position = first
+        for position in range(first, len(keys)):
+            key = keys[position]
             if namespace and rt.namespaced and key[0] != namespace:
                 continue
+            obj = snap[key]
             if not labels.matches((obj.get("metadata") or {}).get("labels")):
                 continue
             if not fields.matches(rt.fields(obj)):
                 continue
             matched.append((key, obj))
+            if limit and len(matched) > limit:
+                break  # one beyond the page: there is a next page
         token = ""
         remaining: int | None = None
         if limit and len(matched) > limit:
             last_key = matched[limit - 1][0]
             token = base64.urlsafe_b64encode(
                 json.dumps({"rv": list_rv, "start": list(last_key)}).encode()).decode()
-            if not labels.requirements and not fields.terms:
-                remaining = len(matched) - limit
+            if not selective:
+                # remainingItemCount: the objects after this page (counted by key alone).
+                rest = keys[position:]
+                remaining = (sum(1 for k in rest if k[0] == namespace)
+                             if namespace and rt.namespaced else len(rest))
             matched = matched[:limit]
         return [copy.deepcopy(o) for _, o in matched], list_rv, token, remaining
+
+    def _keys_at(self, rt: ResourceType, rv: int, snap: dict[ObjKey, JSON]) -> list[ObjKey]:
+        cached = self._sorted_keys.get((rt.key, rv))
+        if cached is None or len(cached) != len(snap):
+            cached = sorted(snap)
+            self._sorted_keys[(rt.key, rv)] = cached
+            while len(self._sorted_keys) > 2:
+                del self._sorted_keys[next(iter(self._sorted_keys))]
+        return cached
 
     @staticmethod
     def parse_rv(text: str | None) -> int:
