@@ -7,6 +7,8 @@ for audits) and JSON text on SQLite.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -28,16 +30,25 @@ JSONType = JSON().with_variant(JSONB(), "postgresql")
 # BIGINT on PostgreSQL; on SQLite only "INTEGER PRIMARY KEY" is the rowid alias.
 SeqType = BigInteger().with_variant(Integer(), "sqlite")
 
+
+
+def _event_columns() -> list[Column[Any]]:
+    """An event row's columns after `seq` (`events` and `events_restored` share them)."""
+    return [
+        Column("recorded_at", DateTime(timezone=True), nullable=False),
+        Column("kind", Text, nullable=False),
+        Column("subject", Text, nullable=False),
+        Column("epoch", BigInteger, nullable=False),
+        Column("causation_seq", BigInteger, nullable=True),
+        Column("payload", JSONType, nullable=False),
+    ]
+
+
 events = Table(
     "events",
     metadata,
     Column("seq", SeqType, Identity(always=False), primary_key=True),
-    Column("recorded_at", DateTime(timezone=True), nullable=False),
-    Column("kind", Text, nullable=False),
-    Column("subject", Text, nullable=False),
-    Column("epoch", BigInteger, nullable=False),
-    Column("causation_seq", BigInteger, nullable=True),
-    Column("payload", JSONType, nullable=False),
+    *_event_columns(),
 )
 
 leadership = Table(
@@ -64,12 +75,7 @@ events_restored = Table(
     "events_restored",
     metadata,
     Column("seq", SeqType, primary_key=True, autoincrement=False),
-    Column("recorded_at", DateTime(timezone=True), nullable=False),
-    Column("kind", Text, nullable=False),
-    Column("subject", Text, nullable=False),
-    Column("epoch", BigInteger, nullable=False),
-    Column("causation_seq", BigInteger, nullable=True),
-    Column("payload", JSONType, nullable=False),
+    *_event_columns(),
 )
 
 # SQLite only (migration 0003): the archive's permission to delete, written and removed
