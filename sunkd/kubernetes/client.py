@@ -27,6 +27,7 @@ belong beside it. The informer is in `listwatch.py`.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import gc
 import inspect
@@ -34,11 +35,11 @@ import json
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -296,6 +297,13 @@ def checked_key(obj: Any) -> str:
     name = checked_name(meta.get("name"), "metadata.name")
     namespace = checked_name(meta.get("namespace"), "metadata.namespace", required=False)
     return f"{namespace}/{name}" if namespace else name
+
+
+Item = TypeVar("Item")
+
+
+def _identity(item: Any) -> Any:
+    return item
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -618,7 +626,24 @@ class KubeClient:
         expired continue token is 410 and the caller must start over (Kubernetes API concepts,
         "Retrieving large results sets in chunks").
         """
-        items: list[JSON] = []
+        return await self.list_mapped(
+            rt, _identity, namespace=namespace, label_selector=label_selector,
+            field_selector=field_selector, page_size=page_size)
+
+    async def list_mapped(
+        self,
+        rt: ResourceType,
+        each: Callable[[Any], Item],
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> tuple[builtins.list[Item], str]:
+        """`list`, with `each` applied to every item as its page arrives: only one page of
+        raw objects is alive at a time, however long the list (the items may be anything,
+        `each` checks them)."""
+        items: builtins.list[Item] = []
         token: str | None = None
         list_rv = ""
         bound = aiohttp.ClientTimeout(
@@ -650,7 +675,7 @@ class KubeClient:
             page_items = page.get("items") or []
             if not isinstance(page_items, list):
                 raise ValueError("list answer: items is not a list")
-            items.extend(page_items)
+            items.extend(map(each, page_items))
             meta = page.get("metadata")
             meta = meta if isinstance(meta, dict) else {}
             if not list_rv:

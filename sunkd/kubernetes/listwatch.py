@@ -11,7 +11,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import aiohttp
 import structlog
@@ -62,11 +62,12 @@ EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """One change to one object, as the cache saw it (duplicates already dropped)."""
+    """One change to one object, as the cache saw it (duplicates already dropped); `object`
+    is what the ListWatch's transform made of it."""
 
     type: EventType
     key: str
-    object: JSON
+    object: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ class WatchRecovered:
 
 
 WatchItem = WatchEvent | Relisted | WatchTrouble | WatchRecovered
-Transform = Callable[[JSON], JSON]
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -118,11 +119,14 @@ class ListWatchStats:
     rejected: int = 0  # objects refused (MalformedObject): never cached, never observed
 
 
-class ListWatch:
+class ListWatch(Generic[T]):
     """Informer-style list-then-watch over one resource type; iterate `items()`.
 
     The cache holds each object after `transform` (drop what you do not need: a relist diff
-    only compares resourceVersions, so the transform may strip anything but metadata).
+    only compares resourceVersions, read from a cached object by `version`, so the
+    transform may keep anything it likes). A list transforms each page as it arrives, so
+    only one page of raw objects is alive at a time (issue 15: the raw 100,000-pod list
+    set the daemon's peak memory).
 
     One bad object never stops the loop (issue 12): an object without a usable name, or one
     the transform refuses (`MalformedObject`, or any error in it), is rejected and logged
@@ -143,7 +147,8 @@ class ListWatch:
         page_size: int = 500,
         relist_after_failures: int = 5,
         backoff: Backoff | None = None,
-        transform: Transform | None = None,
+        transform: Callable[[JSON], T] | None = None,
+        version: Callable[[T], str] | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -156,12 +161,15 @@ class ListWatch:
         self.relist_after_failures = relist_after_failures
         self.backoff = backoff or Backoff()
         self.transform = transform
-        self.cache: dict[str, JSON] = {}
+        # resourceVersion of a cached object (by default the object is API-shaped).
+        self.version: Callable[[T], str] = version or resource_version  # type: ignore[assignment]
+        self.cache: dict[str, T] = {}
         self.resource_version = ""
         self.stats = ListWatchStats()
         self._log = log.bind(resource=resource.plural)
 
-    def _reconcile(self, items: list[JSON], list_rv: str, initial: bool) -> Relisted:
+    def _reconcile(self, items: list[tuple[str | None, T | None]], list_rv: str,
+                   initial: bool) -> Relisted:
         with gc_paused():
             return self._reconcile_now(items, list_rv, initial)
 
@@ -173,7 +181,7 @@ class ListWatch:
         self._log.warning("kube.object_rejected", key=clean_key(key), field=field,
                           cause=why[:300])
 
-    def _admit(self, item: Any) -> tuple[str | None, JSON | None]:
+    def _admit(self, item: Any) -> tuple[str | None, T | None]:
         """(key, transformed object); the object is None when it is rejected, and the key
         too when even its identity is unusable."""
         try:
@@ -187,10 +195,11 @@ class ListWatch:
             self._reject(key, error)
             return key, None
 
-    def _reconcile_now(self, items: list[JSON], list_rv: str, initial: bool) -> Relisted:
-        fresh: dict[str, JSON] = {}
-        for item in items:
-            key, obj = self._admit(item)
+    def _reconcile_now(self, items: list[tuple[str | None, T | None]], list_rv: str,
+                       initial: bool) -> Relisted:
+        fresh: dict[str, T] = {}
+        version = self.version
+        for key, obj in items:
             if key is None:
                 continue
             if obj is None:
@@ -207,7 +216,7 @@ class ListWatch:
             old_obj = self.cache.get(key)
             if old_obj is None:
                 events.append(WatchEvent("ADDED", key, obj))
-            elif resource_version(old_obj) != resource_version(obj):
+            elif version(old_obj) != version(obj):
                 events.append(WatchEvent("MODIFIED", key, obj))
         self.cache = fresh
         self.resource_version = list_rv
@@ -231,7 +240,7 @@ class ListWatch:
             _key, gone = self._admit(obj)
             return WatchEvent("DELETED", key, gone if gone is not None else old)
         current = self.cache.get(object_key(obj))
-        if current is not None and resource_version(current) == resource_version(obj):
+        if current is not None and self.version(current) == resource_version(obj):
             # Replayed event (same object state): nothing changed for us.
             self.stats.duplicates += 1
             return None
@@ -251,8 +260,9 @@ class ListWatch:
         while True:
             try:
                 if need_list:
-                    items, list_rv = await self.client.list(
+                    items, list_rv = await self.client.list_mapped(
                         self.resource,
+                        self._admit,
                         namespace=self.namespace,
                         label_selector=self.label_selector,
                         field_selector=self.field_selector,

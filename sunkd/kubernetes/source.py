@@ -62,6 +62,7 @@ from sunkd.kubernetes.client import (
     KubeClient,
     MalformedObject,
     ResourceType,
+    resource_version,
 )
 from sunkd.kubernetes.listwatch import (
     ListWatch,
@@ -73,13 +74,13 @@ from sunkd.kubernetes.listwatch import (
 )
 from sunkd.kubernetes.normalize import (
     GPU_RESOURCE,
+    PodFacts,
     _decimal_or_zero,
     _matches,
     clean_payload,
     clean_text,
     parse_nodeset,
-    pod_is_pending_unschedulable,
-    pod_requests,
+    pod_version,
     quantity_int,
     slim_node,
     slim_nodeset,
@@ -177,7 +178,8 @@ class KubernetesSource:
             if family is not None:
                 self._last[family] = payload
 
-        def make(rt: ResourceType, namespace: str | None, transform: Any) -> ListWatch:
+        def make(rt: ResourceType, namespace: str | None, transform: Any,
+                 version: Any = resource_version) -> ListWatch[Any]:
             return ListWatch(
                 client,
                 rt,
@@ -186,11 +188,12 @@ class KubernetesSource:
                 idle_timeout=idle_timeout,
                 page_size=page_size,
                 transform=transform,
+                version=version,
             )
 
-        self.watches: dict[str, ListWatch] = {
+        self.watches: dict[str, ListWatch[Any]] = {
             "nodes": make(NODES, None, slim_node),
-            "pods": make(PODS, None, slim_pod),
+            "pods": make(PODS, None, slim_pod, pod_version),
             "nodesets": make(nodeset_resource, nodeset_namespace, slim_nodeset),
         }
         self._synced_once: set[str] = set()
@@ -223,7 +226,7 @@ class KubernetesSource:
         return self.watches["nodes"].cache
 
     @property
-    def pods(self) -> dict[str, JSON]:
+    def pods(self) -> dict[str, PodFacts]:
         return self.watches["pods"].cache
 
     @property
@@ -268,7 +271,7 @@ class KubernetesSource:
             async with self._idle:
                 await self._idle.wait_for(lambda: self._flushed >= self._received)
 
-    async def _consume(self, name: str, lw: ListWatch) -> None:
+    async def _consume(self, name: str, lw: ListWatch[Any]) -> None:
         while True:
             try:
                 async for item in lw.items():
@@ -416,19 +419,18 @@ class KubernetesSource:
             self._dirty.nodes.add(old_node)
         was_pending = key in self._pending
         self._pending.discard(key)
-        pod = event.object
+        pod: PodFacts = event.object
         if event.type != "DELETED":
-            node = (pod.get("spec") or {}).get("nodeName")
+            node = pod.node
             if node:
                 self._pod_node[key] = node
                 self._pods_by_node.setdefault(node, set()).add(key)
                 self._dirty.nodes.add(node)
-            if pod_is_pending_unschedulable(pod):
+            if pod.pending_unschedulable:
                 self._pending.add(key)
         if was_pending or key in self._pending:
-            labels = (pod.get("metadata") or {}).get("labels") or {}
             for pool in self._nodesets():
-                if self._workload_match(pool, labels):
+                if self._workload_match(pool, pod.labels):
                     self._dirty.pools.add(pool)
 
     def _nodesets(self) -> dict[str, K8sNodesetObserved]:
@@ -530,16 +532,15 @@ class KubernetesSource:
             pod = self.pods.get(key)
             if pod is None:
                 continue
-            meta = pod.get("metadata") or {}
-            if meta.get("nodeLocal"):
+            if pod.node_local:
                 continue  # DaemonSet and mirror pods stay with the node, whoever owns it
             refs.append(
                 PodRef(
-                    str(meta.get("namespace") or ""),
-                    str(meta.get("name") or ""),
-                    str((pod.get("status") or {}).get("phase") or "Pending"),
-                    uid=str(meta.get("uid") or ""),
-                    pool_pod=self._workload_match(pool.pool, meta.get("labels") or {}),
+                    pod.namespace,
+                    pod.name,
+                    pod.phase,
+                    uid=pod.uid or "",
+                    pool_pod=self._workload_match(pool.pool, pod.labels),
                 )
             )
         return K8sWorkloadObserved(
@@ -552,13 +553,12 @@ class KubernetesSource:
             pod = self.pods.get(key)
             if pod is None:
                 continue
-            meta = pod.get("metadata") or {}
-            if self._workload_match(nodeset.pool, meta.get("labels") or {}):
-                cpu, memory, gpus = pod_requests(pod)
+            if self._workload_match(nodeset.pool, pod.labels):
+                cpu, memory, gpus = pod.requests
                 pending.append(
                     PendingPod(
-                        str(meta.get("namespace") or ""),
-                        str(meta.get("name") or ""),
+                        pod.namespace,
+                        pod.name,
                         cpu,
                         memory,
                         gpus,

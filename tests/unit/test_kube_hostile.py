@@ -75,7 +75,7 @@ def test_slim_node_refuses_impossible_shapes(broken: dict[str, Any]) -> None:
 
 def test_slim_pod_refuses_impossible_shapes() -> None:
     base = {"metadata": {"name": "p", "namespace": "ml"}}
-    assert slim_pod(base)["spec"]["nodeName"] is None
+    assert slim_pod(base).node is None
     for broken in ({"spec": {"nodeName": {"x": 1}}}, {"spec": {"containers": "c"}},
                    {"spec": {"containers": [{"resources": []}]}}, {"status": []}):
         with pytest.raises(MalformedObject):
