@@ -107,6 +107,9 @@ class Settings:
     # each lease renewal); an offset larger than this stops acting (docs/safety.md).
     max_clock_skew_seconds: float = 10.0
     snapshot_every: int = 1000
+    # Snapshots kept after each save, besides an archive's base (issue 15): a snapshot is
+    # a cache of the fold, so fewer only means a longer replay if the newest is unreadable.
+    snapshots_kept: int = 3
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     pools: tuple[PoolSettings, ...] = ()
@@ -132,6 +135,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "lease_seconds": (3.0, 3600.0, False),
     "max_clock_skew_seconds": (0.1, 3600.0, False),
     "snapshot_every": (1, 10_000_000, False),
+    "snapshots_kept": (1, 1000, False),
     "slurm.poll_interval": (0.1, 3600.0, False),
     # A slurmrestd whose slurmctld is down blocks ~9 s before answering (docs/slurm.md,
     # "Measured behaviour"); a shorter timeout would report a timeout instead of the

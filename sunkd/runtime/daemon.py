@@ -287,6 +287,7 @@ class Daemon:
                 self.event_log,
                 config_pools=[pool_spec(pool) for pool in self.settings.pools],
                 snapshot_every=self.settings.snapshot_every,
+                snapshots_kept=self.settings.snapshots_kept,
                 observer=self.metrics,
                 clock=self.clock,
             )

@@ -42,7 +42,7 @@ from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction, fold
 from sunkd.store.archive import live_range
-from sunkd.store.eventlog import EventLog, StaleLeaderError
+from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog, StaleLeaderError
 from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
 
 log = structlog.get_logger(__name__)
@@ -128,6 +128,7 @@ class Engine:
         *,
         config_pools: Sequence[PoolSpec] = (),
         snapshot_every: int = 1000,
+        snapshots_kept: int = SNAPSHOTS_KEPT,
         tick_seconds: float = 1.0,
         max_concurrent_actions: int = 16,
         executor: ActionExecutor | None = None,
@@ -138,6 +139,7 @@ class Engine:
         self.executor = executor
         self.config_pools = tuple(config_pools)
         self.snapshot_every = snapshot_every
+        self.snapshots_kept = snapshots_kept
         self.tick_seconds = tick_seconds
         self.max_concurrent_actions = max_concurrent_actions
         self.observer = observer
@@ -339,7 +341,7 @@ class Engine:
             return
         body = (await asyncio.to_thread(state_to_json, state)
                 if len(state.nodes) >= OFFLOAD_NODES else state_to_json(state))
-        await self.event_log.save_snapshot(state.last_seq, body)
+        await self.event_log.save_snapshot(state.last_seq, body, keep=self.snapshots_kept)
         self._last_snapshot_seq = state.last_seq
         log.info("engine.snapshot", seq=state.last_seq)
 

@@ -19,3 +19,20 @@ async def test_only_the_newest_snapshots_are_kept(database_url: str) -> None:
         assert await log.snapshot_seqs() == [80]
     finally:
         await log.close()
+
+
+async def test_the_engine_keeps_the_configured_number(database_url: str) -> None:
+    """`snapshots_kept` (config, Helm `config.snapshotsKept`) reaches the pruning."""
+    from dataclasses import replace
+
+    from sunkd.domain.state import EMPTY
+    from sunkd.runtime.engine import Engine
+
+    log = await EventLog.open(database_url, migrate=True)
+    try:
+        engine = Engine(log, snapshot_every=1, snapshots_kept=2)
+        for seq in (5, 9, 14, 20):
+            await engine._maybe_snapshot(replace(EMPTY, last_seq=seq))
+        assert await log.snapshot_seqs() == [14, 20]
+    finally:
+        await log.close()

@@ -572,6 +572,7 @@ def test_values_reach_sunkd_settings(helm_home: Path, tmp_path: Path) -> None:
     values = {
         "config": {
             "logLevel": "warning", "leaseSeconds": 20.5, "snapshotEvery": 500,
+            "snapshotsKept": 5,
             "slurm": {"url": "https://slurm.example:6820", "user": "sunkd",
                       "pollInterval": 2, "requestTimeout": 17.5, "partitions": ["gpu", "cpu"]},
             "kubernetes": {"lease": False, "requestTimeout": 12},
@@ -587,8 +588,8 @@ def test_values_reach_sunkd_settings(helm_home: Path, tmp_path: Path) -> None:
     values_file.write_text(yaml.safe_dump(values))
     docs = template(helm_home, "-f", str(values_file))
     settings, main, pod = _loaded_settings(docs, tmp_path)
-    assert (settings.log_level, settings.lease_seconds, settings.snapshot_every) == \
-        ("warning", 20.5, 500)
+    assert (settings.log_level, settings.lease_seconds, settings.snapshot_every,
+            settings.snapshots_kept) == ("warning", 20.5, 500, 5)
     assert settings.slurm.url == "https://slurm.example:6820"
     assert (settings.slurm.user, settings.slurm.poll_interval,
             settings.slurm.request_timeout) == ("sunkd", 2.0, 17.5)
@@ -650,6 +651,7 @@ SCHEMA_BOUNDS = {
     ("config", "leaseSeconds"): "lease_seconds",
     ("config", "maxClockSkewSeconds"): "max_clock_skew_seconds",
     ("config", "snapshotEvery"): "snapshot_every",
+    ("config", "snapshotsKept"): "snapshots_kept",
     ("config", "slurm", "pollInterval"): "slurm.poll_interval",
     ("config", "slurm", "requestTimeout"): "slurm.request_timeout",
     ("config", "kubernetes", "requestTimeout"): "kubernetes.request_timeout",

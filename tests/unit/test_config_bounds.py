@@ -21,6 +21,7 @@ from sunkd.slurm.source import SlurmSource
 NUMBERS = [
     ("lease_seconds", "SUNKD_LEASE_SECONDS"),
     ("snapshot_every", "SUNKD_SNAPSHOT_EVERY"),
+    ("snapshots_kept", "SUNKD_SNAPSHOTS_KEPT"),
     ("slurm.poll_interval", "SUNKD_SLURM_POLL_INTERVAL"),
     ("slurm.request_timeout", "SUNKD_SLURM_REQUEST_TIMEOUT"),
     ("slurm.max_response_bytes", "SUNKD_SLURM_MAX_RESPONSE_BYTES"),
