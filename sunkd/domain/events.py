@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -632,7 +633,7 @@ def _decode_value(hint: Any, raw: Any, where: str) -> Any:
     if hint is str:
         if not isinstance(raw, str):
             raise EventDecodeError(f"{where}: expected a string, got {raw!r}")
-        return raw
+        return _short(str(raw))
     raise EventDecodeError(f"{where}: unsupported type {hint!r}")
 
 
@@ -651,18 +652,29 @@ def _decoder_for(cls: type) -> tuple[dict[str, Any], bool]:
     return plan
 
 
+# Short strings of a decoded payload are interned: the fold keeps the latest observation of
+# every node, and the same few values (node, pool, partition and state names, namespaces,
+# phases) recur in all of them; a JSON decoder makes a new copy each time (issue 15: the
+# fold's memory is per node, not per event). Interned strings are freed like any other.
+_INTERN_UP_TO = 64
+
+
+def _short(text: str) -> str:
+    return sys.intern(text) if len(text) <= _INTERN_UP_TO else text
+
+
 def _decode_fast(hint: Any, raw: Any, where: str) -> Any:
     # Hot path for the common, exactly-typed cases; everything else is checked fully.
     if hint is str and type(raw) is str:
-        return raw
+        return _short(raw)
     if hint is int and type(raw) is int:
         return raw
     if hint is bool and type(raw) is bool:
         return raw
     if hint == _OPTIONAL_STR and (raw is None or type(raw) is str):
-        return raw
+        return raw if raw is None else _short(raw)
     if hint == _STR_TUPLE and type(raw) is list and all(type(item) is str for item in raw):
-        return tuple(raw)
+        return tuple(map(_short, raw))
     return _decode_value(hint, raw, where)
 
 

@@ -5,7 +5,8 @@ hold the two to that). Separate from the fold so `state.py` reads as the fold al
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from sunkd.domain.events import (
@@ -280,6 +281,26 @@ def state_to_json(state: ClusterState) -> dict[str, Any]:
             for source, s in state.sources.items()
         },
     }
+
+
+def state_to_json_text(state: ClusterState, dumps: Callable[[Any], str]) -> str:
+    """`dumps(state_to_json(state))`, built a node at a time: only one node's JSON tree is
+    alive at once. The whole tree at 10,000 nodes is hundreds of MB of small objects; built
+    at once for every snapshot, it left the daemon's RSS that much higher for good (freed,
+    but fragmented among long-lived objects: bench/scale.py, docs/performance.md)."""
+    head = state_to_json(replace(state, nodes={}, unpooled={}))
+    parts = []
+    for key, value in head.items():
+        if key == "nodes":
+            text = ",".join(dumps(_node_to_json(node)) for node in state.nodes.values())
+        elif key == "unpooled":
+            text = ",".join(dumps(_unpooled_to_json(name, record))
+                            for name, record in state.unpooled.items())
+        else:
+            parts.append(f"{dumps(key)}:{dumps(value)}")
+            continue
+        parts.append(f"{dumps(key)}:[{text}]")
+    return "{" + ",".join(parts) + "}"
 
 
 def _decoded(kind: str, raw: Mapping[str, Any], cls: type[Payload]) -> Any:

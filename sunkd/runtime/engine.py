@@ -39,10 +39,10 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_pools
 from sunkd.domain.ports import ActionError, RefusedError
-from sunkd.domain.snapshot import state_from_json, state_to_json
+from sunkd.domain.snapshot import state_from_json, state_to_json_text
 from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction, fold
 from sunkd.store.archive import live_range
-from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog, StaleLeaderError
+from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog, JSONText, StaleLeaderError, dumps_json
 from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
 
 log = structlog.get_logger(__name__)
@@ -339,8 +339,10 @@ class Engine:
         if state.last_seq - self._last_snapshot_seq < snapshot_interval(state,
                                                                         self.snapshot_every):
             return
-        body = (await asyncio.to_thread(state_to_json, state)
-                if len(state.nodes) >= OFFLOAD_NODES else state_to_json(state))
+        encode = functools.partial(state_to_json_text, state, dumps_json)
+        text = (await asyncio.to_thread(encode) if len(state.nodes) >= OFFLOAD_NODES
+                else encode())
+        body = JSONText(text)
         await self.event_log.save_snapshot(state.last_seq, body, keep=self.snapshots_kept)
         self._last_snapshot_seq = state.last_seq
         log.info("engine.snapshot", seq=state.last_seq)

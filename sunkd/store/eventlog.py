@@ -462,7 +462,7 @@ class EventLog:
     # ------------------------------------------------------------------ snapshots
 
     @_runs_to_completion
-    async def save_snapshot(self, seq: int, state: dict[str, Any], *,
+    async def save_snapshot(self, seq: int, state: dict[str, Any] | JSONText, *,
                             keep: int = SNAPSHOTS_KEPT) -> None:
         """Store a snapshot at `seq` and prune all but the newest `keep` (a snapshot is a
         cache of the fold: the log alone can always rebuild it, so pruning loses nothing;
@@ -540,10 +540,19 @@ def _to_recorded(row: Any) -> RecordedEvent:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class JSONText:
+    """JSON text already encoded (a snapshot built a node at a time): stored as it is."""
+
+    text: str
+
+
 def dumps_json(value: Any) -> str:
     """Compact JSON text. orjson is ~10x faster than the stdlib here, which is most of
     an append's CPU (bench/eventlog.py); the stdlib takes over for what orjson refuses
     (integers beyond 64 bits)."""
+    if type(value) is JSONText:
+        return value.text
     try:
         return orjson.dumps(value).decode()
     except TypeError:

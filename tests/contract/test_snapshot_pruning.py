@@ -34,5 +34,10 @@ async def test_the_engine_keeps_the_configured_number(database_url: str) -> None
         for seq in (5, 9, 14, 20):
             await engine._maybe_snapshot(replace(EMPTY, last_seq=seq))
         assert await log.snapshot_seqs() == [14, 20]
+        # Stored from pre-encoded text (a node at a time), read back as the same JSON.
+        from sunkd.domain.snapshot import state_to_json
+        latest = await log.latest_snapshot()
+        assert latest is not None
+        assert latest[1] == state_to_json(replace(EMPTY, last_seq=20))
     finally:
         await log.close()

@@ -31,7 +31,7 @@ from sunkd.domain.events import (
     TransitionStarted,
     UnknownPayload,
 )
-from sunkd.domain.snapshot import state_from_json, state_to_json
+from sunkd.domain.snapshot import state_from_json, state_to_json, state_to_json_text
 from sunkd.domain.state import EMPTY, OWNER_KUBERNETES, OWNER_SLURM, Phase, apply, fold
 from tests.unit.domain_world import Log, k8s_obs, slurm_obs
 
@@ -250,6 +250,9 @@ def test_snapshot_round_trips_and_snapshot_plus_tail_equals_full_fold(
     assert again == full  # determinism
     restored = state_from_json(json.loads(json.dumps(state_to_json(full))))
     assert restored == full
+    # The daemon's snapshots are encoded a node at a time: the same JSON.
+    text = state_to_json_text(full, lambda value: json.dumps(value, separators=(",", ":")))
+    assert json.loads(text) == json.loads(json.dumps(state_to_json(full)))
     prefix = fold(log.events[:cut])
     snapshot = state_from_json(json.loads(json.dumps(state_to_json(prefix))))
     assert fold(log.events[cut:], snapshot) == full
@@ -257,3 +260,8 @@ def test_snapshot_round_trips_and_snapshot_plus_tail_equals_full_fold(
     for event in log.events:
         one_by_one = apply(one_by_one, event)
     assert one_by_one == full
+    # (the log is of one node: a second one checks what separates two nodes' JSON)
+    log.add(slurm_obs("n2"), max((when for _, when in steps), default=0.0), subject="n2")
+    two = fold(log.events)
+    assert json.loads(state_to_json_text(two, json.dumps)) == \
+        json.loads(json.dumps(state_to_json(two)))
