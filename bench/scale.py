@@ -10,7 +10,8 @@ labels pool=p0..p9, 10 Nodesets pool0..pool9 in namespace `ml` selecting them an
 partitions part0..part9, M pods spread over the nodes, 1 % pending), a fake slurmrestd of
 this file (v0.0.39 dialect, the same N node names, node i in partition part{i % 10}, one
 single-node job per busy node) and, for the daemon phases, a real `sunkd run` subprocess on
-SQLite in a temporary directory.
+SQLite in a temporary directory (with `--real-apiserver`, a real kube-apiserver and etcd in
+place of the emulator: see the end).
 
 The churn model (per node per hour; `--job-changes`, `--pod-churn`, `--flaps`):
 - 2 Slurm job changes: a job ends on a busy node and a new single-node job starts on an
@@ -52,7 +53,33 @@ line of output is one JSON object.
 
 `daemon` runs memory, sync and restart on one first sync.
 
+`--real-apiserver` (daemon phases only: `memory`, `sync`, `restart`, `daemon`; `log` always
+uses the emulator) runs them against the real Kubernetes control plane instead of the
+emulator: `sunkd.testbed.kubernetes.KubeControlPlane` from the cached v1.37.2 binaries
+(bench/real_kube.py; exit 2 when `available()` says they are missing). What runs: etcd
+(no fsync, `--quota-backend-bytes` 8 GiB), kube-apiserver with the harness's flags (no
+others were needed: the admin user is in system:masters, exempt from API Priority and
+Fairness, and the population's 48 writes in flight, `--concurrency`, are below the
+default 200 mutating in flight), and kube-controller-manager with only
+serviceaccount-controller, serviceaccount-token-controller and namespace-controller
+(pods need their namespace's default ServiceAccount). Not run: kube-scheduler (the 1 %
+pending pods stay unbound), node-lifecycle-controller (with no kubelet it would mark every
+Node Unknown, taint it and evict its pods), every other controller, and any kubelet
+(HarnessKubelet included). The world is the emulator's: the Nodeset CRD from
+manifests/crds/nodeset.yaml, namespace `ml`, Nodesets ml/pool0..9, the same N Node objects
+(created with their Ready status, which a Node create keeps; a status PATCH follows if it
+did not) and M pods, created over HTTPS with the admin client certificate; a bound pod's
+status is then PATCHed to Running (the server resets a new pod's status to Pending). The
+daemon gets the plane's admin kubeconfig (`write_kubeconfig`), the fake slurmrestd and
+the daemon's HTTP port take free ports. The memory phase's pod churn (delete with grace 0,
+create, status PATCH) and the restart's new Nodes are HTTP writes to the same server.
+Extra figures: `kube_backend` ("emulator" or "real-apiserver v1.37.2", always),
+`kube_populate_s` (and per part), `kube_plane_start_s`, and the components' RSS after
+population and after the first sync (`kube_rss_mb_*`); `sync_rss_peak_mb` (the daemon's
+VmHWM after the first sync settled) and `restart_rss_peak_mb` are printed on both backends.
+
 Usage: python bench/scale.py [all|log|memory|sync|restart|daemon] [--quick] [--nodes N] [--pods M]
+                             [--real-apiserver [--concurrency 48]]
 """
 
 from __future__ import annotations
@@ -68,7 +95,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -79,6 +106,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kube_watch import crd_object, node_object, populate
+from real_kube import EmulatorWrites, KubeWrites, RealKube, free_ports
 
 from sunkd.domain.events import (
     ActionRequested,
@@ -342,10 +370,10 @@ class ByteSink:
 
 
 class KubeChurn:
-    """Pod churn and Ready flaps applied to the emulator."""
+    """Pod churn and Ready flaps applied to the emulator or the real API server."""
 
-    def __init__(self, api: Any, nodes: int, pods: int, seed: int = 16) -> None:
-        self.api = api
+    def __init__(self, writes: KubeWrites, nodes: int, pods: int, seed: int = 16) -> None:
+        self.writes = writes
         self.nodes = nodes
         self.rng = random.Random(seed)
         # Bound pods (i % 100 != 0, see kube_watch.pod_object), by name -> node index.
@@ -360,37 +388,43 @@ class KubeChurn:
                  "lastTransitionTime": "2026-01-01T00:00:00Z"}
                 for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")]
 
-    def step(self, pod_churn: int, flaps: int) -> int:
+    async def _replace_pod(self, old: str, new: str, node: int) -> None:
+        with contextlib.suppress(Exception):
+            await self.writes.delete_pod(old)
+        await self.writes.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": new, "namespace": "ml",
+                         "labels": {"pool": f"p{node % POOLS}", "app": "serve"}},
+            "spec": {"nodeName": node_name(node), "containers": [
+                {"name": "main", "image": "registry.example/app:1"}]},
+            "status": {"phase": "Running"}}, "ml")
+
+    async def step(self, pod_churn: int, flaps: int) -> int:
+        """One step's writes (concurrently: on the real server each is an HTTP request)."""
         changes = 0
+        writes: list[Awaitable[None]] = []
         for name in self.flapped:  # back to Ready after one step
-            self.api.patch("nodes", name, {"status": {"conditions": self._conditions(True)}},
-                           subresource="status")
+            writes.append(self.writes.node_status(
+                name, {"conditions": self._conditions(True)}))
             changes += 1
         self.flapped = []
         for _ in range(pod_churn):
             i = self.rng.randrange(len(self.pods))
             name, node = self.pods[i]
-            with contextlib.suppress(Exception):
-                self.api.delete("pods", name, "ml")
             new = f"pod{self.next_pod:06d}"
             self.next_pod += 1
-            self.api.create({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": new, "namespace": "ml",
-                             "labels": {"pool": f"p{node % POOLS}", "app": "serve"}},
-                "spec": {"nodeName": node_name(node), "containers": [
-                    {"name": "main", "image": "registry.example/app:1"}]},
-                "status": {"phase": "Running"}}, "ml")
+            writes.append(self._replace_pod(name, new, node))
             self.pods[i] = (new, node)
             changes += 2  # the node's pod set changed twice: one pod gone, one new
         for _ in range(flaps):
             name = node_name(self.rng.randrange(self.nodes))
             if name in self.flapped:
                 continue
-            self.api.patch("nodes", name, {"status": {"conditions": self._conditions(False)}},
-                           subresource="status")
+            writes.append(self.writes.node_status(
+                name, {"conditions": self._conditions(False)}))
             self.flapped.append(name)
             changes += 1
+        await asyncio.gather(*writes)
         return changes
 
 
@@ -426,7 +460,7 @@ async def log_growth(nodes: int, pods: int, steps: int, busy: tuple[float, float
     cluster = Cluster(nodes, busy[0], clock[0])
     slurm = SlurmSource(StubSlurmClient(cluster), sink,  # type: ignore[arg-type]
                         poll_interval=POLL, clock=lambda: clock[0])
-    churn = KubeChurn(api, nodes, pods)
+    churn = KubeChurn(EmulatorWrites(api), nodes, pods)
     stop = asyncio.Event()
     task = asyncio.create_task(kube.run(stop))
     figures: dict[str, Any] = {}
@@ -449,7 +483,7 @@ async def log_growth(nodes: int, pods: int, steps: int, busy: tuple[float, float
             for _ in range(steps):
                 clock[0] += POLL
                 changes += cluster.churn(jobs.take(), clock[0])
-                changes += churn.step(pod_churn.take(), flaps.take())
+                changes += await churn.step(pod_churn.take(), flaps.take())
                 await slurm.poll_once()
                 await asyncio.sleep(0.002)  # let the watch deliver this step's changes
                 await kube.wait_idle(120)
@@ -663,62 +697,95 @@ class DaemonPlan:
     restart: bool
     trace: bool
     keep: bool
+    real: bool = False  # --real-apiserver: KubeControlPlane instead of the emulator
+    concurrency: int = 48  # --real-apiserver: population requests in flight
+
+
+class Kube:
+    """The daemon phases' Kubernetes: the emulator (in-process) or a real control plane
+    (bench/real_kube.py), populated, serving on a port, with a kubeconfig for the daemon."""
+
+    def __init__(self, plan: DaemonPlan) -> None:
+        self.plan = plan
+        self.api: Any = None
+        self.real: RealKube | None = None
+        self.writes: KubeWrites | None = None
+        self.port = 0
+        self.backend = "emulator"
+
+    async def start(self, workdir: Path, figures: dict[str, Any]) -> None:
+        plan = self.plan
+        t0 = time.perf_counter()
+        if not plan.real:
+            from sunkd.testbed.kubeapi import KubeAPIEmulator
+
+            self.api = KubeAPIEmulator(history_size=100_000)
+            populate(self.api, plan.nodes, plan.pods)
+            self.api.record_requests = False
+            self.port = PORT_BASE + 20
+            await self.api.start("127.0.0.1", self.port)
+            self.api.write_kubeconfig(workdir / "kubeconfig", namespace="ml")
+            self.writes = EmulatorWrites(self.api)
+            figures["kube_backend"] = self.backend
+            print(f"daemon: emulator populated ({plan.nodes} nodes, {plan.pods} pods) in "
+                  f"{time.perf_counter() - t0:.1f}s; workdir {workdir}", file=sys.stderr)
+            return
+        self.real = RealKube(plan.concurrency)
+        await self.real.start()
+        self.writes = self.real
+        self.port = self.real.plane.apiserver_port
+        self.backend = f"real-apiserver {self.real.version}"
+        figures["kube_backend"] = self.backend
+        figures["kube_plane_start_s"] = self.real.plane.startup_seconds
+        print(f"daemon: real control plane {self.real.version} up in "
+              f"{self.real.plane.startup_seconds} s at {self.real.plane.url}; populating "
+              f"{plan.nodes} nodes, {plan.pods} pods, {plan.concurrency} requests in flight",
+              file=sys.stderr)
+        parts = await self.real.populate(plan.nodes, plan.pods)
+        self.real.write_kubeconfig(workdir / "kubeconfig")
+        figures["kube_populate_s"] = parts["total_s"]
+        figures["kube_populate_parts_s"] = parts
+        figures["kube_node_status_patches"] = self.real.node_status_patches
+        figures["kube_rss_mb_populated"] = self.real.rss()
+        print(f"daemon: real API server populated in {parts['total_s']} s ({parts}); "
+              f"RSS MB {figures['kube_rss_mb_populated']}; workdir {workdir}", file=sys.stderr)
+
+    def rss(self) -> dict[str, float] | None:
+        return self.real.rss() if self.real is not None else None
+
+    async def stop(self) -> None:
+        if self.real is not None:
+            await self.real.stop()
+        elif self.api is not None:
+            await self.api.stop()
 
 
 async def daemon_phases(plan: DaemonPlan) -> dict[str, Any]:
-    from sunkd.testbed.kubeapi import KubeAPIEmulator
-
     figures: dict[str, Any] = {"daemon_nodes": plan.nodes, "daemon_pods": plan.pods}
     workdir = Path(tempfile.mkdtemp(prefix="sunkd-scale-"))
-    api = KubeAPIEmulator(history_size=100_000)
-    t0 = time.perf_counter()
-    populate(api, plan.nodes, plan.pods)
-    api.record_requests = False
-    kube_port, slurm_port, http_port = PORT_BASE + 20, PORT_BASE + 21, PORT_BASE + 22
-    await api.start("127.0.0.1", kube_port)
-    api.write_kubeconfig(workdir / "kubeconfig", namespace="ml")
+    kube = Kube(plan)
+    # The real plane takes free ports; so do its Slurm and HTTP ports (another run of this
+    # benchmark on the emulator may hold the fixed ones).
+    slurm_port, http_port = (free_ports(2) if plan.real
+                             else (PORT_BASE + 21, PORT_BASE + 22))
     cluster = Cluster(plan.nodes, 0.0, time.time())
     fake = FakeSlurmrestd(cluster)
-    await fake.start(slurm_port)
-    print(f"daemon: emulator populated ({plan.nodes} nodes, {plan.pods} pods) in "
-          f"{time.perf_counter() - t0:.1f}s; workdir {workdir}", file=sys.stderr)
-    daemon = Daemon(workdir, http_port, kube_port, slurm_port, poll=1.0, trace=plan.trace)
+    daemon: Daemon | None = None
     try:
-        await daemon.start()
-        first = await daemon.wait_for("engine.decision", plan.sync_cap)
-        figures["first_sync_s"] = round(first, 2) if first is not None else None
-        figures["first_sync_leading_s"] = _rounded(daemon.first.get("daemon.leading"))
-        print(f"daemon: first decision after {figures['first_sync_s']} s (leading after "
-              f"{figures['first_sync_leading_s']} s)", file=sys.stderr)
-        if first is None:
-            figures["first_sync_note"] = f"no decision within {plan.sync_cap:g} s"
-            return figures
-        events, settled = await settle(daemon, plan.quiet, plan.warm_cap)
-        if plan.memory:
-            rss, hwm = rss_kb(daemon.pid)
-            figures.update({"rss_warm_mb": round(rss / 1024, 1),
-                            "warm_settled": settled, "warm_events": events,
-                            "warm_at_s": round(time.monotonic() - daemon.started, 1)})
-            print(f"daemon: warm RSS {rss / 1024:.0f} MB (HWM {hwm / 1024:.0f} MB) after "
-                  f"{figures['warm_at_s']} s, {events} events folded, settled={settled}",
-                  file=sys.stderr)
-            await churn_run(daemon, fake, api, plan, events or 0, figures)
-        figures["readyz_after"] = (await daemon.get("/readyz"))[:60]
-        figures["acquire_failed"] = daemon.counts.get("leadership.acquire_failed", 0)
-        figures["deposed"] = daemon.counts.get("daemon.deposed", 0)
-        stopping = time.monotonic()
-        figures["exit_code"] = await daemon.stop()
-        figures["stop_s"] = round(time.monotonic() - stopping, 1)
-        if plan.restart:
-            await restart_run(daemon, api, cluster, plan, figures)
+        await kube.start(workdir, figures)
+        await fake.start(slurm_port)
+        daemon = Daemon(workdir, http_port, kube.port, slurm_port, poll=1.0, trace=plan.trace)
+        await _daemon_run(daemon, kube, fake, cluster, plan, figures)
     finally:
-        await daemon.stop()
+        if daemon is not None:
+            await daemon.stop()
         await fake.stop()
-        await api.stop()
-        if daemon.errors:
-            print("daemon: warnings/errors seen (first 5):\n  " + "\n  ".join(daemon.errors[:5]),
-                  file=sys.stderr)
-        daemon.log_file.close()
+        await kube.stop()
+        if daemon is not None:
+            if daemon.errors:
+                print("daemon: warnings/errors seen (first 5):\n  "
+                      + "\n  ".join(daemon.errors[:5]), file=sys.stderr)
+            daemon.log_file.close()
         if not plan.keep:
             for path in sorted(workdir.glob("*"), reverse=True):
                 path.unlink(missing_ok=True)
@@ -726,13 +793,48 @@ async def daemon_phases(plan: DaemonPlan) -> dict[str, Any]:
     return figures
 
 
+async def _daemon_run(daemon: Daemon, kube: Kube, fake: FakeSlurmrestd, cluster: Cluster,
+                      plan: DaemonPlan, figures: dict[str, Any]) -> None:
+    assert kube.writes is not None
+    await daemon.start()
+    first = await daemon.wait_for("engine.decision", plan.sync_cap)
+    figures["first_sync_s"] = round(first, 2) if first is not None else None
+    figures["first_sync_leading_s"] = _rounded(daemon.first.get("daemon.leading"))
+    print(f"daemon: first decision after {figures['first_sync_s']} s (leading after "
+          f"{figures['first_sync_leading_s']} s)", file=sys.stderr)
+    if first is None:
+        figures["first_sync_note"] = f"no decision within {plan.sync_cap:g} s"
+        return
+    events, settled = await settle(daemon, plan.quiet, plan.warm_cap)
+    rss, hwm = rss_kb(daemon.pid)
+    figures["sync_rss_peak_mb"] = round(hwm / 1024, 1)  # the daemon's VmHWM after the sync
+    if kube.real is not None:
+        figures["kube_rss_mb_synced"] = kube.rss()
+    if plan.memory:
+        figures.update({"rss_warm_mb": round(rss / 1024, 1),
+                        "warm_settled": settled, "warm_events": events,
+                        "warm_at_s": round(time.monotonic() - daemon.started, 1)})
+        print(f"daemon: warm RSS {rss / 1024:.0f} MB (HWM {hwm / 1024:.0f} MB) after "
+              f"{figures['warm_at_s']} s, {events} events folded, settled={settled}",
+              file=sys.stderr)
+        await churn_run(daemon, fake, kube.writes, plan, events or 0, figures)
+    figures["readyz_after"] = (await daemon.get("/readyz"))[:60]
+    figures["acquire_failed"] = daemon.counts.get("leadership.acquire_failed", 0)
+    figures["deposed"] = daemon.counts.get("daemon.deposed", 0)
+    stopping = time.monotonic()
+    figures["exit_code"] = await daemon.stop()
+    figures["stop_s"] = round(time.monotonic() - stopping, 1)
+    if plan.restart:
+        await restart_run(daemon, kube, cluster, plan, figures)
+
+
 def _rounded(value: float | None) -> float | None:
     return round(value, 2) if value is not None else None
 
 
-async def churn_run(daemon: Daemon, fake: FakeSlurmrestd, api: Any, plan: DaemonPlan,
-                    warm_events: int, figures: dict[str, Any]) -> None:
-    churn = KubeChurn(api, plan.nodes, plan.pods, seed=17)
+async def churn_run(daemon: Daemon, fake: FakeSlurmrestd, writes: KubeWrites,
+                    plan: DaemonPlan, warm_events: int, figures: dict[str, Any]) -> None:
+    churn = KubeChurn(writes, plan.nodes, plan.pods, seed=17)
     fake.cluster.set_busy(0.5, time.time())  # half the nodes busy: jobs to end and start
     fake.churn_per_poll = plan.churn_per_poll
     started = time.monotonic()
@@ -741,7 +843,7 @@ async def churn_run(daemon: Daemon, fake: FakeSlurmrestd, api: Any, plan: Daemon
     moved_at = time.monotonic()
     stalled = False
     while time.monotonic() - started < plan.churn_cap:
-        churn.step(plan.pod_churn_per_s, 0)
+        await churn.step(plan.pod_churn_per_s, 0)
         await asyncio.sleep(1.0)
         folded = await daemon.events_folded()
         if folded is not None and folded != count:
@@ -883,8 +985,9 @@ async def seed_history(url: str, days: float, changes_per_node_hour: float,
             "snapshot_bytes": snapshot_bytes, "history_last_seq": state.last_seq}
 
 
-async def restart_run(daemon: Daemon, api: Any, cluster: Cluster, plan: DaemonPlan,
+async def restart_run(daemon: Daemon, kube: Kube, cluster: Cluster, plan: DaemonPlan,
                       figures: dict[str, Any]) -> None:
+    assert kube.writes is not None
     seeded = await seed_history(daemon.env["SUNKD_DATABASE_URL"], plan.history_days,
                                 plan.history_changes)
     figures.update(seeded)
@@ -895,11 +998,12 @@ async def restart_run(daemon: Daemon, api: Any, cluster: Cluster, plan: DaemonPl
           f"{seeded['history_seed_s']}s; database {figures['history_db_mb']} MB, snapshot "
           f"{seeded['snapshot_bytes']:,} bytes", file=sys.stderr)
     for i in range(plan.nodes, plan.nodes + NEW_NODES):  # something new to decide about
-        api.create(node_object(i))
+        await kube.writes.create(node_object(i))
         cluster.add_node(i)
     await daemon.start()
     first = await daemon.wait_for("engine.decision", plan.sync_cap)
     figures["restart_s"] = _rounded(first)
+    figures["restart_rss_peak_mb"] = round(rss_kb(daemon.pid)[1] / 1024, 1)
     figures["restart_loaded_s"] = _rounded(daemon.first.get("engine.loaded"))
     figures["restart_leading_s"] = _rounded(daemon.first.get("daemon.leading"))
     print(f"restart: engine.loaded after {figures['restart_loaded_s']} s, leading after "
@@ -937,7 +1041,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tracemalloc", action="store_true",
                         help="memory: run the daemon under tracemalloc, print top sites")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's temp directory")
+    parser.add_argument("--real-apiserver", action="store_true",
+                        help="daemon phases: the real kube-apiserver + etcd "
+                             "(sunkd.testbed.kubernetes) instead of the emulator")
+    parser.add_argument("--concurrency", type=int, default=48,
+                        help="--real-apiserver: population requests in flight")
     args = parser.parse_args(argv)
+    if args.real_apiserver:
+        from sunkd.testbed.kubernetes import available
+
+        ok, why = available()
+        if not ok:
+            print(f"--real-apiserver: {why}", file=sys.stderr)
+            return 2
     quick = args.quick
     nodes = args.nodes or (200 if quick else 10_000)
     pods = args.pods or (2_000 if quick else 100_000)
@@ -967,7 +1083,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pod_churn_per_s=max(1, nodes // 100), history_days=args.history_days,
             history_changes=args.history_changes or (0.2 if quick else 2.0),
             memory=memory, restart=args.phase in ("all", "restart", "daemon"),
-            trace=args.tracemalloc, keep=args.keep)
+            trace=args.tracemalloc, keep=args.keep, real=args.real_apiserver,
+            concurrency=args.concurrency)
         measured = asyncio.run(daemon_phases(plan))
         figures.update(measured)
         if measured.get("first_sync_s") is not None or args.phase in ("all", "sync"):
