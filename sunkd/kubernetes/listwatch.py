@@ -270,6 +270,9 @@ class ListWatch(Generic[T]):
                     )
                     self.stats.lists += 1
                     relisted = self._reconcile(items, list_rv, initial)
+                    # This frame lives as long as the watch: keep neither the list nor
+                    # its events once handed over (at 100,000 pods, ~20 MB).
+                    del items
                     need_list = False
                     initial = False
                     if troubled:
@@ -278,6 +281,7 @@ class ListWatch(Generic[T]):
                     failures = 0
                     self.backoff.reset()
                     yield relisted
+                    del relisted
                 # client-go jitters the watch timeout in [min, 2*min) so watchers spread out.
                 timeout = int(self.watch_timeout * (1 + self.backoff.rng.random()))
                 async with self.client.watch(

@@ -229,6 +229,21 @@ def shared_labels(labels: Mapping[str, Any]) -> Mapping[str, Any]:
     return found
 
 
+# Pods of one Deployment request the same resources: one tuple for them all (bounded: a
+# cluster has few distinct requests; past the bound new ones are simply not shared).
+_REQUESTS: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+_REQUESTS_MAX = 4096
+
+
+def _shared_requests(requests: tuple[int, int, int]) -> tuple[int, int, int]:
+    found = _REQUESTS.get(requests)
+    if found is not None:
+        return found
+    if len(_REQUESTS) < _REQUESTS_MAX:
+        _REQUESTS[requests] = requests
+    return requests
+
+
 def _interned(value: str | None) -> str | None:
     return None if value is None else sys.intern(value)
 
@@ -256,14 +271,16 @@ def slim_pod(obj: JSON) -> PodFacts:
     rv = meta.get("resourceVersion")
     return PodFacts(
         namespace=sys.intern(namespace),
-        name=name,
-        uid=uid if type(uid) is str else None,
+        # Name and uid interned too: the fold's `PodRef`s decode them from the log
+        # interned (`sunkd.domain.events`), so both hold one copy of each.
+        name=sys.intern(name),
+        uid=sys.intern(uid) if type(uid) is str else None,
         resource_version="" if rv is None else str(rv),
         node=_interned(node_name or None),
         phase=sys.intern(phase if type(phase) is str else str(phase)),
         node_local=_node_local(meta),
         pending_unschedulable=pod_is_pending_unschedulable(obj),
-        requests=pod_requests(obj),
+        requests=_shared_requests(pod_requests(obj)),
         labels=shared_labels(_mapping(meta.get("labels"), "metadata.labels")),
     )
 

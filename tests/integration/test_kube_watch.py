@@ -446,3 +446,29 @@ async def test_state_survives_fault_storms(
         stop.set()
         await asyncio.wait_for(task, 10)
         await log.close()
+
+
+async def test_the_watch_keeps_no_list_once_handed_over(kube: Kube) -> None:
+    """The informer's frame lives as long as its watch: it must not keep the list it
+    handed over (issue 15: at 100,000 pods the list and its events were ~20 MB kept for
+    the watch's lifetime). Only the cache holds the objects."""
+    import gc
+
+    client = kube.client
+    for i in range(4):
+        await create_node(client, f"n{i}")
+    lw = fast(client, watch_timeout=30)
+    stream = lw.items()
+    try:
+        first = await anext(stream)
+        assert isinstance(first, Relisted) and first.objects == 4
+        del first
+        # The generator resumes into the watch and waits there for an event.
+        pending = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.3)
+        gc.collect()
+        assert not [o for o in gc.get_objects() if isinstance(o, Relisted)]
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+    finally:
+        await stream.aclose()

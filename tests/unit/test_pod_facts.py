@@ -70,6 +70,7 @@ def test_facts_are_what_the_source_reads() -> None:
 def test_pods_with_the_same_labels_share_one_map_and_others_do_not() -> None:
     a, b, c = slim_pod(api_pod(1)), slim_pod(api_pod(51)), slim_pod(api_pod(2))
     assert a.labels is b.labels  # same Deployment: one map
+    assert a.requests is b.requests is c.requests  # same requests: one tuple
     assert a.labels is not c.labels and c.labels["app"] == "serve-2"
     # A label value of another type (hostile input) is kept, unshared, and only fails to
     # match; an unhashable one does not break the sharing of the others.
