@@ -150,21 +150,32 @@ def slim_node(obj: JSON) -> JSON:
     ]
     ready = [c for c in _objects(status.get("conditions"), "status.conditions")
              if c.get("type") == "Ready"]
+    # Maps shared between nodes with equal ones (allocatable of one hardware type, no
+    # sunkd annotations), strings interned: 10,000 nodes are mostly alike (issue 15).
     return {
         "metadata": {
-            "name": meta.get("name"),
+            "name": sys.intern(str(meta.get("name"))),
             "uid": meta.get("uid"),
             "resourceVersion": meta.get("resourceVersion"),
-            "labels": dict(_mapping(meta.get("labels"), "metadata.labels")),
-            "annotations": annotations,
+            "labels": shared_labels(_mapping(meta.get("labels"), "metadata.labels")),
+            "annotations": shared_labels(annotations),
         },
         "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": taints or None},
         "status": {
-            "allocatable": dict(_mapping(status.get("allocatable"), "status.allocatable")),
-            "conditions": [{"type": "Ready", "status": _optional_str(c.get("status"))}
-                           for c in ready],
+            "allocatable": shared_labels(
+                _mapping(status.get("allocatable"), "status.allocatable")),
+            "conditions": [_ready_condition(_optional_str(c.get("status"))) for c in ready],
         },
     }
+
+
+_READY_CONDITIONS = {status: {"type": "Ready", "status": status}
+                     for status in ("True", "False", "Unknown")}
+
+
+def _ready_condition(status: str | None) -> dict[str, Any]:
+    shared = _READY_CONDITIONS.get(status) if status is not None else None
+    return shared if shared is not None else {"type": "Ready", "status": status}
 
 
 def _requests(containers: Any, where: str) -> list[dict[str, Any]]:

@@ -95,3 +95,19 @@ def test_a_cached_pod_costs_under_a_kilobyte() -> None:
         tracemalloc.stop()
     assert len(kept) == count
     assert per_pod < 1024, f"{per_pod:.0f} bytes a pod"
+
+
+def test_nodes_alike_share_their_maps() -> None:
+    from sunkd.kubernetes.normalize import slim_node
+
+    def node(n: int) -> dict[str, Any]:
+        return {"metadata": {"name": f"node{n}", "labels": {"pool": "p1", "host": f"node{n}"}},
+                "status": {"allocatable": {"cpu": "64", "nvidia.com/gpu": "8"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    a, b = slim_node(node(1)), slim_node(node(2))
+    assert a["status"]["allocatable"] is b["status"]["allocatable"]
+    assert a["status"]["allocatable"] == {"cpu": "64", "nvidia.com/gpu": "8"}
+    assert a["metadata"]["annotations"] is b["metadata"]["annotations"]
+    assert a["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    assert a["metadata"]["labels"] == {"pool": "p1", "host": "node1"}
