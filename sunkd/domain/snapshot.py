@@ -285,22 +285,34 @@ def state_to_json(state: ClusterState) -> dict[str, Any]:
 
 def state_to_json_text(state: ClusterState, dumps: Callable[[Any], str]) -> str:
     """`dumps(state_to_json(state))`, built a node at a time: only one node's JSON tree is
-    alive at once. The whole tree at 10,000 nodes is hundreds of MB of small objects; built
-    at once for every snapshot, it left the daemon's RSS that much higher for good (freed,
-    but fragmented among long-lived objects: bench/scale.py, docs/performance.md)."""
+    alive at once, and the text is joined once. The whole tree at 10,000 nodes is hundreds
+    of MB of small objects, and each copy of the ~30 MB text another 30 MB; built for every
+    snapshot, they left the daemon's RSS that much higher for good (freed, but kept by the
+    allocator: bench/scale.py, docs/performance.md)."""
     head = state_to_json(replace(state, nodes={}, unpooled={}))
-    parts = []
+    many: dict[str, Any] = {
+        "nodes": (_node_to_json(node) for node in state.nodes.values()),
+        "unpooled": (_unpooled_to_json(name, record)
+                     for name, record in state.unpooled.items()),
+    }
+    parts = ["{"]
     for key, value in head.items():
-        if key == "nodes":
-            text = ",".join(dumps(_node_to_json(node)) for node in state.nodes.values())
-        elif key == "unpooled":
-            text = ",".join(dumps(_unpooled_to_json(name, record))
-                            for name, record in state.unpooled.items())
-        else:
-            parts.append(f"{dumps(key)}:{dumps(value)}")
+        if len(parts) > 1:
+            parts.append(",")
+        parts.append(dumps(key))
+        parts.append(":")
+        items = many.get(key)
+        if items is None:
+            parts.append(dumps(value))
             continue
-        parts.append(f"{dumps(key)}:[{text}]")
-    return "{" + ",".join(parts) + "}"
+        parts.append("[")
+        for index, item in enumerate(items):
+            if index:
+                parts.append(",")
+            parts.append(dumps(item))
+        parts.append("]")
+    parts.append("}")
+    return "".join(parts)
 
 
 def _decoded(kind: str, raw: Mapping[str, Any], cls: type[Payload]) -> Any:
