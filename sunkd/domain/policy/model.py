@@ -90,17 +90,38 @@ def effective_pools(
     return tuple(pools[name] for name in sorted(pools))
 
 
-def _matches(pool: PoolSpec, node: NodeState) -> bool:
-    if node.name in pool.nodes:
-        return True
-    if pool.node_selector:
-        if node.k8s is None:
-            return False
-        labels = {(label.key, label.value) for label in node.k8s.labels}
-        return all((label.key, label.value) in labels for label in pool.node_selector)
-    if pool.nodes or not pool.partitions or node.slurm is None:
-        return False
-    return not set(pool.partitions).isdisjoint(node.slurm.partitions)
+class _Rules:
+    """The pools' membership rules, prepared once per call: at 10,000 nodes and 10 pools,
+    `_matches` per (pool, node) rebuilt each node's label set 200,000 times a decision,
+    most of a decision's time (py-spy of a restart, docs/performance.md)."""
+
+    def __init__(self, pools: Sequence[PoolSpec]) -> None:
+        self.pools = sorted(pools, key=lambda pool: pool.name)
+        self.selectors = [tuple((label.key, label.value) for label in pool.node_selector)
+                          for pool in self.pools]
+        self.partitions = [frozenset(pool.partitions) for pool in self.pools]
+
+    def matching(self, node: NodeState) -> list[str]:
+        """Names of the pools that select `node`, sorted: those that name it, else those
+        whose node selector its Kubernetes labels satisfy, else (pools with neither) those
+        sharing a Slurm partition with it."""
+        labels: set[tuple[str, str]] | None = None
+        found = []
+        for pool, selector, partitions in zip(self.pools, self.selectors, self.partitions,
+                                              strict=True):
+            if node.name in pool.nodes:
+                found.append(pool.name)
+            elif selector:
+                if node.k8s is None:
+                    continue
+                if labels is None:
+                    labels = {(label.key, label.value) for label in node.k8s.labels}
+                if all(pair in labels for pair in selector):
+                    found.append(pool.name)
+            elif not pool.nodes and partitions and node.slurm is not None and \
+                    not partitions.isdisjoint(node.slurm.partitions):
+                found.append(pool.name)
+        return found
 
 
 def membership(state: ClusterState, pools: Sequence[PoolSpec]) -> dict[str, str]:
@@ -108,13 +129,13 @@ def membership(state: ClusterState, pools: Sequence[PoolSpec]) -> dict[str, str]
     (even if the pool is gone: it is driven to the end with default knobs). A node two or
     more pools select belongs to none of them (`pool_overlaps`): a Nodeset in another
     namespace selecting the same nodes must not silently take them over."""
-    ordered = sorted(pools, key=lambda pool: pool.name)
+    rules = _Rules(pools)
     result: dict[str, str] = {}
     for name, node in state.nodes.items():
         if node.transition is not None and node.transition.pool:
             result[name] = node.transition.pool
             continue
-        matching = [pool.name for pool in ordered if _matches(pool, node)]
+        matching = rules.matching(node)
         if len(matching) == 1:
             result[name] = matching[0]
     return result
@@ -122,11 +143,12 @@ def membership(state: ClusterState, pools: Sequence[PoolSpec]) -> dict[str, str]
 
 def pool_overlaps(state: ClusterState, pools: Sequence[PoolSpec]) -> dict[str, tuple[str, ...]]:
     """Nodes (not moving) that two or more pools select, with those pools' names."""
+    rules = _Rules(pools)
     overlaps: dict[str, tuple[str, ...]] = {}
     for name, node in state.nodes.items():
         if node.transition is not None:
             continue
-        matching = tuple(sorted(pool.name for pool in pools if _matches(pool, node)))
+        matching = tuple(rules.matching(node))
         if len(matching) > 1:
             overlaps[name] = matching
     return overlaps
