@@ -50,11 +50,15 @@ def build_nodeset_status(
     generation: int,
     now: float,
     previous_conditions: Mapping[str, Mapping[str, Any]] | None = None,
+    member_of: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The status for one pool. `previous_conditions` (by type) keep their
-    `lastTransitionTime` while their status does not change."""
-    members = sorted(name for name, pool in membership(state, pools).items()
-                     if pool == pool_name)
+    `lastTransitionTime` while their status does not change. `member_of` is
+    `membership(state, pools)` when the caller has it (one per round for every pool: at
+    10,000 nodes each costs ~0.1 s of the event loop)."""
+    if member_of is None:
+        member_of = membership(state, pools)
+    members = sorted(name for name, pool in member_of.items() if pool == pool_name)
     counts = {"nodes": len(members), "slurm": 0, "kubernetes": 0, "moving": 0, "held": 0,
               "unknown": 0}
     slurm_states = {"idle": 0, "allocated": 0, "mixed": 0, "drain": 0, "down": 0}

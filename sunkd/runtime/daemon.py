@@ -590,6 +590,7 @@ class Daemon:
 
     async def _write_nodeset_status(self, actuator: Any) -> None:
         """Keep every Nodeset's status current (counters, nodes, conditions)."""
+        from sunkd.domain.policy.model import membership
         from sunkd.kubernetes.nodeset_status import build_nodeset_status
 
         written: dict[str, dict[str, Any]] = {}
@@ -599,14 +600,17 @@ class Daemon:
                 continue
             state = self.state()
             pools = self.engine.pools()
+            member_of: dict[str, str] | None = None
             for pool_name, nodeset in sorted(state.nodesets.items()):
                 if nodeset.deleted or "/" not in pool_name:
                     continue
                 namespace, name = pool_name.split("/", 1)
                 previous = written.get(pool_name, {})
+                if member_of is None:
+                    member_of = membership(state, pools)
                 status = build_nodeset_status(
                     state, pools, pool_name, nodeset.generation, time.time(),
-                    {c["type"]: c for c in previous.get("conditions", [])})
+                    {c["type"]: c for c in previous.get("conditions", [])}, member_of)
                 if status == previous:
                     continue
                 try:
