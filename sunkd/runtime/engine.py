@@ -50,11 +50,9 @@ log = structlog.get_logger(__name__)
 # Events the follower reads at once, and how long deciding may wait for it to catch up.
 FOLLOW_BATCH = 1000
 DEFER_DECIDE_SECONDS = 5.0
-# Decide again only after this many times the last decision's duration (and at most once
-# a tick): with nothing new in the log, at most ~1/10 of a core on re-deciding; with new
-# events, at most ~1/3.
+# With nothing new in the log, decide again after this many times the last decision's
+# duration (and at least every tick): at most ~1/10 of a core on re-deciding.
 IDLE_DECIDE_FACTOR = 10.0
-BUSY_DECIDE_FACTOR = 3.0
 
 # From this many nodes on, folding a batch, deciding and turning the state into a snapshot
 # run in a worker thread (the state is immutable: every fold builds a new one), so the
@@ -272,15 +270,12 @@ class Engine:
                     await self.append([Event(subject=CONFIG_SUBJECT,
                                              payload=PoolsConfigured(pools=configured))], term)
                     continue
-                factor = IDLE_DECIDE_FACTOR if state.last_seq == self._decided_seq \
-                    else BUSY_DECIDE_FACTOR
-                if time.monotonic() - self._decided_at < factor * self._decide_seconds:
-                    # On a big cluster deciding costs (~0.7 s at 10,000 nodes). Re-deciding
-                    # on every tick, or on every event of a trickle (a restart's re-run
-                    # actions, one outcome at a time), kept a core busy and starved the
-                    # sources: a restart's Kubernetes LIST took 41 s instead of 18 s.
-                    # Deciding later is safe (every action re-checks the node); events
-                    # and time-driven steps (dwell, drain timeouts) wait at most this long.
+                if state.last_seq == self._decided_seq and time.monotonic() - \
+                        self._decided_at < IDLE_DECIDE_FACTOR * self._decide_seconds:
+                    # Nothing new since the last decision: only time moved, and on a big
+                    # cluster deciding costs (~0.7 s at 10,000 nodes); re-deciding every
+                    # tick would keep a core busy. Time-driven steps (dwell, drain
+                    # timeouts: tens of seconds and more) wait at most this much longer.
                     continue
                 now = self.clock()
                 started = self._decided_at = time.monotonic()
