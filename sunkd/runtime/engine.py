@@ -47,13 +47,6 @@ from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
 
 log = structlog.get_logger(__name__)
 
-# Events the follower reads at once, and how long deciding may wait for it to catch up.
-FOLLOW_BATCH = 1000
-DEFER_DECIDE_SECONDS = 5.0
-# With nothing new in the log, decide again after this many times the last decision's
-# duration (and at least every tick): at most ~1/10 of a core on re-deciding.
-IDLE_DECIDE_FACTOR = 10.0
-
 # From this many nodes on, folding a batch, deciding and turning the state into a snapshot
 # run in a worker thread (the state is immutable: every fold builds a new one), so the
 # event loop keeps its turns for the lease renewal, the API and the sources (issue 15.5:
@@ -152,10 +145,6 @@ class Engine:
         self.observer = observer
         self.clock = clock
         self.state: ClusterState = EMPTY
-        self._behind = False  # the last batch folded was full: more is waiting
-        self._decided_at = float("-inf")  # time.monotonic() of the last decide
-        self._decided_seq = -1  # the state's last_seq it decided on
-        self._decide_seconds = 0.0  # how long it took
         self._changed = asyncio.Event()
         self._folded = asyncio.Condition()
         self._last_snapshot_seq = 0
@@ -181,11 +170,7 @@ class Engine:
         """Fold every new event forever (leader and standby alike). A row that does not
         decode ends it with CorruptRowError naming the row."""
         try:
-            async for batch in self.event_log.subscribe_batches(
-                    self.state.last_seq, batch_size=FOLLOW_BATCH):
-                # A full batch: the log has more for us at once (a first sync, a restart's
-                # catch-up), so deciding now would decide on a state about to change.
-                self._behind = len(batch) >= FOLLOW_BATCH
+            async for batch in self.event_log.subscribe_batches(self.state.last_seq):
                 await self._apply(batch)
         except (ValueError, TypeError, AttributeError, KeyError) as error:
             # What a payload that is not JSON, not an object, or not of its kind's types
@@ -236,10 +221,6 @@ class Engine:
         """Decide and execute until cancelled or the term ends (StaleLeaderError)."""
         decided_at_seq = -1
         self._quiesced = False
-        # A term starts with a catch-up (the sources' first observations): the deferral's
-        # bound counts from here.
-        self._decided_at = time.monotonic()
-        self._decided_seq = -1
         try:
             while (term.may_act() or term.paused()) and not self._quiesced:
                 with contextlib.suppress(TimeoutError):
@@ -253,13 +234,6 @@ class Engine:
                 state = self.state
                 if state.last_seq < self._appended_upto:
                     continue  # our own decisions are not folded yet
-                if self._behind and time.monotonic() - self._decided_at < DEFER_DECIDE_SECONDS:
-                    # Decide once the fold has caught up (at 10,000 nodes a decision takes
-                    # ~0.7 s: one per 1,000-event batch of a first sync was most of the
-                    # time to the first decision); within the bound, so a log that never
-                    # stops growing still gets decisions.
-                    self._dispatch(state, term)
-                    continue
                 # Actions already requested run whatever else is being decided, so a
                 # busy cluster that always has something to decide never starves them.
                 self._dispatch(state, term)
@@ -270,25 +244,14 @@ class Engine:
                     await self.append([Event(subject=CONFIG_SUBJECT,
                                              payload=PoolsConfigured(pools=configured))], term)
                     continue
-                if state.last_seq == self._decided_seq and time.monotonic() - \
-                        self._decided_at < IDLE_DECIDE_FACTOR * self._decide_seconds:
-                    # Nothing new since the last decision: only time moved, and on a big
-                    # cluster deciding costs (~0.7 s at 10,000 nodes); re-deciding every
-                    # tick would keep a core busy. Time-driven steps (dwell, drain
-                    # timeouts: tens of seconds and more) wait at most this much longer.
-                    continue
                 now = self.clock()
-                started = self._decided_at = time.monotonic()
-                self._decided_seq = state.last_seq
                 pools = self.pools()
                 if len(state.nodes) >= OFFLOAD_NODES:
                     decisions = await asyncio.to_thread(decide, state, pools, now)
-                    self._decide_seconds = time.monotonic() - started
                     if not term.may_act() or self._quiesced:
                         continue  # decided on a term that stopped acting meanwhile
                 else:
                     decisions = decide(state, pools, now)
-                    self._decide_seconds = time.monotonic() - started
                 if decisions and state.last_seq != decided_at_seq:
                     decided_at_seq = state.last_seq
                     _log_decisions(decisions)
