@@ -408,12 +408,14 @@ async def test_doctor_prints_the_normalized_table(
         assert rows["sc5"][5] == "[root]"  # "admin: doctor [root]"
         # Never drained: no reason, and no setter either (24.11 says `root` for nodes
         # that never had a reason; the normalizer drops a setter without a reason).
-        # Under load slurmctld may have marked it "Not responding" for a moment, and
-        # 24.11+ keep that text after the node answers again: Slurm's own note.
+        # Under load slurmctld may have marked it "Not responding" for a moment (DOWN
+        # until its slurmd answers again: seen in a strict CI run), and 24.11+ keep that
+        # text after the node answers: Slurm's own note, the only reason allowed here.
         sc3 = rows["sc3"]
-        assert sc3[:3] == ["sc3", "idle", "-"] and sc3[-3:] == ["debug", "0/2", "0/0"], sc3
-        assert sc3[3:-3] in (["-"], ["Not", "responding", "[slurm]"],
-                             ["Not", "responding"]), sc3
+        slurm_note = sc3[3:-3] in (["Not", "responding", "[slurm]"], ["Not", "responding"])
+        assert sc3[0] == "sc3" and sc3[2] == "-" and sc3[-3:] == ["debug", "0/2", "0/0"], sc3
+        assert sc3[1] == "idle" or (slurm_note and sc3[1] == "down"), sc3
+        assert sc3[3:-3] == ["-"] or slurm_note, sc3
         out = io.StringIO()
         assert await doctor(settings, as_json=True, out=out) == 0
         report = json.loads(out.getvalue())["slurm"]
