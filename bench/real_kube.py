@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -49,20 +48,6 @@ CONTROLLERS = "serviceaccount-controller,serviceaccount-token-controller,namespa
 ETCD_QUOTA = 8 * 2**30
 MERGE = "application/merge-patch+json"
 NAMESPACE = "ml"
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback TCP ports (held open together so they differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def rss_mb(pid: int) -> float:

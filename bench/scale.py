@@ -107,7 +107,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kube_watch import crd_object, node_object, populate
-from real_kube import EmulatorWrites, KubeWrites, RealKube, free_ports
+from real_kube import EmulatorWrites, KubeWrites, RealKube
 
 from sunkd.domain.events import (
     ActionRequested,
@@ -127,6 +127,7 @@ from sunkd.runtime.engine import load_state
 from sunkd.slurm.model import SlurmJob, SlurmNode
 from sunkd.slurm.source import SlurmSource
 from sunkd.store.eventlog import EventLog
+from sunkd.testbed.kubernetes import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 SUNKD = ROOT / ".venv" / "bin" / "sunkd"

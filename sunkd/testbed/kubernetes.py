@@ -130,7 +130,7 @@ def available(bin_dir: Path | None = None) -> tuple[bool, str]:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free loopback TCP ports."""
     sockets: list[socket.socket] = []
     try:
@@ -550,7 +550,7 @@ class KubeControlPlane:
             self.apiserver_port,
             self.controller_manager_port,
             self.scheduler_port,
-        ) = _free_ports(5)
+        ) = free_ports(5)
         self._make_pki()
         for identity in self._clients():
             self._write_kubeconfig(self.base / f"{identity.file}.kubeconfig", identity.file)
