@@ -41,6 +41,7 @@ from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_p
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
 from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction, fold
+from sunkd.runtime.forkencode import encode_in_child
 from sunkd.store.archive import live_range
 from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog, JSONText, StaleLeaderError, dumps_json
 from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
@@ -340,12 +341,18 @@ class Engine:
                                                                         self.snapshot_every):
             return
         encode = functools.partial(state_to_json_text, state, dumps_json)
-        text = (await asyncio.to_thread(encode) if len(state.nodes) >= OFFLOAD_NODES
-                else encode())
-        body = JSONText(text)
-        await self.event_log.save_snapshot(state.last_seq, body, keep=self.snapshots_kept)
+        started = time.perf_counter()
+        if len(state.nodes) >= OFFLOAD_NODES:  # forkencode.py says why a child
+            encoded = await encode_in_child(encode)
+            text, where, child_peak = encoded.text, encoded.in_child, encoded.child_peak_rss_mb
+        else:
+            text, where, child_peak = encode(), False, None
+        await self.event_log.save_snapshot(state.last_seq, JSONText(text),
+                                           keep=self.snapshots_kept)
         self._last_snapshot_seq = state.last_seq
-        log.info("engine.snapshot", seq=state.last_seq)
+        log.info("engine.snapshot", seq=state.last_seq, chars=len(text),
+                 encoded_in_child=where, child_peak_rss_mb=child_peak,
+                 seconds=round(time.perf_counter() - started, 3))
 
 
 def _log_decisions(decisions: Sequence[Any]) -> None:
