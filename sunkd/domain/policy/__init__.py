@@ -134,6 +134,11 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
     Nodes in no pool get no decisions; a node in a transition whose pool disappeared
     keeps being driven with default knobs until the transition ends.
     """
+    if not (state.source_fresh("slurm") and state.source_fresh("kubernetes")):
+        # Nothing at all is decided then (each step checks it again per node); saying so
+        # first keeps a restart's catch-up, which folds hundreds of outcomes before the
+        # Kubernetes LIST is back, from paying for membership on every one of them.
+        return []
     planner = _Planner(state, now)
     by_name = {pool.name: pool for pool in pools}
     members: dict[str, list[NodeState]] = {}
