@@ -27,6 +27,7 @@ belong beside it. The informer is in `listwatch.py`.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import gc
@@ -54,6 +55,9 @@ log = structlog.get_logger("sunkd.kube")
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+# Items mapped between two yields to the event loop while a list page is turned into
+# cached objects (~1 ms of `slim_pod` at 100).
+MAP_CHUNK = 100
 
 
 # --------------------------------------------------------------------------- resources
@@ -642,16 +646,17 @@ class KubeClient:
     ) -> tuple[builtins.list[Item], str]:
         """`list`, with `each` applied to every item as its page arrives: only one page of
         raw objects is alive at a time, however long the list (the items may be anything,
-        `each` checks them)."""
+        `each` checks them), and the next page is asked for before this one is mapped, so
+        the server builds it while `each` runs (at 100,000 pods both take seconds)."""
         items: builtins.list[Item] = []
-        token: str | None = None
         list_rv = ""
         bound = aiohttp.ClientTimeout(
             total=self.timeouts.list_page,
             connect=self.timeouts.connect,
             sock_connect=self.timeouts.connect,
         )
-        while True:
+
+        async def fetch(token: str | None) -> bytes:
             query: list[tuple[str, str]] = [("limit", str(page_size))]
             if token:
                 query.append(("continue", token))
@@ -668,21 +673,39 @@ class KubeClient:
                     raise KubeApiError.from_body(
                         response.status, raw.decode("utf-8", "replace"), response.headers
                     )
-            with gc_paused():
-                page = loads(raw)
-            if not isinstance(page, dict):
-                raise ValueError(f"list answer is not an object: {raw[:100]!r}")
-            page_items = page.get("items") or []
-            if not isinstance(page_items, list):
-                raise ValueError("list answer: items is not a list")
-            items.extend(map(each, page_items))
-            meta = page.get("metadata")
-            meta = meta if isinstance(meta, dict) else {}
-            if not list_rv:
-                list_rv = str(meta.get("resourceVersion") or "")
-            token = meta.get("continue") or None
-            if not token:
-                return items, list_rv
+            return raw
+
+        pending: asyncio.Task[bytes] = asyncio.create_task(fetch(None))
+        try:
+            while True:
+                raw = await pending
+                with gc_paused():
+                    page = loads(raw)
+                del raw
+                if not isinstance(page, dict):
+                    raise ValueError(f"list answer is not an object: {str(page)[:100]!r}")
+                page_items = page.get("items") or []
+                if not isinstance(page_items, list):
+                    raise ValueError("list answer: items is not a list")
+                meta = page.get("metadata")
+                meta = meta if isinstance(meta, dict) else {}
+                if not list_rv:
+                    list_rv = str(meta.get("resourceVersion") or "")
+                token = meta.get("continue") or None
+                if token:
+                    pending = asyncio.create_task(fetch(str(token)))
+                del page
+                for start in range(0, len(page_items), MAP_CHUNK):
+                    items.extend(map(each, page_items[start:start + MAP_CHUNK]))
+                    await asyncio.sleep(0)  # the next page's request goes out meanwhile
+                if not token:
+                    return items, list_rv
+        finally:
+            # The page asked for ahead is not wanted when mapping failed or we are cancelled
+            # (cancel is a no-op on a finished task; its error, if any, was seen or is moot).
+            pending.cancel()
+            if pending.done() and not pending.cancelled():
+                pending.exception()
 
     @contextlib.asynccontextmanager
     async def watch(
