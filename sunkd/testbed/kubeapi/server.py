@@ -565,7 +565,8 @@ class KubeAPIEmulator:
         limit = int(q["limit"]) if q.get("limit", "").isdigit() and int(q["limit"]) > 0 else None
         items, list_rv, token, remaining = self.store.list_objects(
             rt, ns, q.get("labelSelector"), q.get("fieldSelector"), limit, q.get("continue"),
-            q.get("resourceVersion"), exact=q.get("resourceVersionMatch") == "Exact")
+            q.get("resourceVersion"), exact=q.get("resourceVersionMatch") == "Exact",
+            copies="as=Table" in accept)  # serialized below, before anything can change them
         items = [self._output(rt, o) for o in items]
         if "as=Table" in accept:
             return self._json(build_table(rt, items, str(list_rv),
