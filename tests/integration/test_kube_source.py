@@ -190,6 +190,34 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
         await stop_source(stop, task)
 
 
+async def test_a_nodeset_status_write_rebuilds_nothing(cluster: Cluster) -> None:
+    """sunkd writes every Nodeset's status every few seconds. Each write is a MODIFIED
+    event on the Nodeset watch; rebuilding every node's payloads for it cost ~1 s of the
+    event loop per write at 10,000 nodes (bench/scale.py). Only a change of what the
+    payloads read (spec, generation) may rebuild them."""
+    sink = ListSink()
+    source, stop, task = await start(cluster, sink)
+    client = cluster.client
+    try:
+        rebuilt = source.full_flushes
+        actuator = KubernetesActuator(client, nodeset_resource=cluster.rt)
+        for count in range(3):
+            await actuator.update_nodeset_status("ml", "gpu", {"observedGeneration": count})
+        await settle(source)
+        assert source.full_flushes == rebuilt
+        assert (await client.get(cluster.rt, "gpu", "ml"))["status"]["observedGeneration"] == 2
+
+        await client.merge_patch(cluster.rt, "gpu", {"spec": {"workloadSelector": {
+            "matchLabels": {"app": "other"}}}}, "ml")
+        await settle(source)
+        assert source.full_flushes == rebuilt + 1
+        gpu1 = [p for p in sink.payloads(K8sWorkloadObserved)
+                if isinstance(p, K8sWorkloadObserved) and p.node == "k-gpu-1"][-1]
+        assert pods(gpu1) == (("other", "Running", True), ("serve-a", "Running", False))
+    finally:
+        await stop_source(stop, task)
+
+
 async def test_restart_with_seed_emits_nothing_new(cluster: Cluster) -> None:
     first = ListSink()
     source, stop, task = await start(cluster, first)
