@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -260,6 +261,7 @@ class ListWatch(Generic[T]):
         while True:
             try:
                 if need_list:
+                    listed_at = time.monotonic()
                     items, list_rv = await self.client.list_mapped(
                         self.resource,
                         self._admit,
@@ -269,6 +271,8 @@ class ListWatch(Generic[T]):
                         page_size=self.page_size,
                     )
                     self.stats.lists += 1
+                    self._log.info("listed", items=len(items),
+                                   seconds=round(time.monotonic() - listed_at, 3))
                     relisted = self._reconcile(items, list_rv, initial)
                     # This frame lives as long as the watch: keep neither the list nor
                     # its events once handed over (at 100,000 pods, ~20 MB).

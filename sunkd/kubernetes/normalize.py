@@ -63,14 +63,27 @@ def clean_text(value: str) -> str:
     return value
 
 
+# Every observation of a first sync is cleaned (20,000 payloads, 100,000 pod references at
+# 10,000 nodes), so the walk checks exact types first and reads each dataclass's field
+# names once per class, not `dataclasses.fields()` per object.
+_PLAIN = frozenset({int, bool, type(None)})
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _clean_value(value: Any, where: str) -> Any:
+    kind = type(value)
+    if kind is str:
+        return clean_text(value)
+    if kind in _PLAIN:
+        return value
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, float) and not math.isfinite(value):
         # orjson would write null and the row would no longer decode.
         raise MalformedObject(where, f"not a finite number: {value!r}")
     if isinstance(value, tuple):
-        cleaned = tuple(_clean_value(item, f"{where}[]") for item in value)
+        inner = f"{where}[]"
+        cleaned = tuple(_clean_value(item, inner) for item in value)
         return value if all(a is b for a, b in zip(cleaned, value, strict=True)) else cleaned
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _clean_dataclass(value, where)
@@ -78,14 +91,20 @@ def _clean_value(value: Any, where: str) -> Any:
 
 
 def _clean_dataclass(value: Any, where: str) -> Any:
+    names = _FIELD_NAMES.get(type(value))
+    if names is None:
+        names = tuple(item.name for item in dataclasses.fields(value) if item.name != "extra")
+        _FIELD_NAMES[type(value)] = names
     changes: dict[str, Any] = {}
-    for item in dataclasses.fields(value):
-        if item.name == "extra":
+    for name in names:
+        current = getattr(value, name)
+        kind = type(current)
+        if kind in _PLAIN:
             continue
-        current = getattr(value, item.name)
-        cleaned = _clean_value(current, f"{where}.{item.name}")
+        cleaned = (clean_text(current) if kind is str
+                   else _clean_value(current, f"{where}.{name}"))
         if cleaned is not current:
-            changes[item.name] = cleaned
+            changes[name] = cleaned
     return dataclasses.replace(value, **changes) if changes else value
 
 

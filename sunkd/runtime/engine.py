@@ -248,7 +248,12 @@ class Engine:
                 now = self.clock()
                 pools = self.pools()
                 if len(state.nodes) >= OFFLOAD_NODES:
+                    started = time.perf_counter()
                     decisions = await asyncio.to_thread(decide, state, pools, now)
+                    if decisions:
+                        log.info("engine.decided", decisions=len(decisions),
+                                 nodes=len(state.nodes), last_seq=state.last_seq,
+                                 seconds=round(time.perf_counter() - started, 3))
                     if not term.may_act() or self._quiesced:
                         continue  # decided on a term that stopped acting meanwhile
                 else:
