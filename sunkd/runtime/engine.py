@@ -349,14 +349,14 @@ class Engine:
         started = time.perf_counter()
         if len(state.nodes) >= OFFLOAD_NODES:  # forkencode.py says why a child
             encoded = await encode_in_child(encode)
-            text, where, child_peak = encoded.text, encoded.in_child, encoded.child_peak_rss_mb
+            text, where, child_mb = encoded.text, encoded.in_child, encoded.child_private_mb
         else:
-            text, where, child_peak = encode(), False, None
+            text, where, child_mb = encode(), False, None
         await self.event_log.save_snapshot(state.last_seq, JSONText(text),
                                            keep=self.snapshots_kept)
         self._last_snapshot_seq = state.last_seq
         log.info("engine.snapshot", seq=state.last_seq, chars=len(text),
-                 encoded_in_child=where, child_peak_rss_mb=child_peak,
+                 encoded_in_child=where, child_private_mb=child_mb,
                  seconds=round(time.perf_counter() - started, 3))
 
 

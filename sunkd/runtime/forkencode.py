@@ -15,6 +15,12 @@ whole. Where `os.fork` does not exist, fails (EAGAIN, ENOMEM) or the child dies 
 stalls, the text is encoded in a worker thread as before: a snapshot is a cache of the
 fold, so the fallback costs memory, never correctness.
 
+What it costs: while the child lives (about as long as the encoding, ~0.5 s at 10,000
+nodes), the pages it touches are copied (reading an object writes its reference count), so
+the machine briefly holds the daemon's memory plus the child's own, which the snapshot log
+line reports (`child_private_mb`) and a memory limit must leave room for
+(docs/operations.md). In return nothing of it stays behind in the daemon.
+
 The child runs only the encoder: it resets the signal wakeup fd and handlers first (a
 signal delivered to the child must not be written into the parent's event-loop
 self-pipe, which the child shares), never logs, never touches a connection, and leaves
@@ -40,7 +46,8 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-_LENGTH = struct.Struct("!Q")
+# The text's length in bytes, and the child's private memory in KiB when it was done.
+_HEADER = struct.Struct("!QQ")
 _CHUNK = 1 << 20
 # A 10,000-node state encodes in ~0.4 s here; a child that has not answered in this long
 # is stuck (or starved) and is killed.
@@ -55,7 +62,7 @@ class ChildEncodeError(Exception):
 class Encoded:
     text: str
     in_child: bool
-    child_peak_rss_mb: float | None  # the child's VmHWM, shared pages included
+    child_private_mb: float | None  # the child's own memory when done (`_private_kib`)
 
 
 async def encode_in_child(encode: Callable[[], str], *,
@@ -68,8 +75,8 @@ async def encode_in_child(encode: Callable[[], str], *,
             log.warning("snapshot.fork_failed", error=str(error), fallback="thread")
         else:
             try:
-                text, peak = await asyncio.to_thread(_collect, pid, read_fd, child_timeout)
-                return Encoded(text, True, peak)
+                text, private_mb = await asyncio.to_thread(_collect, pid, read_fd, child_timeout)
+                return Encoded(text, True, private_mb)
             except ChildEncodeError as error:
                 log.warning("snapshot.child_failed", error=str(error), fallback="thread")
     return Encoded(await asyncio.to_thread(encode), False, None)
@@ -90,13 +97,26 @@ def _fork(encode: Callable[[], str]) -> tuple[int, int]:
             _quiet_signals()
             gc.disable()  # short-lived: a collection would only copy pages
             data = encode().encode()
-            _write_all(write_fd, _LENGTH.pack(len(data)))
+            _write_all(write_fd, _HEADER.pack(len(data), _private_kib()))
             _write_all(write_fd, data)
             code = 0
         finally:
             os._exit(code)
     os.close(write_fd)
     return pid, read_fd
+
+
+def _private_kib() -> int:
+    """The child's own memory (pages it copied on write, plus what the encoder allocated):
+    what a snapshot adds to the daemon's memory while the child lives, and what a cgroup
+    limit must leave room for (0 where /proc/self/smaps_rollup does not exist)."""
+    try:
+        with open("/proc/self/smaps_rollup", "rb") as rollup:
+            fields = dict(line.split(b":", 1) for line in rollup if b":" in line)
+        return sum(int(fields[name].split()[0])
+                   for name in (b"Private_Clean", b"Private_Dirty") if name in fields)
+    except (OSError, ValueError):
+        return 0
 
 
 def _quiet_signals() -> None:
@@ -118,8 +138,8 @@ def _collect(pid: int, read_fd: int, timeout: float) -> tuple[str, float | None]
     """Read the child's text (blocking: runs in a worker thread) and reap it."""
     deadline = time.monotonic() + timeout
     try:
-        header = _read_exactly(read_fd, _LENGTH.size, deadline)
-        (length,) = _LENGTH.unpack(header)
+        header = _read_exactly(read_fd, _HEADER.size, deadline)
+        length, private_kib = _HEADER.unpack(header)
         body = _read_exactly(read_fd, length, deadline)
         text = str(body, "utf-8")
     except (ChildEncodeError, OSError) as error:
@@ -127,10 +147,10 @@ def _collect(pid: int, read_fd: int, timeout: float) -> tuple[str, float | None]
         raise ChildEncodeError(str(error)) from error
     finally:
         os.close(read_fd)
-    _, status, usage = os.wait4(pid, 0)
+    _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise ChildEncodeError(f"child exited with {os.waitstatus_to_exitcode(status)}")
-    return text, round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB
+    return text, (round(private_kib / 1024, 1) if private_kib else None)
 
 
 def _read_exactly(fd: int, length: int, deadline: float) -> bytearray:

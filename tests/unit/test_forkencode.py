@@ -38,7 +38,7 @@ async def test_the_child_hands_back_the_same_text() -> None:
     assert encoded.in_child
     assert encoded.text == expected
     assert state_from_json(json.loads(encoded.text)) == state
-    assert encoded.child_peak_rss_mb is not None and encoded.child_peak_rss_mb > 0
+    assert encoded.child_private_mb is not None and encoded.child_private_mb > 0
 
 
 async def test_a_long_non_ascii_text_crosses_the_pipe_whole() -> None:
