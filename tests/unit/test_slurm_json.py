@@ -25,11 +25,18 @@ def test_integers_beyond_64_bits_stay_exact(number: int) -> None:
     assert type(decoded["nodes"][0]["free_mem"]) is int
 
 
-@pytest.mark.parametrize("body", [b"[NaN]", b"[Infinity]", b"[-Infinity]", b"[1e999]",
-                                  b"[" * 5000 + b"]" * 5000, b'{"a": 1', b"\xff\xfe"])
-def test_what_is_not_json_is_a_value_error(body: bytes) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(("body", "says"), [(b"[NaN]", "NaN"), (b"[Infinity]", "Infinity"),
+                                           (b"[-Infinity]", "Infinity"),
+                                           (b'{"a": 1', "delimiter"),
+                                           (b"\xff\xfe", "Expecting value")])
+def test_what_is_not_json_is_a_value_error_that_says_why(body: bytes, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
         parse_json(body)
+
+
+def test_deep_nesting_is_the_stdlib_recursion_error() -> None:
+    with pytest.raises(RecursionError):  # the client answers "nested too deeply"
+        parse_json(b"[" * 100_000 + b"]" * 100_000)
 
 
 def test_a_long_digit_run_in_a_string_takes_the_exact_path_and_agrees() -> None:
