@@ -110,6 +110,10 @@ class Settings:
     # Snapshots kept after each save, besides an archive's base (issue 15): a snapshot is
     # a cache of the fold, so fewer only means a longer replay if the newest is unreadable.
     snapshots_kept: int = 3
+    # Where a snapshot of 1,000 nodes or more is encoded: "child" (a forked process, so
+    # the daemon's memory stays flat; briefly needs room for the child's copied pages) or
+    # "thread" (no second process; the encoder's transient memory stays in the daemon).
+    snapshot_encoder: str = "child"
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     pools: tuple[PoolSettings, ...] = ()
@@ -121,6 +125,7 @@ class Settings:
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
     "log_format": ("auto", "json", "console"),
+    "snapshot_encoder": ("child", "thread"),
     "pools.mode": ("Auto", "Slurm", "Kubernetes"),
     "pools.prefer": ("Slurm", "Kubernetes"),
 }

@@ -52,6 +52,7 @@ from sunkd.runtime.engine import (
 )
 from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.runtime.logs import configure_logging
+from sunkd.runtime.malloc import ARENAS, limit_arenas
 from sunkd.store.archive import log_origin
 from sunkd.store.eventlog import EventLog, Lease, StaleLeaderError
 
@@ -288,6 +289,7 @@ class Daemon:
                 config_pools=[pool_spec(pool) for pool in self.settings.pools],
                 snapshot_every=self.settings.snapshot_every,
                 snapshots_kept=self.settings.snapshots_kept,
+                snapshot_in_child=self.settings.snapshot_encoder == "child",
                 observer=self.metrics,
                 clock=self.clock,
             )
@@ -800,6 +802,8 @@ def cmd_run(args: Any, settings: Settings) -> int:
             print(f"sunkd run: cannot use --tls-cert {cert} / --tls-key {key}: {error}",
                   file=sys.stderr)
             return 2
+    # Before any thread exists (malloc.py says why).
+    log.info("daemon.malloc", arenas=ARENAS if limit_arenas() else "glibc default or operator's")
     daemon = Daemon(settings, config_path=getattr(args, "config", None),
                     tls_cert=cert, tls_key=key)
     return asyncio.run(daemon.run())

@@ -41,6 +41,7 @@ from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_p
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
 from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction, fold
+from sunkd.runtime import malloc
 from sunkd.runtime.forkencode import encode_in_child
 from sunkd.store.archive import live_range
 from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog, JSONText, StaleLeaderError, dumps_json
@@ -57,6 +58,8 @@ OFFLOAD_NODES = 1000
 # Decisions logged one by one per turn; beyond it one summary line (a first sync at
 # 10,000 nodes decides 20,000 things at once, all of them in the log anyway).
 DECISIONS_LOGGED = 50
+# A decide that took this long is logged with its cost (a first sync, a big catch-up).
+SLOW_DECIDE_S = 0.5
 
 
 class CorruptRowError(Exception):
@@ -130,6 +133,7 @@ class Engine:
         config_pools: Sequence[PoolSpec] = (),
         snapshot_every: int = 1000,
         snapshots_kept: int = SNAPSHOTS_KEPT,
+        snapshot_in_child: bool = True,
         tick_seconds: float = 1.0,
         max_concurrent_actions: int = 16,
         executor: ActionExecutor | None = None,
@@ -141,6 +145,7 @@ class Engine:
         self.config_pools = tuple(config_pools)
         self.snapshot_every = snapshot_every
         self.snapshots_kept = snapshots_kept
+        self.snapshot_in_child = snapshot_in_child
         self.tick_seconds = tick_seconds
         self.max_concurrent_actions = max_concurrent_actions
         self.observer = observer
@@ -250,10 +255,11 @@ class Engine:
                 if len(state.nodes) >= OFFLOAD_NODES:
                     started = time.perf_counter()
                     decisions = await asyncio.to_thread(decide, state, pools, now)
-                    if decisions:
+                    seconds = time.perf_counter() - started
+                    if decisions and seconds >= SLOW_DECIDE_S:
                         log.info("engine.decided", decisions=len(decisions),
                                  nodes=len(state.nodes), last_seq=state.last_seq,
-                                 seconds=round(time.perf_counter() - started, 3))
+                                 seconds=round(seconds, 3))
                     if not term.may_act() or self._quiesced:
                         continue  # decided on a term that stopped acting meanwhile
                 else:
@@ -347,15 +353,22 @@ class Engine:
             return
         encode = functools.partial(state_to_json_text, state, dumps_json)
         started = time.perf_counter()
-        if len(state.nodes) >= OFFLOAD_NODES:  # forkencode.py says why a child
-            encoded = await encode_in_child(encode)
+        if len(state.nodes) >= OFFLOAD_NODES and self.snapshot_in_child:
+            encoded = await encode_in_child(encode)  # forkencode.py says why a child
             text, where, child_mb = encoded.text, encoded.in_child, encoded.child_private_mb
+            del encoded
+        elif len(state.nodes) >= OFFLOAD_NODES:
+            text, where, child_mb = await asyncio.to_thread(encode), False, None
         else:
             text, where, child_mb = encode(), False, None
+        chars = len(text)
         await self.event_log.save_snapshot(state.last_seq, JSONText(text),
                                            keep=self.snapshots_kept)
         self._last_snapshot_seq = state.last_seq
-        log.info("engine.snapshot", seq=state.last_seq, chars=len(text),
+        del text
+        if len(state.nodes) >= OFFLOAD_NODES:
+            await asyncio.to_thread(malloc.trim)  # forkencode.py, malloc.py: why
+        log.info("engine.snapshot", seq=state.last_seq, chars=chars,
                  encoded_in_child=where, child_private_mb=child_mb,
                  seconds=round(time.perf_counter() - started, 3))
 

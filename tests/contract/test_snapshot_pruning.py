@@ -4,6 +4,10 @@ loaded."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog
 
 
@@ -39,5 +43,38 @@ async def test_the_engine_keeps_the_configured_number(database_url: str) -> None
         latest = await log.latest_snapshot()
         assert latest is not None
         assert latest[1] == state_to_json(replace(EMPTY, last_seq=20))
+    finally:
+        await log.close()
+
+
+@pytest.mark.parametrize("in_child", [True, False])
+async def test_a_big_snapshot_is_encoded_where_configured(
+        database_url: str, in_child: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`snapshot_encoder` (config, Helm `config.snapshotEncoder`): "child" forks from
+    OFFLOAD_NODES nodes on, "thread" never does; both store the same snapshot."""
+    from dataclasses import replace
+
+    from sunkd.domain.snapshot import state_to_json
+    from sunkd.domain.state import EMPTY, NodeState
+    from sunkd.runtime import engine as engine_module
+
+    forks: list[int] = []
+    real_encode_in_child = engine_module.encode_in_child
+
+    async def counting(encode: Any) -> Any:
+        forks.append(1)
+        return await real_encode_in_child(encode)
+
+    monkeypatch.setattr(engine_module, "encode_in_child", counting)
+    nodes = {f"n{i:04d}": NodeState(name=f"n{i:04d}")
+             for i in range(engine_module.OFFLOAD_NODES)}
+    state = replace(EMPTY, nodes=nodes, last_seq=10 * len(nodes))
+    log = await EventLog.open(database_url, migrate=True)
+    try:
+        engine = engine_module.Engine(log, snapshot_every=1, snapshot_in_child=in_child)
+        await engine._maybe_snapshot(state)
+        assert forks == ([1] if in_child else [])
+        latest = await log.latest_snapshot()
+        assert latest is not None and latest[1] == state_to_json(state)
     finally:
         await log.close()

@@ -573,6 +573,7 @@ def test_values_reach_sunkd_settings(helm_home: Path, tmp_path: Path) -> None:
         "config": {
             "logLevel": "warning", "leaseSeconds": 20.5, "snapshotEvery": 500,
             "snapshotsKept": 5,
+            "snapshotEncoder": "thread",
             "slurm": {"url": "https://slurm.example:6820", "user": "sunkd",
                       "pollInterval": 2, "requestTimeout": 17.5, "partitions": ["gpu", "cpu"]},
             "kubernetes": {"lease": False, "requestTimeout": 12},
@@ -589,7 +590,8 @@ def test_values_reach_sunkd_settings(helm_home: Path, tmp_path: Path) -> None:
     docs = template(helm_home, "-f", str(values_file))
     settings, main, pod = _loaded_settings(docs, tmp_path)
     assert (settings.log_level, settings.lease_seconds, settings.snapshot_every,
-            settings.snapshots_kept) == ("warning", 20.5, 500, 5)
+            settings.snapshots_kept, settings.snapshot_encoder) == ("warning", 20.5, 500, 5,
+                                                                    "thread")
     assert settings.slurm.url == "https://slurm.example:6820"
     assert (settings.slurm.user, settings.slurm.poll_interval,
             settings.slurm.request_timeout) == ("sunkd", 2.0, 17.5)

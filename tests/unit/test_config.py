@@ -52,6 +52,8 @@ max_in_flight = 2
     ("[slurm]\nrequest_timeout = 5", {}, "slurm.request_timeout"),
     ("listen = 'nowhere'", {}, "listen"),
     ("log_level = 'loud'", {}, "log_level"),
+    ("snapshot_encoder = 'fork'", {}, "snapshot_encoder"),
+    ("", {"SUNKD_SNAPSHOT_ENCODER": "process"}, "snapshot_encoder"),
     ("typo_key = 1", {}, "typo_key"),
     ("[slurm]\nurll = 'x'", {}, "slurm.urll"),
     ("[[pools]]\nname = 'a'\nprefer = 'Nobody'", {}, "pools[0].prefer"),
