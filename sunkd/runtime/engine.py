@@ -353,20 +353,20 @@ class Engine:
             return
         encode = functools.partial(state_to_json_text, state, dumps_json)
         started = time.perf_counter()
-        if len(state.nodes) >= OFFLOAD_NODES and self.snapshot_in_child:
+        big = len(state.nodes) >= OFFLOAD_NODES
+        if big and self.snapshot_in_child:
             encoded = await encode_in_child(encode)  # forkencode.py says why a child
             text, where, child_mb = encoded.text, encoded.in_child, encoded.child_private_mb
             del encoded
-        elif len(state.nodes) >= OFFLOAD_NODES:
-            text, where, child_mb = await asyncio.to_thread(encode), False, None
         else:
-            text, where, child_mb = encode(), False, None
+            text = await asyncio.to_thread(encode) if big else encode()
+            where, child_mb = False, None
         chars = len(text)
         await self.event_log.save_snapshot(state.last_seq, JSONText(text),
                                            keep=self.snapshots_kept)
         self._last_snapshot_seq = state.last_seq
         del text
-        if len(state.nodes) >= OFFLOAD_NODES:
+        if big:
             await asyncio.to_thread(malloc.trim)  # forkencode.py, malloc.py: why
         log.info("engine.snapshot", seq=state.last_seq, chars=chars,
                  encoded_in_child=where, child_private_mb=child_mb,

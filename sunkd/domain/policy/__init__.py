@@ -81,7 +81,7 @@ from sunkd.domain.policy.model import (
 from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.policy.pool import _plan_pool
 from sunkd.domain.policy.repair import _report_overlap
-from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
 
 __all__ = [
     "FAIR_SHARE",
@@ -134,7 +134,7 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
     Nodes in no pool get no decisions; a node in a transition whose pool disappeared
     keeps being driven with default knobs until the transition ends.
     """
-    if not (state.source_fresh("slurm") and state.source_fresh("kubernetes")):
+    if not (state.source_fresh(OWNER_SLURM) and state.source_fresh(OWNER_KUBERNETES)):
         # Nothing at all is decided then (each step checks it again per node); saying so
         # first keeps a restart's catch-up, which folds hundreds of outcomes before the
         # Kubernetes LIST is back, from paying for membership on every one of them.
