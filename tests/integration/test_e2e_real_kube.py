@@ -31,7 +31,15 @@ import pytest
 from sunkd.domain.ownership import has_hold_taint, slurm_drained
 from sunkd.domain.state import ClusterState
 from sunkd.kubernetes.actuator import API_CALLS
-from sunkd.kubernetes.client import NODES, PDBS, PODS, KubeApiError, KubeClient, nodesets
+from sunkd.kubernetes.client import (
+    NODES,
+    PDBS,
+    PODS,
+    KubeApiError,
+    KubeClient,
+    ResourceType,
+    nodesets,
+)
 from sunkd.runtime.config import KubernetesSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.slurm.client import SlurmRestClient
@@ -51,6 +59,7 @@ from tests.integration.kube_backends import (
 from tests.integration.test_e2e import (
     assert_log_safe,
     current_state,
+    decision_story,
     migrated_database,
     read_all,
     reset_slurm,
@@ -62,6 +71,7 @@ from tests.integration.test_e2e import (
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 HOSTS = "rk[1-4]"
+REPLICASETS = ResourceType("apps", "v1", "replicasets", "ReplicaSet", namespaced=True)
 NAMESPACE = "default"  # the pool's pods (demo.pod_object)
 
 
@@ -103,6 +113,16 @@ class World:
         body = pod_object(name)
         body.pop("status", None)  # the scheduler writes it; a create would drop it anyway
         return body
+
+    def replica_set(self, name: str, replicas: int) -> dict[str, Any]:
+        """A ReplicaSet of the pool's pods: what serving pods come from in production."""
+        template = self.pod(name)
+        labels = template["metadata"]["labels"]
+        return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                         "template": {"metadata": {"labels": labels},
+                                      "spec": template["spec"]}}}
 
     async def pending_pods(self, count: int) -> list[str]:
         names = []
@@ -363,10 +383,10 @@ async def test_kill_9_at_random_points_converges(
             for round_index in range(rounds):
                 if round_index % 2 == 0:
                     await world.pending_pods(2)
-                else:
+                else:  # a job for every node: each node Kubernetes holds is wanted back
                     for pod in await world.pool_pods():
                         await admin.delete(PODS, pod["metadata"]["name"], NAMESPACE)
-                    for _ in range(2):
+                    for _ in world.names:
                         slurm_cluster.sbatch("-N1", "--exclusive", wrap="sleep 3",
                                              partition="gpu")
                 identity = f"crash-{round_index}"
@@ -388,18 +408,22 @@ async def test_kill_9_at_random_points_converges(
                 await process.wait()
                 kills += 1
                 kills_moving += moving
+            # Stable demand: Slurm's queue emptied, and two pods a real ReplicaSet keeps
+            # (kube-controller-manager replaces one a reclaim the killed daemons started
+            # still evicts; bare pods would be gone for good, and nothing left to settle).
+            slurm_cluster.run("scancel", "--partition=gpu", check=False)
             for pod in await world.pool_pods():
                 await admin.delete(PODS, pod["metadata"]["name"], NAMESPACE)
-            wanted = set(await world.pending_pods(2))
+            await admin.create(REPLICASETS, world.replica_set("inference", 2), NAMESPACE)
             process = await spawn(config, slurm_cluster, "final")
             settled = False
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not settled:
                 await asyncio.sleep(1)
                 state = await current_state(database_url)
-                running = {p["metadata"]["name"] for p in await world.pool_pods()
-                           if (p.get("status") or {}).get("phase") == "Running"}
-                settled = (state.leader_identity == "final" and wanted <= running
+                running = [p for p in await world.pool_pods()
+                           if (p.get("status") or {}).get("phase") == "Running"]
+                settled = (state.leader_identity == "final" and len(running) == 2
                            and not state.pending_actions()
                            and all(n.transition is None for n in state.nodes.values()))
             pods = {p["metadata"]["name"]: (p["spec"].get("nodeName"),
@@ -407,8 +431,9 @@ async def test_kill_9_at_random_points_converges(
                     for p in await world.pool_pods()}
             nodes = {n: (s.owner, s.phase, s.transition) for n, s in state.nodes.items()}
             assert settled, (f"the cluster did not converge after the crashes: leader "
-                             f"{state.leader_identity}, wanted {wanted}, pods {pods}, nodes "
-                             f"{nodes}, pending {state.pending_actions()}")
+                             f"{state.leader_identity}, pods {pods}, nodes "
+                             f"{nodes}, pending {state.pending_actions()}\n"
+                             + decision_story(await read_all(database_url)))
             process.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(process.wait(), 30) == 0
             process = None
