@@ -55,6 +55,7 @@ from sunkd.domain.policy import (
     StartTransition,
     decide,
     decision_to_event,
+    reclaim_grace_started_at,
     retry_backoff,
 )
 from sunkd.domain.state import EMPTY, OWNER_NONE, OWNER_SLURM, ClusterState, OpenAction, fold
@@ -341,7 +342,8 @@ class SunkdController:
                 if transition.direction == "lend":
                     consider(transition.started_at + spec.drain_timeout_seconds)
                 elif transition.direction == "reclaim":
-                    consider(transition.started_at + spec.reclaim_grace_seconds)
+                    consider(reclaim_grace_started_at(node, transition)
+                             + spec.reclaim_grace_seconds)
                 consider(now + self.latencies.tick)
             if node.slurm_unhealthy_since is not None:
                 consider(node.slurm_unhealthy_since + UNHEALTHY_GRACE_SECONDS)

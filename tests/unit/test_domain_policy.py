@@ -329,12 +329,13 @@ def test_reclaim_taints_waits_grace_evicts_resumes_and_completes() -> None:
     _record(log, first, T0)
     _succeed(log, lock, T0 + 1)
     log.add(k8s_obs("n1", tainted=True), T0 + 2)
-    assert _decide(log, T0 + 119, spec) == []  # pods get reclaim_grace to finish
-    evict_round = _decide(log, T0 + 120, spec)
+    # Pods get reclaim_grace to finish, counted from the taint (its lock at T0 + 1).
+    assert _decide(log, T0 + 120, spec) == []
+    evict_round = _decide(log, T0 + 121, spec)
     assert _actions(evict_round) == [("n1", "kubernetes", "evict")]
     evict = evict_round[0]
     assert isinstance(evict, RequestAction) and evict.arg("pod") == "serving/web-1"
-    _record(log, evict_round, T0 + 120)
+    _record(log, evict_round, T0 + 121)
     _fail(log, evict, T0 + 121, retryable=True)  # PDB said 429
     assert _decide(log, T0 + 121 + retry_backoff(1) - 1, spec) == []
     retry = _decide(log, T0 + 121 + retry_backoff(1), spec)
@@ -351,6 +352,31 @@ def test_reclaim_taints_waits_grace_evicts_resumes_and_completes() -> None:
     log.add(slurm_obs("n1"), T0 + 143)
     done = _decide(log, T0 + 144, spec)
     assert [type(d) for d in done] == [CompleteTransition]
+
+
+def test_reclaim_grace_counts_from_the_taint_not_the_start() -> None:
+    """Pods that bound while the reclaim's taint was not on yet (the lock failed and was
+    retried, or the daemon that started the reclaim died before it) were never told to
+    go: they get the whole reclaim_grace from the taint, not what is left of it."""
+    log = _cluster(1, kubernetes=("n1",))
+    _jobs(log, 1)
+    spec = pool_spec(reclaim_grace_seconds=120)
+    first = _decide(log, T0, spec)
+    _record(log, first, T0)
+    lock = first[1]
+    assert isinstance(lock, RequestAction) and lock.verb == "lock"
+    _fail(log, lock, T0 + 1, retryable=True)
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL, pods=(PodRef("serving", "web-1",
+                                                                   "Running"),)), T0 + 200)
+    retry = _decide(log, T0 + 300, spec)
+    assert _actions(retry) == [("n1", "kubernetes", "lock")]
+    _record(log, retry, T0 + 300)
+    assert isinstance(retry[0], RequestAction)
+    _succeed(log, retry[0], T0 + 301)
+    log.add(k8s_obs("n1", tainted=True), T0 + 302)
+    assert _decide(log, T0 + 302, spec) == []  # 302 s after the start: not yet
+    assert _decide(log, T0 + 301 + 119, spec) == []
+    assert _actions(_decide(log, T0 + 301 + 120, spec)) == [("n1", "kubernetes", "evict")]
 
 
 def test_reclaim_prefers_nodes_without_pool_pods() -> None:

@@ -80,6 +80,7 @@ from sunkd.domain.policy.model import (
 )
 from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.policy.pool import _plan_pool
+from sunkd.domain.policy.reclaim import reclaim_grace_started_at
 from sunkd.domain.policy.repair import _report_overlap
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
 
@@ -120,6 +121,7 @@ __all__ = [
     "pool_from_nodeset",
     "pool_overlaps",
     "protect_running_pods",
+    "reclaim_grace_started_at",
     "retry_backoff",
     "slurm_reserves",
 ]

@@ -1,8 +1,8 @@
 """Reclaiming a node for Slurm: which nodes may come back, and each reclaim's steps.
 
 A reclaim adds the owner taint (no new pool pods land), lets pool pods finish within
-`reclaim_grace` and evicts the rest, resumes our Slurm drain, and completes once Slurm
-reports the node usable. Adoption for Slurm reuses the same steps (`_advance_to_slurm`
+`reclaim_grace` of the taint and evicts the rest, resumes our Slurm drain, and completes
+once Slurm reports the node usable. Adoption for Slurm reuses the same steps (`_advance_to_slurm`
 with an `adopt` transition).
 """
 
@@ -35,6 +35,18 @@ def _resume_started(node: NodeState, transition: OpenTransition) -> bool:
         for a in node.open_actions.values()
     )
 
+def reclaim_grace_started_at(node: NodeState, transition: OpenTransition) -> float:
+    """When the pool's pods were told to go: the owner taint this transition added (the
+    lock's success), or its start when the taint was already on. Counting from the start
+    would cut the grace of pods that bound while the taint was not on yet (the lock
+    failed and was retried, or the daemon that started the reclaim died before it)."""
+    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_LOCK}")
+    if (outcome is not None and outcome.succeeded
+            and outcome.transition_id == transition.transition_id):
+        return max(transition.started_at, outcome.at)
+    return transition.started_at
+
+
 def _advance_to_slurm(
     planner: _Planner, node: NodeState, transition: OpenTransition, spec: OwnershipSpec
 ) -> None:
@@ -61,7 +73,8 @@ def _advance_to_slurm(
         return
     pods = _active_pods(node)
     if pods:
-        if planner.now - transition.started_at >= spec.reclaim_grace_seconds:
+        told_at = reclaim_grace_started_at(node, transition)
+        if planner.now - told_at >= spec.reclaim_grace_seconds:
             result = planner.ensure(
                 node,
                 OWNER_KUBERNETES,
