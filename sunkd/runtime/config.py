@@ -110,10 +110,11 @@ class Settings:
     # Snapshots kept after each save, besides an archive's base (issue 15): a snapshot is
     # a cache of the fold, so fewer only means a longer replay if the newest is unreadable.
     snapshots_kept: int = 3
-    # Where a snapshot of 1,000 nodes or more is encoded: "child" (a forked process, so
-    # the daemon's memory stays flat; briefly needs room for the child's copied pages) or
-    # "thread" (no second process; the encoder's transient memory stays in the daemon).
-    snapshot_encoder: str = "child"
+    # Where a snapshot of 1,000 nodes or more is encoded: "thread" (no second process; the
+    # encoder's transient memory stays in the daemon) or "child" (a forked process: briefly
+    # needs room for the child's copied pages, 149-225 MB at 10,000 nodes). With the
+    # allocator settings (malloc.py) both end at the same daemon RSS (docs/performance.md).
+    snapshot_encoder: str = "thread"
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     pools: tuple[PoolSettings, ...] = ()

@@ -133,7 +133,7 @@ class Engine:
         config_pools: Sequence[PoolSpec] = (),
         snapshot_every: int = 1000,
         snapshots_kept: int = SNAPSHOTS_KEPT,
-        snapshot_in_child: bool = True,
+        snapshot_in_child: bool = False,
         tick_seconds: float = 1.0,
         max_concurrent_actions: int = 16,
         executor: ActionExecutor | None = None,
