@@ -40,7 +40,15 @@ from sunkd.domain.events import (
 from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_pools
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
-from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction, fold
+from sunkd.domain.state import (
+    EMPTY,
+    OWNER_KUBERNETES,
+    OWNER_SLURM,
+    ClusterState,
+    NodeState,
+    OpenAction,
+    fold,
+)
 from sunkd.runtime import malloc
 from sunkd.runtime.forkencode import encode_in_child
 from sunkd.store.archive import live_range
@@ -226,6 +234,7 @@ class Engine:
     async def lead(self, term: LeaderTerm) -> None:
         """Decide and execute until cancelled or the term ends (StaleLeaderError)."""
         decided_at_seq = -1
+        caught_up = False  # both sources fresh in this term, at least once
         self._quiesced = False
         try:
             while (term.may_act() or term.paused()) and not self._quiesced:
@@ -242,7 +251,14 @@ class Engine:
                     continue  # our own decisions are not folded yet
                 # Actions already requested run whatever else is being decided, so a
                 # busy cluster that always has something to decide never starves them.
-                self._dispatch(state, term)
+                # Before both sources have reported fresh in this term the only ones are
+                # the previous term's, decided on what that leader saw: they wait (I3;
+                # this term decides nothing before then either). This also keeps a
+                # restart's re-run from competing with its first LIST.
+                caught_up = caught_up or (state.source_fresh(OWNER_SLURM)
+                                          and state.source_fresh(OWNER_KUBERNETES))
+                if caught_up:
+                    self._dispatch(state, term)
                 configured = configured_pools(self.config_pools)
                 if state.configured_pools != configured:
                     # The fold learns the config-file pools from the log (a term's start,
