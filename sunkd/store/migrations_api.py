@@ -4,22 +4,30 @@ The scripts live in `sunkd/store/migrations` rather than a top-level folder so t
 installed wheel (container image, systemd host) can migrate without a source checkout.
 On PostgreSQL a transaction-scoped advisory lock makes concurrent migrators (two
 replicas starting at once) run one after the other instead of racing on DDL.
+
+Alembic (with Mako and its templates, ~12 MB and ~150 modules) is imported only to
+migrate or to answer `sunkd migrate`: a daemon whose schema is at `SCHEMA_HEAD` checks
+the `alembic_version` row with SQLAlchemy alone (a unit test keeps `SCHEMA_HEAD` equal to
+the scripts' head).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+# The newest script in migrations/versions (test_migrations_api keeps them equal).
+SCHEMA_HEAD = "0003"
+VERSION_TABLE = "alembic_version"  # Alembic's default version table
 # An arbitrary constant: "sunkd" in ASCII.
 _ADVISORY_LOCK_KEY = 0x73756E6B64
 
@@ -29,19 +37,33 @@ class SchemaError(RuntimeError):
 
 
 def alembic_config() -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     return config
 
 
 def head_revision() -> str:
+    """The scripts' head, as Alembic reads it."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
 
 
 def _current(connection: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(connection).get_current_revision()
+
+
+def _version_rows(connection: Connection) -> list[str] | None:
+    if not inspect(connection).has_table(VERSION_TABLE):
+        return None
+    rows = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
+    return [str(row[0]) for row in rows]
 
 
 async def _lock(connection: AsyncConnection) -> None:
@@ -74,15 +96,23 @@ async def _run(engine: AsyncEngine, action: Callable[[Config, str], None],
 
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    from alembic import command
+
     await _run(engine, command.upgrade, revision)
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:
+    from alembic import command
+
     await _run(engine, command.downgrade, revision)
 
 
 async def ensure_schema(engine: AsyncEngine, *, migrate: bool) -> None:
     """Upgrade to head when `migrate`, else check that the schema is at head."""
+    async with engine.connect() as connection:
+        rows = await connection.run_sync(_version_rows)
+    if rows == [SCHEMA_HEAD]:
+        return  # at head: Alembic is not needed (not even imported)
     head = head_revision()
     current = await current_revision(engine)
     if current == head:
