@@ -9,9 +9,9 @@ Why not kubernetes-asyncio's typed APIs and `Watch` as they are (docs/kubernetes
 - Custom-object PATCH with a dict body goes out as `application/json-patch+json` unless the
   content type is forced.
 
-So this module keeps kubernetes-asyncio for what it does well (kubeconfig / in-cluster config,
-auth headers incl. token refresh, TLS, the aiohttp session) and issues requests itself through
-the `ApiClient` with `_preload_content=False`, parsing JSON into plain dicts.
+So this module issues requests itself on one aiohttp session, parsing JSON into plain dicts;
+where the server is and how to authenticate (kubeconfig, exec plugins, the pod's service
+account, TLS) is `kubeconfig.py`.
 
 `ListWatch` (`listwatch.py`) is a small informer: list (paged, one consistent snapshot),
 then watch from the list's
@@ -41,15 +41,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import structlog
 from aiohttp.http_exceptions import LineTooLong
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 
 from sunkd.domain import wellknown as wk
+from sunkd.kubernetes.kubeconfig import (
+    SERVICE_ACCOUNT_DIR,
+    Credentials,
+    Endpoint,
+    find_kubeconfig,
+    load_kubeconfig,
+)
+from sunkd.kubernetes.kubeconfig import in_cluster as in_cluster_endpoint
 
 log = structlog.get_logger("sunkd.kube")
 
@@ -353,48 +359,6 @@ def gc_paused() -> Any:
             gc.enable()
 
 
-# ------------------------------------------------------------------------- kubeconfig
-
-
-class KubeConfigNotFound(Exception):
-    """No kubeconfig where sunkd looked, and not running in a pod. The message says
-    where it looked (kubernetes-asyncio's own error, "Invalid kube-config file. Expected
-    key current-context", does not)."""
-
-
-def find_kubeconfig(configured: str | None, env: Mapping[str, str] | None = None) -> str:
-    """The kubeconfig to load: the configured file, else `$KUBECONFIG` (a list of files
-    separated by `:`), else `~/.kube/config`; client-go's default loading rules. Raises
-    `KubeConfigNotFound` naming every place looked at when none of them exists."""
-    env = os.environ if env is None else env
-    if configured:
-        if not os.path.isfile(os.path.expanduser(configured)):
-            raise KubeConfigNotFound(
-                f"the kubeconfig {configured} (kubernetes.kubeconfig) does not exist")
-        return configured
-    looked: list[str] = ["kubernetes.kubeconfig is not set"]
-    listed = env.get("KUBECONFIG", "")
-    if listed:
-        paths = [p for p in listed.split(os.pathsep) if p]
-        if any(os.path.isfile(os.path.expanduser(p)) for p in paths):
-            return listed
-        looked.append(f"$KUBECONFIG={listed} names no existing file")
-    else:
-        looked.append("$KUBECONFIG is unset")
-    home = env.get("HOME")
-    default = os.path.join(home, ".kube", "config") if home else \
-        os.path.expanduser("~/.kube/config")
-    if not listed:
-        if os.path.isfile(default):
-            return default
-        looked.append(f"{default} does not exist")
-    if not env.get("KUBERNETES_SERVICE_HOST"):
-        looked.append("not in a pod (KUBERNETES_SERVICE_HOST is unset)")
-    raise KubeConfigNotFound(
-        "no kubeconfig found: " + "; ".join(looked) + ". Set kubernetes.kubeconfig "
-        "(SUNKD_KUBERNETES_KUBECONFIG) or $KUBECONFIG, or kubernetes.enabled = false")
-
-
 # ----------------------------------------------------------------------------- client
 
 
@@ -408,12 +372,33 @@ class Timeouts:
     list_page: float = 60.0  # total, per list page
 
 
-class KubeClient:
-    """Thin JSON-over-ApiClient layer: auth, TLS and the session come from kubernetes-asyncio."""
+# Parallel connections to the API server (kubernetes-asyncio's pool default was 100; sunkd
+# has a few watches and at most max_concurrent_actions requests in flight).
+CONNECTION_LIMIT = 100
+# aiohttp's read buffer: a watch line may be one object of up to etcd's ~1.5 MiB.
+READ_BUFFER_BYTES = 2**21
 
-    def __init__(self, api_client: Any, *, timeouts: Timeouts | None = None) -> None:
-        self.api_client = api_client
+
+class KubeClient:
+    """Thin JSON layer over one aiohttp session; the endpoint (server, TLS, credentials)
+    comes from kubeconfig.py."""
+
+    def __init__(self, endpoint: Endpoint, *, timeouts: Timeouts | None = None) -> None:
+        self.endpoint = endpoint
         self.timeouts = timeouts or Timeouts()
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client_session(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the event loop that uses it.
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=CONNECTION_LIMIT,
+                    ssl=self.endpoint.ssl_context if self.endpoint.ssl_context else True),
+                trust_env=True,  # HTTPS_PROXY / NO_PROXY, as client-go honours them
+                read_bufsize=READ_BUFFER_BYTES,
+            )
+        return self._session
 
     # -- construction --------------------------------------------------------------
 
@@ -425,13 +410,13 @@ class KubeClient:
         context: str | None = None,
         in_cluster: bool | None = None,
         timeouts: Timeouts | None = None,
-        service_account_dir: str = "/var/run/secrets/kubernetes.io/serviceaccount",
+        service_account_dir: str = SERVICE_ACCOUNT_DIR,
     ) -> KubeClient:
         """Build a client from a kubeconfig file or the pod's service account.
 
         `in_cluster=None` picks in-cluster when no kubeconfig is given, `$KUBECONFIG` is unset
         and `KUBERNETES_SERVICE_HOST` is set (what client-go's default loading rules do).
-        Never touches kubernetes-asyncio's global default configuration.
+        Raises `KubeConfigError` (or `KubeConfigNotFound`) saying what to fix.
         """
         if in_cluster is None:
             in_cluster = (
@@ -442,33 +427,24 @@ class KubeClient:
         if not in_cluster:
             kubeconfig = find_kubeconfig(kubeconfig)
         if in_cluster:
-            configuration = k8s_client.Configuration()
-            # Re-reads the projected service-account token periodically (bound tokens expire).
-            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration,
-                token_filename=os.path.join(service_account_dir, "token"),
-                cert_filename=os.path.join(service_account_dir, "ca.crt"),
-            )
-            api_client = k8s_client.ApiClient(configuration=configuration)
+            endpoint = await asyncio.to_thread(in_cluster_endpoint, service_account_dir)
         else:
-            api_client = await k8s_config.new_client_from_config(
-                config_file=kubeconfig, context=context, persist_config=False
-            )
-        return cls(api_client, timeouts=timeouts)
+            assert kubeconfig is not None
+            endpoint = await asyncio.to_thread(load_kubeconfig, kubeconfig, context)
+        return cls(endpoint, timeouts=timeouts)
 
     @classmethod
     def for_url(
         cls, url: str, *, token: str | None = None, timeouts: Timeouts | None = None
     ) -> KubeClient:
         """A client for a plain URL (tests, the emulator, `kubectl proxy`)."""
-        configuration = k8s_client.Configuration(host=url.rstrip("/"))
-        if token:
-            configuration.api_key = {"BearerToken": token}
-            configuration.api_key_prefix = {"BearerToken": "Bearer"}
-        return cls(k8s_client.ApiClient(configuration=configuration), timeouts=timeouts)
+        return cls(Endpoint(url.rstrip("/"), credentials=Credentials(bearer=token or None)),
+                   timeouts=timeouts)
 
     async def close(self) -> None:
-        await self.api_client.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -478,7 +454,7 @@ class KubeClient:
 
     @property
     def host(self) -> str:
-        return str(self.api_client.configuration.host)
+        return self.endpoint.server
 
     # -- raw requests --------------------------------------------------------------
 
@@ -492,18 +468,25 @@ class KubeClient:
         content_type: str = "application/json",
         bound: aiohttp.ClientTimeout,
     ) -> aiohttp.ClientResponse:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        response: aiohttp.ClientResponse = await self.api_client.call_api(
-            path,
-            method,
-            query_params=list(query),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=bound,
-        )
-        return response
+        endpoint = self.endpoint
+        url = endpoint.server + path
+        if query:
+            url += "?" + urlencode(list(query))
+        data = None if body is None else body if isinstance(body, bytes) else json.dumps(body)
+        credentials = endpoint.credentials
+        for attempt in (1, 2):
+            headers = {"Accept": "application/json", "Content-Type": content_type,
+                       **await credentials.authorization()}
+            response = await self._client_session().request(
+                method, url, headers=headers, data=data, timeout=bound,
+                proxy=endpoint.proxy, server_hostname=endpoint.server_hostname)
+            if response.status != 401 or attempt == 2 or not credentials.refreshable:
+                return response
+            # An expired token: read the file or run the plugin again, once (client-go
+            # does the same for exec credentials).
+            response.release()
+            credentials.expire()
+        raise AssertionError("unreachable")
 
     async def request(
         self,

@@ -569,11 +569,11 @@ class Daemon:
         return "the term ended"
 
     def _adapter_failed(self, error: Exception) -> None:
-        """Building a client failed. A missing kubeconfig will not appear by itself:
+        """Building a client failed. A missing or unusable kubeconfig will not fix itself:
         stop with the message. Anything else is retried with the next term."""
-        from sunkd.kubernetes.client import KubeConfigNotFound
+        from sunkd.kubernetes.kubeconfig import KubeConfigError
 
-        if isinstance(error, KubeConfigNotFound):
+        if isinstance(error, KubeConfigError):
             self._fatal(f"kubernetes: {error}", hint="fix the configuration")
         else:
             log.error("daemon.adapter_failed", error=f"{type(error).__name__}: {error}")

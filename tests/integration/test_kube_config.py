@@ -53,9 +53,8 @@ async def test_in_cluster_service_account(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.delenv("KUBECONFIG", raising=False)
     client = await KubeClient.connect(service_account_dir=str(tmp_path))
     try:
-        configuration = client.api_client.configuration
         assert client.host == "https://10.96.0.1:443"
-        auth = await configuration.auth_settings()
-        assert auth["BearerToken"]["value"] == "Bearer projected-token"
+        auth = await client.endpoint.credentials.authorization()
+        assert auth["Authorization"] == "Bearer projected-token"
     finally:
         await client.close()

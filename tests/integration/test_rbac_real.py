@@ -23,12 +23,15 @@ import asyncio
 import contextlib
 import copy
 import itertools
+import shutil
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -36,6 +39,7 @@ from sunkd.domain.ports import ActionError
 from sunkd.kubernetes.actuator import API_CALLS, KubernetesActuator
 from sunkd.kubernetes.client import (
     LEASES,
+    NODES,
     NODESETS,
     PODS,
     KubeApiError,
@@ -271,3 +275,71 @@ async def test_every_rule_is_needed(env: Env, kind: str, name: str, index: int,
     finally:
         await put_rules(env.admin, kind, name, role["rules"])
         await until_authorizer_says(env.admin, True, probe, namespace)
+
+
+# ------------------------------------------------------------------ kubeconfig on the wire
+
+
+async def test_exec_plugin_token_and_a_401_refresh_on_the_real_server(
+        plane: KubeControlPlane, tmp_path: Path) -> None:
+    """An exec credential plugin (client.authentication.k8s.io/v1) answers with a token the
+    server refuses, then with the ServiceAccount's: sunkd runs it again after the 401, the
+    request goes through, and the credential is kept for the next (kubeconfig.py)."""
+    token = plane.service_account_token(SUNKD_NAMESPACE, "sunkd")
+    runs = tmp_path / "runs"
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(f"""#!{sys.executable}
+import json, os
+with open({str(runs)!r}, "a") as f:
+    f.write("x")
+first = len(open({str(runs)!r}).read()) == 1
+print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {{"token": "revoked" if first else {token!r}}}}}))
+""")
+    plugin.chmod(0o700)
+    path = plane.write_kubeconfig(tmp_path / "exec.kubeconfig", token="unused")
+    config = yaml.safe_load(path.read_text())
+    config["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                                           "command": str(plugin), "interactiveMode": "Never"}}
+    path.write_text(yaml.safe_dump(config))
+    client = await KubeClient.connect(str(path))
+    try:
+        await client.list(PODS, namespace=WORK)
+        await client.list(PODS, namespace=WORK)
+    finally:
+        await client.close()
+    assert runs.read_text() == "xx"  # once refused, once again after the 401, then kept
+
+
+async def test_client_certificate_files_and_tls_server_name_on_the_real_server(
+        plane: KubeControlPlane, tmp_path: Path) -> None:
+    """Certificate files named relative to the kubeconfig, and `tls-server-name` checked
+    against the server's certificate (one of its names, then a name it does not have)."""
+    (tmp_path / "pki").mkdir()
+    for name in ("ca.crt", "admin.crt", "admin.key"):
+        shutil.copy(plane.pki / name, tmp_path / "pki" / name)
+    path = tmp_path / "files.kubeconfig"
+
+    def write(server_name: str) -> None:
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "files",
+            "clusters": [{"name": "c", "cluster": {
+                "server": plane.url, "certificate-authority": "pki/ca.crt",
+                "tls-server-name": server_name}}],
+            "users": [{"name": "u", "user": {"client-certificate": "pki/admin.crt",
+                                             "client-key": "pki/admin.key"}}],
+            "contexts": [{"name": "files", "context": {"cluster": "c", "user": "u"}}]}))
+
+    write("kubernetes.default.svc")
+    client = await KubeClient.connect(str(path))
+    try:
+        await client.list(NODES)
+    finally:
+        await client.close()
+    write("not-the-apiserver.example")
+    client = await KubeClient.connect(str(path))
+    try:
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await client.list(NODES)
+    finally:
+        await client.close()

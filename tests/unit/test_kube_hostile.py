@@ -9,13 +9,8 @@ from typing import Any
 import pytest
 
 from sunkd.domain.events import K8sNodeObserved, K8sNodesetObserved, Label, OwnershipSpec
-from sunkd.kubernetes.client import (
-    KubeConfigNotFound,
-    MalformedObject,
-    checked_key,
-    find_kubeconfig,
-    parse_quantity,
-)
+from sunkd.kubernetes.client import MalformedObject, checked_key, parse_quantity
+from sunkd.kubernetes.kubeconfig import KubeConfigNotFound, find_kubeconfig
 from sunkd.kubernetes.normalize import (
     MAX_TEXT,
     _decimal_or_zero,
