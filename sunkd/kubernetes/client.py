@@ -474,19 +474,22 @@ class KubeClient:
             url += "?" + urlencode(list(query))
         data = None if body is None else body if isinstance(body, bytes) else json.dumps(body)
         credentials = endpoint.credentials
-        for attempt in (1, 2):
+
+        async def send() -> aiohttp.ClientResponse:
             headers = {"Accept": "application/json", "Content-Type": content_type,
                        **await credentials.authorization()}
-            response = await self._client_session().request(
+            return await self._client_session().request(
                 method, url, headers=headers, data=data, timeout=bound,
                 proxy=endpoint.proxy, server_hostname=endpoint.server_hostname)
-            if response.status != 401 or attempt == 2 or not credentials.refreshable:
-                return response
+
+        response = await send()
+        if response.status == 401 and credentials.refreshable:
             # An expired token: read the file or run the plugin again, once (client-go
             # does the same for exec credentials).
             response.release()
             credentials.expire()
-        raise AssertionError("unreachable")
+            response = await send()
+        return response
 
     async def request(
         self,

@@ -188,12 +188,12 @@ class _ExecPlugin:
 
 def _exec_credential(command: str, out: bytes) -> tuple[str, float | None]:
     """The token and its expiry from a plugin's answer; what cannot be used is refused as
-    `CredentialUnavailable` too (the next run may answer better; each is logged)."""
+    `CredentialUnavailable` too (the next run may answer better)."""
     try:
         credential = json.loads(out)
     except ValueError as error:
-        raise CredentialUnavailable(f"exec plugin {command} printed no ExecCredential JSON: "
-                              f"{error}") from error
+        raise CredentialUnavailable(f"exec plugin {command} printed no ExecCredential "
+                                    f"JSON: {error}") from error
     status = credential.get("status") if isinstance(credential, dict) else None
     if not isinstance(status, dict):
         raise CredentialUnavailable(f"exec plugin {command}: the ExecCredential has no status")
@@ -201,7 +201,8 @@ def _exec_credential(command: str, out: bytes) -> tuple[str, float | None]:
     if not isinstance(token, str) or not token:
         if status.get("clientCertificateData"):
             raise CredentialUnavailable(f"exec plugin {command} answers with a client "
-                                  "certificate, which sunkd does not support: use a token")
+                                        "certificate, which sunkd does not support: use a "
+                                        "token")
         raise CredentialUnavailable(f"exec plugin {command}: the ExecCredential has no token")
     expires = status.get("expirationTimestamp")
     if not expires:
@@ -209,8 +210,8 @@ def _exec_credential(command: str, out: bytes) -> tuple[str, float | None]:
     try:
         return token, datetime.fromisoformat(str(expires).replace("Z", "+00:00")).timestamp()
     except ValueError as error:
-        raise CredentialUnavailable(f"exec plugin {command}: expirationTimestamp {expires!r} is "
-                              "not RFC 3339") from error
+        raise CredentialUnavailable(f"exec plugin {command}: expirationTimestamp "
+                                    f"{expires!r} is not RFC 3339") from error
 
 
 @dataclass

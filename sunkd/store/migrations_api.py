@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-# The newest script in migrations/versions (test_migrations_api keeps them equal).
+# The newest script in migrations/versions (tests/unit/test_schema_head.py keeps them equal).
 SCHEMA_HEAD = "0003"
 VERSION_TABLE = "alembic_version"  # Alembic's default version table
 # An arbitrary constant: "sunkd" in ASCII.

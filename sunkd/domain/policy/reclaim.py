@@ -2,8 +2,8 @@
 
 A reclaim adds the owner taint (no new pool pods land), lets pool pods finish within
 `reclaim_grace` of the taint and evicts the rest, resumes our Slurm drain, and completes
-once Slurm reports the node usable. Adoption for Slurm reuses the same steps (`_advance_to_slurm`
-with an `adopt` transition).
+once Slurm reports the node usable. Adoption for Slurm reuses the same steps
+(`_advance_to_slurm` with an `adopt` transition).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def _resume_started(node: NodeState, transition: OpenTransition) -> bool:
         a.verb == VERB_RESUME and a.transition_id == transition.transition_id
         for a in node.open_actions.values()
     )
+
 
 def reclaim_grace_started_at(node: NodeState, transition: OpenTransition) -> float:
     """When the pool's pods were told to go: the owner taint this transition added (the
