@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import aiohttp
+import orjson
 import structlog
 from aiohttp.http_exceptions import LineTooLong
 
@@ -61,9 +62,6 @@ log = structlog.get_logger("sunkd.kube")
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
-# Items mapped between two yields to the event loop while a list page is turned into
-# cached objects (~1 ms of `slim_pod` at 100).
-MAP_CHUNK = 100
 
 
 # --------------------------------------------------------------------------- resources
@@ -333,9 +331,27 @@ def resource_version(obj: Mapping[str, Any]) -> str:
     return str(meta.get("resourceVersion") or "")
 
 
+# A run of 19 digits or more may be an integer beyond 64 bits, which orjson would read
+# as a float (it is exact from -2**63 to 2**64 - 1); the Kubernetes API has none (int64
+# fields, quantities are strings), but a body that does is read exactly, by the stdlib.
+_MAYBE_BEYOND_64_BITS = re.compile(rb"[0-9]{19,}")
+
+
 def loads(raw: bytes | str) -> Any:
-    """json.loads, with JSON nested too deeply for the decoder (RecursionError) reported as
-    the ValueError every other malformed body raises."""
+    """A body or watch line as `json.loads` reads it, with JSON nested too deeply for the
+    decoder (RecursionError) reported as the ValueError every other malformed body raises.
+
+    orjson goes first: it decodes a 500-Pod LIST page about 2x faster than the stdlib,
+    and a 100,000-Pod relist is most of a (re)start at scale (docs/performance.md,
+    "Scale"). Whatever orjson refuses (NaN, a lone surrogate, another encoding, nesting
+    deeper than 1024) or might read differently (long digit runs) goes through the
+    stdlib, so the result and the error are the stdlib's (tests/unit/test_kube_json.py)."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if _MAYBE_BEYOND_64_BITS.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # the stdlib says why, or accepts what orjson is stricter about
     try:
         return json.loads(raw)
     except RecursionError:
@@ -344,7 +360,7 @@ def loads(raw: bytes | str) -> Any:
 
 @contextlib.contextmanager
 def gc_paused() -> Any:
-    """Pause the cyclic GC around a synchronous bulk decode (no awaits inside).
+    """Pause the cyclic GC around a bulk decode (no awaits inside but a single loop turn).
 
     A 50k-pod relist allocates millions of dicts; every 700 allocations the collector runs
     and the older generations get rescanned over a growing heap, which more than doubles the
@@ -665,25 +681,32 @@ class KubeClient:
         try:
             while True:
                 raw = await pending
+                # Decoded and mapped with the collector paused: a page's tree (~40
+                # objects a Pod) lives for milliseconds, but a young collection meanwhile
+                # (the mapping allocates too) would promote it to the oldest generation,
+                # and 200 promoted pages made a 100,000-Pod relist run ~20 full collections
+                # of the whole heap (docs/performance.md, "Scale"). The one await inside
+                # is a single turn of the loop, for the next page's request to go out
+                # before this one is mapped.
                 with gc_paused():
                     page = loads(raw)
-                del raw
-                if not isinstance(page, dict):
-                    raise ValueError(f"list answer is not an object: {str(page)[:100]!r}")
-                page_items = page.get("items") or []
-                if not isinstance(page_items, list):
-                    raise ValueError("list answer: items is not a list")
-                meta = page.get("metadata")
-                meta = meta if isinstance(meta, dict) else {}
-                if not list_rv:
-                    list_rv = str(meta.get("resourceVersion") or "")
-                token = meta.get("continue") or None
-                if token:
-                    pending = asyncio.create_task(fetch(str(token)))
-                del page
-                for start in range(0, len(page_items), MAP_CHUNK):
-                    items.extend(map(each, page_items[start:start + MAP_CHUNK]))
-                    await asyncio.sleep(0)  # the next page's request goes out meanwhile
+                    del raw
+                    if not isinstance(page, dict):
+                        raise ValueError(f"list answer is not an object: {str(page)[:100]!r}")
+                    page_items = page.get("items") or []
+                    if not isinstance(page_items, list):
+                        raise ValueError("list answer: items is not a list")
+                    meta = page.get("metadata")
+                    meta = meta if isinstance(meta, dict) else {}
+                    if not list_rv:
+                        list_rv = str(meta.get("resourceVersion") or "")
+                    token = meta.get("continue") or None
+                    del page
+                    if token:
+                        pending = asyncio.create_task(fetch(str(token)))
+                        await asyncio.sleep(0)
+                    items.extend(map(each, page_items))
+                    del page_items
                 if not token:
                     return items, list_rv
         finally:
