@@ -41,6 +41,7 @@ from sunkd.api.metrics import Metrics
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import EventDecodeError, Payload, SlurmNodeObserved
 from sunkd.domain.state import ClusterState
+from sunkd.runtime import collector
 from sunkd.runtime.config import Settings, load_settings, parse_listen, pool_spec
 from sunkd.runtime.engine import (
     ArchivedLogError,
@@ -303,6 +304,8 @@ class Daemon:
             except ArchivedLogError as error:
                 return self._fatal(str(error), hint="restore the archive base snapshot, "
                                    "or check the log with `sunkd replay --check --archive DIR`")
+            # The loaded state lives long: out of every later collection (collector.py).
+            log.info("daemon.gc_frozen", objects=collector.freeze())
             self._log_identity = await self._first_row()
             self._follow_task = asyncio.create_task(self.engine.follow(), name="sunkd-follow")
             self._follow_task.add_done_callback(self._follow_ended)
@@ -803,7 +806,8 @@ def cmd_run(args: Any, settings: Settings) -> int:
                   file=sys.stderr)
             return 2
     # Before any thread exists (malloc.py says why).
-    log.info("daemon.malloc", arenas=ARENAS if limit_arenas() else "glibc default or operator's")
+    log.info("daemon.malloc", arenas=ARENAS if limit_arenas() else "glibc default or operator's",
+             gc_thresholds=collector.tune())
     daemon = Daemon(settings, config_path=getattr(args, "config", None),
                     tls_cert=cert, tls_key=key)
     return asyncio.run(daemon.run())
