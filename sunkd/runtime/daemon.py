@@ -154,8 +154,12 @@ class Daemon:
                  slurm_client: Any = None, kube_client: Any = None,
                  slurm_env: dict[str, str] | None = None,
                  tls_cert: Path | None = None, tls_key: Path | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 freeze_loaded_state: bool = False) -> None:
         self.settings = settings
+        # gc.freeze() once the log is loaded (collector.py): for the process `sunkd run`
+        # is, not for a test process that runs daemons among other things.
+        self.freeze_loaded_state = freeze_loaded_state
         self._wall = wall_clock  # this host's clock; the policy's is the database's
         self.tls_cert = tls_cert
         self.tls_key = tls_key
@@ -304,8 +308,9 @@ class Daemon:
             except ArchivedLogError as error:
                 return self._fatal(str(error), hint="restore the archive base snapshot, "
                                    "or check the log with `sunkd replay --check --archive DIR`")
-            # The loaded state lives long: out of every later collection (collector.py).
-            log.info("daemon.gc_frozen", objects=collector.freeze())
+            if self.freeze_loaded_state:
+                # The loaded state lives long: out of every later collection.
+                log.info("daemon.gc_frozen", objects=collector.freeze())
             self._log_identity = await self._first_row()
             self._follow_task = asyncio.create_task(self.engine.follow(), name="sunkd-follow")
             self._follow_task.add_done_callback(self._follow_ended)
@@ -809,5 +814,5 @@ def cmd_run(args: Any, settings: Settings) -> int:
     log.info("daemon.malloc", arenas=ARENAS if limit_arenas() else "glibc default or operator's",
              gc_thresholds=collector.tune())
     daemon = Daemon(settings, config_path=getattr(args, "config", None),
-                    tls_cert=cert, tls_key=key)
+                    tls_cert=cert, tls_key=key, freeze_loaded_state=True)
     return asyncio.run(daemon.run())
