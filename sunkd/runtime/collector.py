@@ -6,9 +6,10 @@ transient trees are big: a decoded 10,000-node `GET /nodes` body, a 500-Pod LIST
 page of decoded events, a snapshot being loaded. Caught alive, they are promoted to the
 oldest generation, and when that has grown by a quarter CPython collects it: a scan of
 every object the daemon holds, ~0.2-0.3 s at 10,000 nodes and 100,000 Pods. Measured with
-`gc.callbacks` at that scale (bench/scale.py restart; docs/performance.md, "Scale"): 13-17
-full collections, 3.0-3.8 s, in the first 16 s of a (re)start, six of them while the
-snapshot loaded.
+`gc.callbacks` at that scale (bench/scale.py restart; docs/performance.md, "First sync and
+restart after the collector changes"): 17-18 full collections, 3.0-4.2 s, before the
+first decision of a start or a restart, six of them while the snapshot loaded; 2 with
+these settings.
 
 Two measures, both CPython's own knobs:
 - `tune()`: a young collection every `YOUNG_THRESHOLD` allocations instead of 700, so a
@@ -16,8 +17,7 @@ Two measures, both CPython's own knobs:
 - `freeze()` after the state is loaded: `gc.freeze()` moves every object then alive to
   the permanent generation, which later collections do not scan. Frozen objects are still
   freed by reference counting when the fold replaces them; only a reference cycle among
-  them would outlive its last reference, and the state, the snapshot's JSON tree and the
-  caches have none.
+  them would outlive its last reference, and the state and the caches have none.
 
 Nothing changes for garbage without cycles (all of sunkd's data): reference counting frees
 it at once, whatever the thresholds. Cycles (asyncio and aiohttp tracebacks, futures) wait
