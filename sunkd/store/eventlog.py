@@ -56,6 +56,7 @@ from sunkd.store.backend import Backend, EventRow, as_utc
 from sunkd.store.migrations_api import ensure_schema
 from sunkd.store.models import LEADERSHIP_ROW, events, leadership, snapshots
 from sunkd.store.postgres import NOTIFY_CHANNEL, PostgresBackend
+from sunkd.store.recent import RecentAppends
 from sunkd.store.sqlite import SqliteBackend
 from sunkd.store.writegate import WriteGate
 
@@ -201,6 +202,8 @@ class EventLog:
         self._writes: set[asyncio.Future[Any]] = set()  # writes in progress
         self._lease_engine = engine if _in_memory(url) else create_engine(url)
         self.wall_clock: Callable[[], float] = time.time  # this host's clock (tests skew it)
+        # What this process appended lately: a read of it shares the objects (recent.py).
+        self.recent = RecentAppends()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -269,6 +272,7 @@ class EventLog:
             ]
             await self._backend.insert_events(connection, rows)
             await self._backend.announce(connection, seqs[-1])
+        self.recent.remember(seqs, (item.payload for item in batch))  # committed
         await self._backend.announce_committed()
         return seqs
 
@@ -306,7 +310,7 @@ class EventLog:
             query = query.where(events.c.subject == subject)
         async with self.engine.connect() as connection:
             rows = (await connection.execute(query)).all()
-        return [_to_recorded(row._mapping) for row in rows]
+        return [_to_recorded(row._mapping, self.recent) for row in rows]
 
     async def read_range(self, after_seq: int = 0, upto: int | None = None, *,
                          batch_size: int = 5000) -> AsyncIterator[list[RecordedEvent]]:
@@ -526,16 +530,18 @@ def _as_float(value: object) -> float:
         return math.nan
 
 
-def _to_recorded(row: Any) -> RecordedEvent:
+def _to_recorded(row: Any, recent: RecentAppends | None = None) -> RecordedEvent:
     payload = row["payload"]
     if isinstance(payload, str):  # a driver that returns JSON as text
         payload = json.loads(payload)
+    seq = int(row["seq"])
+    decoded = decode_payload(row["kind"], payload)
     return RecordedEvent(
-        seq=int(row["seq"]),
+        seq=seq,
         recorded_at=as_utc(row["recorded_at"]),
         epoch=int(row["epoch"]),
         subject=row["subject"],
-        payload=decode_payload(row["kind"], payload),
+        payload=recent.share(seq, decoded) if recent is not None and len(recent) else decoded,
         causation_seq=row["causation_seq"],
     )
 
