@@ -362,8 +362,9 @@ def loads(raw: bytes | str) -> Any:
 def gc_paused() -> Any:
     """Pause the cyclic GC around a bulk decode (no awaits inside but a single loop turn).
 
-    A 50k-pod relist allocates millions of dicts; every 700 allocations the collector runs
-    and the older generations get rescanned over a growing heap, which more than doubles the
+    A 50k-pod relist allocates millions of dicts; a young collection runs every threshold0
+    allocations (CPython's default 700; `sunkd run` raises it, runtime/collector.py), and
+    the older generations get rescanned over a growing heap, which more than doubles the
     cost of the relist. JSON trees have no reference cycles, so nothing is lost by collecting
     after the bulk work instead of during it."""
     was_enabled = gc.isenabled()

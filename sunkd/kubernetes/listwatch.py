@@ -69,6 +69,9 @@ class WatchEvent:
     type: EventType
     key: str
     object: Any
+    # What the cache held under `key` before this change (None for ADDED): consumers that
+    # index the cache unindex it without keeping a copy of their own.
+    previous: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,13 +215,13 @@ class ListWatch(Generic[T]):
         events: list[WatchEvent] = []
         for key, old in self.cache.items():
             if key not in fresh:
-                events.append(WatchEvent("DELETED", key, old))
+                events.append(WatchEvent("DELETED", key, old, old))
         for key, obj in fresh.items():
             old_obj = self.cache.get(key)
             if old_obj is None:
                 events.append(WatchEvent("ADDED", key, obj))
             elif version(old_obj) != version(obj):
-                events.append(WatchEvent("MODIFIED", key, obj))
+                events.append(WatchEvent("MODIFIED", key, obj, old_obj))
         self.cache = fresh
         self.resource_version = list_rv
         return Relisted(tuple(events), list_rv, initial, len(fresh))
@@ -239,7 +242,7 @@ class ListWatch(Generic[T]):
             # The final state is informational (the cache had the object): keep the last
             # good version when the final one does not transform.
             _key, gone = self._admit(obj)
-            return WatchEvent("DELETED", key, gone if gone is not None else old)
+            return WatchEvent("DELETED", key, gone if gone is not None else old, old)
         current = self.cache.get(object_key(obj))
         if current is not None and self.version(current) == resource_version(obj):
             # Replayed event (same object state): nothing changed for us.
@@ -248,8 +251,9 @@ class ListWatch(Generic[T]):
         admitted, stored = self._admit(obj)
         if admitted is None or stored is None:
             return None
+        previous = self.cache.get(admitted)
         self.cache[admitted] = stored
-        return WatchEvent("ADDED" if current is None else "MODIFIED", admitted, stored)
+        return WatchEvent("ADDED" if current is None else "MODIFIED", admitted, stored, previous)
 
     async def items(self) -> AsyncIterator[WatchItem]:
         """Run forever (until the consumer stops iterating or the task is cancelled)."""

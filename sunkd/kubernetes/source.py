@@ -208,9 +208,10 @@ class KubernetesSource:
         self._rejected: dict[tuple[str, str], tuple[Payload, float]] = {}
         self._unhealthy_since: float | None = None
         self._dirty = _Dirty()
-        # Indexes over the ListWatch caches.
-        self._pods_by_node: dict[str, set[str]] = {}
-        self._pod_node: dict[str, str] = {}
+        # Indexes over the ListWatch caches. A node's pods are a list, not a set: ~10-110
+        # keys a node, and at 100,000 pods the sets were 7 MB (docs/performance.md). The
+        # node a pod is indexed under is the cached object's (`WatchEvent.previous`).
+        self._pods_by_node: dict[str, list[str]] = {}
         self._pending: set[str] = set()
         self._lock = asyncio.Lock()
         self._nodeset_cache: dict[str, K8sNodesetObserved] | None = None
@@ -418,11 +419,12 @@ class KubernetesSource:
             self._dirty.nodes.add(event.key)
             return
         key = event.key
-        old_node = self._pod_node.pop(key, None)
+        replaced: PodFacts | None = event.previous
+        old_node = replaced.node if replaced is not None else None
         if old_node is not None:
             members = self._pods_by_node.get(old_node)
-            if members is not None:
-                members.discard(key)
+            if members is not None and key in members:
+                members.remove(key)
                 if not members:
                     del self._pods_by_node[old_node]
             self._dirty.nodes.add(old_node)
@@ -432,8 +434,9 @@ class KubernetesSource:
         if event.type != "DELETED":
             node = pod.node
             if node:
-                self._pod_node[key] = node
-                self._pods_by_node.setdefault(node, set()).add(key)
+                members = self._pods_by_node.setdefault(node, [])
+                if key not in members:
+                    members.append(key)
                 self._dirty.nodes.add(node)
             if pod.pending_unschedulable:
                 self._pending.add(key)
@@ -551,7 +554,7 @@ class KubernetesSource:
         refs = []
         for key in self._pods_by_node.get(node, ()):
             pod = self.pods.get(key)
-            if pod is None:
+            if pod is None or pod.node != node:
                 continue
             if pod.node_local:
                 continue  # DaemonSet and mirror pods stay with the node, whoever owns it
