@@ -422,11 +422,11 @@ class KubernetesSource:
         replaced: PodFacts | None = event.previous
         old_node = replaced.node if replaced is not None else None
         if old_node is not None:
-            members = self._pods_by_node.get(old_node)
-            if members is not None and key in members:
+            members = self._pods_by_node.get(old_node, [])
+            with contextlib.suppress(ValueError):  # not indexed there: nothing to undo
                 members.remove(key)
-                if not members:
-                    del self._pods_by_node[old_node]
+            if not members:
+                self._pods_by_node.pop(old_node, None)
             self._dirty.nodes.add(old_node)
         was_pending = key in self._pending
         self._pending.discard(key)

@@ -530,18 +530,17 @@ def _as_float(value: object) -> float:
         return math.nan
 
 
-def _to_recorded(row: Any, recent: RecentAppends | None = None) -> RecordedEvent:
+def _to_recorded(row: Any, recent: RecentAppends) -> RecordedEvent:
     payload = row["payload"]
     if isinstance(payload, str):  # a driver that returns JSON as text
         payload = json.loads(payload)
     seq = int(row["seq"])
-    decoded = decode_payload(row["kind"], payload)
     return RecordedEvent(
         seq=seq,
         recorded_at=as_utc(row["recorded_at"]),
         epoch=int(row["epoch"]),
         subject=row["subject"],
-        payload=recent.share(seq, decoded) if recent is not None and len(recent) else decoded,
+        payload=recent.share(seq, decode_payload(row["kind"], payload)),
         causation_seq=row["causation_seq"],
     )
 

@@ -40,9 +40,9 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 
 def identical(a: Any, b: Any) -> bool:
-    """Equal, and of the same types at every level: `1 == 1.0 == True` and `(1,) ==`
-    a list's contents are not enough here, since the shared object must encode (in a
-    snapshot) exactly as the decoded one would."""
+    """Equal, and of the same types at every level. `1 == 1.0 == True` and a tuple equal to
+    a list's contents are not enough here: the shared object must encode (in a snapshot)
+    exactly as the decoded one would."""
     kind = type(a)
     if kind is not type(b):
         return False
@@ -66,7 +66,7 @@ class RecentAppends:
     def __init__(self, limit: int = RECENT_APPENDS) -> None:
         self.limit = limit
         self._payloads: dict[int, Payload] = {}  # insertion (= seq) order
-        self.shared = 0  # reads that handed out the remembered object (tests, metrics)
+        self.shared = 0  # reads that handed out the remembered object
 
     def __len__(self) -> int:
         return len(self._payloads)
@@ -91,6 +91,3 @@ class RecentAppends:
             self.shared += 1
             return remembered
         return decoded
-
-    def clear(self) -> None:
-        self._payloads.clear()
