@@ -51,6 +51,7 @@ from sunkd.domain.state import (
 )
 from sunkd.runtime import malloc
 from sunkd.runtime.forkencode import encode_in_child
+from sunkd.runtime.groupcommit import GroupAppender
 from sunkd.store.archive import live_range
 from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog, JSONText, StaleLeaderError, dumps_json
 from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
@@ -164,6 +165,7 @@ class Engine:
         self._last_snapshot_seq = 0
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         self._finished: set[str] = set()  # outcome appended, maybe not folded yet
+        self._outcomes: GroupAppender | None = None  # this term's (groupcommit.py: why)
         self._appended_upto = 0  # highest seq this process appended
         self._quiesced = False
 
@@ -236,6 +238,7 @@ class Engine:
         decided_at_seq = -1
         caught_up = False  # both sources fresh in this term, at least once
         self._quiesced = False
+        self._outcomes = GroupAppender(functools.partial(self.append, term=term))
         try:
             while (term.may_act() or term.paused()) and not self._quiesced:
                 with contextlib.suppress(TimeoutError):
@@ -247,18 +250,21 @@ class Engine:
                 if not term.may_act() or self._quiesced:
                     break
                 state = self.state
-                if state.last_seq < self._appended_upto:
-                    continue  # our own decisions are not folded yet
                 # Actions already requested run whatever else is being decided, so a
                 # busy cluster that always has something to decide never starves them.
                 # Before both sources have reported fresh in this term the only ones are
                 # the previous term's, decided on what that leader saw: they wait (I3;
                 # this term decides nothing before then either). This also keeps a
-                # restart's re-run from competing with its first LIST.
+                # restart's re-run from competing with its first LIST. Dispatch needs
+                # no fold of our own appends: it starts only actions the folded state
+                # holds, and skips those whose outcome is appended (`_finished`); so
+                # freed slots refill while outcomes stream in.
                 caught_up = caught_up or (state.source_fresh(OWNER_SLURM)
                                           and state.source_fresh(OWNER_KUBERNETES))
                 if caught_up:
                     self._dispatch(state, term)
+                if state.last_seq < self._appended_upto:
+                    continue  # our own decisions are not folded yet: decide after
                 configured = configured_pools(self.config_pools)
                 if state.configured_pools != configured:
                     # The fold learns the config-file pools from the log (a term's start,
@@ -301,7 +307,7 @@ class Engine:
                 break
             if action.action_id in self._in_flight or action.action_id in self._finished:
                 continue
-            task = asyncio.create_task(self._run_action(action, term),
+            task = asyncio.create_task(self._run_action(action, term, self._outcomes),
                                        name=f"sunkd-action-{action.action_id}")
             self._in_flight[action.action_id] = task
             task.add_done_callback(functools.partial(self._forget_task, action.action_id))
@@ -309,7 +315,8 @@ class Engine:
     def _forget_task(self, action_id: str, _task: asyncio.Task[None]) -> None:
         self._in_flight.pop(action_id, None)
 
-    async def _run_action(self, action: OpenAction, term: LeaderTerm) -> None:
+    async def _run_action(self, action: OpenAction, term: LeaderTerm,
+                          outcomes: GroupAppender | None = None) -> None:
         if not term.may_act():
             return
         executor = self.executor
@@ -343,9 +350,12 @@ class Engine:
         log.info("engine.action_done", action=action.action_id, verb=action.verb,
                  node=action.node, result=result,
                  seconds=round(time.perf_counter() - started, 3))
+        event = Event(subject=action.node, payload=outcome, causation_seq=action.seq)
         try:
-            await self.append([Event(subject=action.node, payload=outcome,
-                                     causation_seq=action.seq)], term)
+            if outcomes is not None:  # the term's own: never another term's epoch
+                await outcomes.append(event)
+            else:
+                await self.append([event], term)
             self._finished.add(action.action_id)
         except StaleLeaderError:
             # The outcome is lost with our term; the next leader sees the action still
@@ -362,6 +372,8 @@ class Engine:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._outcomes is not None:
+            await self._outcomes.close()  # outcomes already queued are still written
 
     async def _maybe_snapshot(self, state: ClusterState) -> None:
         if state.last_seq - self._last_snapshot_seq < snapshot_interval(state,
