@@ -41,6 +41,10 @@ Phases and what each drives:
 - `sync`: `sunkd run` start to its first `engine.decision` log line (the adoption of the
   first nodes), target <= 30 s. The emulator's paged LIST scans the whole collection per
   page (see bench/kube_watch.py), so at 100,000 pods part of this is the emulator's.
+  Also printed (every daemon phase): `sync_settled_at_s`, start to the log quiet again
+  after the first decision (the adoption's one Kubernetes action per node done; the
+  quiet window included; null when it did not settle within the warm cap), and
+  `sync_actions_done`.
 - `restart`: after a first sync, the daemon is stopped; the log gets a simulated
   `--history-days` (30) of history at N nodes appended through `EventLog.append` with
   recorded_at stamped in the past (`--history-changes` Slurm node changes per node-hour,
@@ -819,6 +823,14 @@ async def _daemon_run(daemon: Daemon, kube: Kube, fake: FakeSlurmrestd, cluster:
         figures["first_sync_note"] = f"no decision within {plan.sync_cap:g} s"
         return
     events, settled = await settle(daemon, plan.quiet, plan.warm_cap)
+    # The adoption (one Kubernetes action per node) is what keeps the log moving after
+    # the first decision; the moment includes the quiet window.
+    figures["sync_settled_at_s"] = (round(time.monotonic() - daemon.started, 1)
+                                    if settled else None)
+    figures["sync_actions_done"] = daemon.counts.get("engine.action_done", 0)
+    print(f"daemon: after the first sync, settled={settled} at "
+          f"{figures['sync_settled_at_s']} s, {figures['sync_actions_done']} actions done",
+          file=sys.stderr)
     rss, hwm = rss_kb(daemon.pid)
     figures["sync_rss_peak_mb"] = round(hwm / 1024, 1)  # the daemon's VmHWM after the sync
     if kube.real is not None:
