@@ -2,7 +2,8 @@
 
 Three list-then-watch loops (`sunkd.kubernetes.listwatch.ListWatch`) keep caches of stripped-down
 objects; after every change the source recomputes the payloads that can depend on it and hands
-the ones whose normalized content changed to the `EventSink`. Comparing normalized payloads
+the ones whose normalized content changed to the `EventSink` (the changes that arrive while
+one append runs go together in the next: `_flusher`). Comparing normalized payloads
 (not resourceVersions) is what keeps the log quiet: a kubelet heartbeat bumps a Node's
 resourceVersion every 10 s but changes nothing sunkd cares about.
 
@@ -218,8 +219,10 @@ class KubernetesSource:
         self._memo: _FlushMemo | None = None  # only while a flush builds its payloads
         self.full_flushes = 0  # flushes that rebuilt every payload (first sync, Nodesets)
         self._workload_selectors: dict[str, Any] = {}
-        self._received = 0
-        self._flushed = 0
+        self._received = 0  # watch items pulled
+        self._noted = 0  # ... and handled (indexes updated, dirty marked)
+        self._flushed = 0  # ... and covered by a flush since
+        self._flush_wanted = asyncio.Event()
         self._idle = asyncio.Condition()
         self.emitted = 0
 
@@ -257,6 +260,7 @@ class KubernetesSource:
                     for name, lw in self.watches.items()
                 ]
                 tasks.append(group.create_task(self._health_ticker()))
+                tasks.append(group.create_task(self._flusher()))
                 await stop_event.wait()
                 for task in tasks:
                     task.cancel()
@@ -289,9 +293,8 @@ class KubernetesSource:
                             except Exception as error:
                                 await self._failed("internal", "internal_error", error)
                     finally:
-                        self._flushed += 1
-                        async with self._idle:
-                            self._idle.notify_all()
+                        self._noted += 1
+                        self._flush_wanted.set()
             except self.fatal_errors:
                 raise
             except Exception as error:  # the informer itself; it catches all it knows
@@ -299,6 +302,28 @@ class KubernetesSource:
                 async with self._lock:
                     await self._failed("internal", "internal_error", error)
                 await asyncio.sleep(self._retry_delay)
+
+    async def _flusher(self) -> None:
+        """Flush what the watch items handled since the last flush marked dirty: one
+        append for all of them. While an append runs (on SQLite a commit is an fsync,
+        ~40 ms), the watches go on delivering and their changes wait for the next
+        flush, instead of each change making a transaction of its own: at 2,000 nodes
+        that was ~10 Node changes a second, and sunkd's own taints showed up in the log
+        87 s after they were written (docs/performance.md, "Scale")."""
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            async with self._lock:
+                covered = self._noted
+                try:
+                    await self._flush()
+                except self.fatal_errors:
+                    raise
+                except Exception as error:
+                    await self._failed("internal", "internal_error", error)
+            self._flushed = max(self._flushed, covered)
+            async with self._idle:
+                self._idle.notify_all()
 
     async def _health_ticker(self) -> None:
         while True:
@@ -400,8 +425,7 @@ class KubernetesSource:
                 await self._emit_health()
                 self._synced.set()
             return
-        self._note(name, item)
-        await self._flush()
+        self._note(name, item)  # flushed by `_flusher`, with whatever else arrives
 
     def _note(self, name: str, event: WatchEvent) -> None:
         """Update indexes and mark what the change can affect."""

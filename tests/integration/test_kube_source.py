@@ -6,13 +6,14 @@ on change, seeded from earlier payloads; stale and fresh again when the API serv
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sunkd.domain.events import (
+    Event,
     K8sDemandObserved,
     K8sNodeObserved,
     K8sNodesetObserved,
@@ -185,6 +186,31 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
         await settle(source)
         last_nodeset = sink.payloads(K8sNodesetObserved)[-1]
         assert isinstance(last_nodeset, K8sNodesetObserved) and last_nodeset.deleted
+        assert duplicates(sink.payloads()) == []
+    finally:
+        await stop_source(stop, task)
+
+
+class SlowSink(ListSink):
+    """A sink whose appends take as long as a commit's fsync, or longer."""
+
+    async def __call__(self, batch: Sequence[Event]) -> None:
+        await asyncio.sleep(0.1)
+        await super().__call__(batch)
+
+
+async def test_changes_arriving_during_an_append_share_the_next_one(cluster: Cluster) -> None:
+    sink = SlowSink()
+    _source, stop, task = await start(cluster, sink)
+    try:
+        before = sink.batches
+        names = [f"k-gpu-b{i:02d}" for i in range(20)]
+        await asyncio.gather(*(create_node(cluster.client, name, {"pool": "gpu"})
+                               for name in names))
+        await sink.wait_for(lambda s: {p.node for p in s.payloads(K8sNodeObserved)
+                                       if isinstance(p, K8sNodeObserved)} >= set(names), 30)
+        # One append per Node before the source's `_flusher`: 20 here.
+        assert sink.batches - before <= 10, sink.batches - before
         assert duplicates(sink.payloads()) == []
     finally:
         await stop_source(stop, task)
