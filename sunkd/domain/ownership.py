@@ -235,8 +235,11 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
                     f"{node.name} (label {wk.LABEL_SLURM_NODE_NAME})")
 
     conflicts: list[str] = []
-    pods = running_pods(node)
-    if slurm is not None and pods and (slurm_busy(slurm) or slurm.alloc_cpus > 0):
+    # Slurm first: listing the pods costs a string per pod, and most nodes are not busy
+    # in Slurm (every decide assesses every node).
+    busy = slurm is not None and (slurm_busy(slurm) or slurm.alloc_cpus > 0)
+    pods = running_pods(node) if busy else []
+    if pods:
         conflicts.append(
             f"conflict: Slurm job(s) and {len(pods)} pod(s) on one node ({', '.join(pods[:3])}"
             f"{', ...' if len(pods) > 3 else ''})"

@@ -69,6 +69,13 @@ OFFLOAD_NODES = 1000
 DECISIONS_LOGGED = 50
 # A decide that took this long is logged with its cost (a first sync, a big catch-up).
 SLOW_DECIDE_S = 0.5
+# At most this share of wall time goes to `decide`: after a decide that took d seconds
+# the next waits d * (1 / DECIDE_SHARE - 1). Deciding holds the GIL (in a worker thread
+# from OFFLOAD_NODES on), and after every folded batch it starved the event loop: at
+# 2,000 nodes it took 30 % of the daemon's samples and the watches fell a minute behind
+# (docs/performance.md, "Scale"). Deciding later is always safe: each decide reads the
+# newest state, and acting is fenced by the term.
+DECIDE_SHARE = 1 / 3
 
 
 class CorruptRowError(Exception):
@@ -238,11 +245,16 @@ class Engine:
         decided_at_seq = -1
         caught_up = False  # both sources fresh in this term, at least once
         self._quiesced = False
+        decide_at = 0.0  # time.monotonic(): no decide before (DECIDE_SHARE)
+        owed = False  # a decide was put off by the pacing
         self._outcomes = GroupAppender(functools.partial(self.append, term=term))
         try:
             while (term.may_act() or term.paused()) and not self._quiesced:
+                wait = self.tick_seconds
+                if owed:
+                    wait = min(wait, max(0.0, decide_at - time.monotonic()))
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.tick_seconds):
+                    async with asyncio.timeout(wait):
                         await self._changed.wait()
                 self._changed.clear()
                 if term.paused():
@@ -272,20 +284,24 @@ class Engine:
                     await self.append([Event(subject=CONFIG_SUBJECT,
                                              payload=PoolsConfigured(pools=configured))], term)
                     continue
+                owed = time.monotonic() < decide_at
+                if owed:
+                    continue  # paced: decide once the wait is over (or on a later change)
                 now = self.clock()
                 pools = self.pools()
+                started = time.monotonic()
                 if len(state.nodes) >= OFFLOAD_NODES:
-                    started = time.perf_counter()
                     decisions = await asyncio.to_thread(decide, state, pools, now)
-                    seconds = time.perf_counter() - started
-                    if decisions and seconds >= SLOW_DECIDE_S:
-                        log.info("engine.decided", decisions=len(decisions),
-                                 nodes=len(state.nodes), last_seq=state.last_seq,
-                                 seconds=round(seconds, 3))
-                    if not term.may_act() or self._quiesced:
-                        continue  # decided on a term that stopped acting meanwhile
                 else:
                     decisions = decide(state, pools, now)
+                seconds = time.monotonic() - started
+                decide_at = time.monotonic() + seconds * (1 / DECIDE_SHARE - 1)
+                if decisions and seconds >= SLOW_DECIDE_S:
+                    log.info("engine.decided", decisions=len(decisions),
+                             nodes=len(state.nodes), last_seq=state.last_seq,
+                             seconds=round(seconds, 3))
+                if not term.may_act() or self._quiesced:
+                    continue  # decided on a term that stopped acting meanwhile
                 if decisions and state.last_seq != decided_at_seq:
                     decided_at_seq = state.last_seq
                     _log_decisions(decisions)
