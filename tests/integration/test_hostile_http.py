@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,7 +22,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from sunkd.api import extender
-from sunkd.api.app import build_app
+from sunkd.api.app import EXTENDER_KEY, build_app
 from tests.integration.test_api import POOL_POD, View, seeded_view
 
 # The extender's node limit (on code before the limit existed, the value it now has).
@@ -97,7 +98,22 @@ async def test_heavy_extender_requests_do_not_stall_the_event_loop(
         client: TestClient[Any, Any]) -> None:
     """12.5: twelve concurrent 7 MB filters used to block the loop ~1.6 s each (`/healthz`
     took 8.8 s and the leader lost its lease). Now both the refused oversize requests and
-    the largest accepted ones are parsed and answered in a worker thread."""
+    the largest accepted ones are parsed and answered in a worker thread: checked by the
+    thread each call runs on. The stall bound (1 s) is a bound, not that proof: the work
+    got cheaper since, and on the 2026-12-02 machine the loop stalled 0.19-0.57 s with the
+    work in the worker and 0.48-0.66 s with it on the loop (three or four runs each; the
+    clients share the loop, and the worker's JSON decode holds the GIL)."""
+    loop_thread = threading.get_ident()
+    threads: set[int] = set()
+    app_extender = client.server.app[EXTENDER_KEY]
+    for name in ("filter_bytes", "prioritize_bytes"):
+        work = getattr(app_extender, name)
+
+        def recorded(body: bytes, work: Any = work) -> bytes:
+            threads.add(threading.get_ident())
+            return work(body)  # type: ignore[no-any-return]
+
+        setattr(app_extender, name, recorded)
     oversize = names_body(700_000)
     largest = names_body(MAX_NODES)
     lag = LoopLag()
@@ -122,9 +138,10 @@ async def test_heavy_extender_requests_do_not_stall_the_event_loop(
                                    *[call(largest) for _ in range(6)], health())
     worst_lag = await lag.stop()
     statuses, worst_health = results[:-1], results[-1]
-    assert worst_lag < 0.5, f"the event loop stalled for {worst_lag:.2f} s"
+    assert worst_lag < 1.0, f"the event loop stalled for {worst_lag:.2f} s"
     assert worst_health < 1.0, f"/healthz took {worst_health:.2f} s"
     assert sorted(statuses) == [200] * 6 + [413] * 6
+    assert threads and loop_thread not in threads
     assert time.perf_counter() - started < 60
 
 
