@@ -174,6 +174,7 @@ class Engine:
         self._finished: set[str] = set()  # outcome appended, maybe not folded yet
         self._outcomes: GroupAppender | None = None  # this term's (groupcommit.py: why)
         self._appended_upto = 0  # highest seq this process appended
+        self._decided_upto = 0  # ... of them a decision (not an action's outcome)
         self._quiesced = False
 
     # ------------------------------------------------------------------ following
@@ -247,7 +248,7 @@ class Engine:
         self._quiesced = False
         decide_at = 0.0  # time.monotonic(): no decide before (DECIDE_SHARE)
         owed = False  # a decide was put off by the pacing
-        self._outcomes = GroupAppender(functools.partial(self.append, term=term))
+        outcomes = self._outcomes = GroupAppender(functools.partial(self.append, term=term))
         try:
             while (term.may_act() or term.paused()) and not self._quiesced:
                 wait = self.tick_seconds
@@ -267,22 +268,24 @@ class Engine:
                 # Before both sources have reported fresh in this term the only ones are
                 # the previous term's, decided on what that leader saw: they wait (I3;
                 # this term decides nothing before then either). This also keeps a
-                # restart's re-run from competing with its first LIST. Dispatch needs
-                # no fold of our own appends: it starts only actions the folded state
-                # holds, and skips those whose outcome is appended (`_finished`); so
-                # freed slots refill while outcomes stream in.
+                # restart's re-run from competing with its first LIST. Dispatch waits
+                # for the fold of our own decisions (one may abort the transition an
+                # action belongs to), not of our outcomes: an outcome only finishes its
+                # action, which `_finished` skips. So freed slots refill while outcomes
+                # stream in.
                 caught_up = caught_up or (state.source_fresh(OWNER_SLURM)
                                           and state.source_fresh(OWNER_KUBERNETES))
-                if caught_up:
-                    self._dispatch(state, term)
+                if caught_up and state.last_seq >= self._decided_upto:
+                    self._dispatch(state, term, outcomes)
                 if state.last_seq < self._appended_upto:
                     continue  # our own decisions are not folded yet: decide after
                 configured = configured_pools(self.config_pools)
                 if state.configured_pools != configured:
                     # The fold learns the config-file pools from the log (a term's start,
                     # a SIGHUP reload); decide once it has folded them.
-                    await self.append([Event(subject=CONFIG_SUBJECT,
-                                             payload=PoolsConfigured(pools=configured))], term)
+                    await self._decide_append([Event(
+                        subject=CONFIG_SUBJECT, payload=PoolsConfigured(pools=configured))],
+                        term)
                     continue
                 owed = time.monotonic() < decide_at
                 if owed:
@@ -305,7 +308,8 @@ class Engine:
                 if decisions and state.last_seq != decided_at_seq:
                     decided_at_seq = state.last_seq
                     _log_decisions(decisions)
-                    await self.append([decision_to_event(d) for d in decisions], term)
+                    await self._decide_append([decision_to_event(d) for d in decisions],
+                                              term)
                 await self._maybe_snapshot(state)
         finally:
             if not self._quiesced:
@@ -314,7 +318,13 @@ class Engine:
                 # lets in-flight actions finish first.
                 await self.drain_in_flight(grace_seconds=0)
 
-    def _dispatch(self, state: ClusterState, term: LeaderTerm) -> None:
+    async def _decide_append(self, events: Sequence[Event], term: LeaderTerm) -> None:
+        seqs = await self.append(events, term)
+        if seqs:
+            self._decided_upto = max(self._decided_upto, seqs[-1])
+
+    def _dispatch(self, state: ClusterState, term: LeaderTerm,
+                  outcomes: GroupAppender) -> None:
         pending = state.pending_actions()
         pending_ids = {action.action_id for action in pending}
         self._finished &= pending_ids  # outcomes folded: forget them
@@ -323,7 +333,7 @@ class Engine:
                 break
             if action.action_id in self._in_flight or action.action_id in self._finished:
                 continue
-            task = asyncio.create_task(self._run_action(action, term, self._outcomes),
+            task = asyncio.create_task(self._run_action(action, term, outcomes),
                                        name=f"sunkd-action-{action.action_id}")
             self._in_flight[action.action_id] = task
             task.add_done_callback(functools.partial(self._forget_task, action.action_id))
@@ -332,7 +342,7 @@ class Engine:
         self._in_flight.pop(action_id, None)
 
     async def _run_action(self, action: OpenAction, term: LeaderTerm,
-                          outcomes: GroupAppender | None = None) -> None:
+                          outcomes: GroupAppender) -> None:
         if not term.may_act():
             return
         executor = self.executor
@@ -368,10 +378,7 @@ class Engine:
                  seconds=round(time.perf_counter() - started, 3))
         event = Event(subject=action.node, payload=outcome, causation_seq=action.seq)
         try:
-            if outcomes is not None:  # the term's own: never another term's epoch
-                await outcomes.append(event)
-            else:
-                await self.append([event], term)
+            await outcomes.append(event)  # the term's own: never another term's epoch
             self._finished.add(action.action_id)
         except StaleLeaderError:
             # The outcome is lost with our term; the next leader sees the action still
