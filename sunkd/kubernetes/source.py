@@ -69,7 +69,6 @@ from sunkd.kubernetes.listwatch import (
     ListWatch,
     Relisted,
     WatchEvent,
-    WatchItem,
     WatchRecovered,
     WatchTrouble,
 )
@@ -412,7 +411,8 @@ class KubernetesSource:
 
     # -- handling --------------------------------------------------------------------
 
-    async def _handle(self, name: str, item: WatchItem) -> None:
+    async def _handle(self, name: str, item: Relisted | WatchTrouble | WatchRecovered) -> None:
+        """A watch item that is not a change (changes go through the inbox)."""
         if isinstance(item, WatchTrouble):
             self._trouble[name] = item
             if self._unhealthy_since is None:
@@ -439,8 +439,6 @@ class KubernetesSource:
             if len(self._synced_once) == len(self.watches):
                 await self._emit_health()
                 self._synced.set()
-            return
-        self._note(name, item)  # flushed by `_flusher`, with whatever else arrives
 
     def _note(self, name: str, event: WatchEvent) -> None:
         """Update indexes and mark what the change can affect."""
