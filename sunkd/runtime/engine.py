@@ -248,6 +248,10 @@ class Engine:
         self._quiesced = False
         decide_at = 0.0  # time.monotonic(): no decide before (DECIDE_SHARE)
         owed = False  # a decide was put off by the pacing
+        # The first decide on a view with both sources fresh is not paced: the ones
+        # before it (on a view still waiting for its LIST) cannot act, and pacing on
+        # their cost would put off a restart's first real decision by up to 2d.
+        unpaced = False
         outcomes = self._outcomes = GroupAppender(functools.partial(self.append, term=term))
         try:
             while (term.may_act() or term.paused()) and not self._quiesced:
@@ -273,8 +277,9 @@ class Engine:
                 # action belongs to), not of our outcomes: an outcome only finishes its
                 # action, which `_finished` skips. So freed slots refill while outcomes
                 # stream in.
-                caught_up = caught_up or (state.source_fresh(OWNER_SLURM)
-                                          and state.source_fresh(OWNER_KUBERNETES))
+                if not caught_up and (state.source_fresh(OWNER_SLURM)
+                                      and state.source_fresh(OWNER_KUBERNETES)):
+                    caught_up = unpaced = True
                 if caught_up and state.last_seq >= self._decided_upto:
                     self._dispatch(state, term, outcomes)
                 if state.last_seq < self._appended_upto:
@@ -287,7 +292,7 @@ class Engine:
                         subject=CONFIG_SUBJECT, payload=PoolsConfigured(pools=configured))],
                         term)
                     continue
-                owed = time.monotonic() < decide_at
+                owed = time.monotonic() < decide_at and not unpaced
                 if owed:
                     continue  # paced: decide once the wait is over (or on a later change)
                 now = self.clock()
@@ -299,6 +304,7 @@ class Engine:
                     decisions = decide(state, pools, now)
                 seconds = time.monotonic() - started
                 decide_at = time.monotonic() + seconds * (1 / DECIDE_SHARE - 1)
+                unpaced = False
                 if decisions and seconds >= SLOW_DECIDE_S:
                     log.info("engine.decided", decisions=len(decisions),
                              nodes=len(state.nodes), last_seq=state.last_seq,
