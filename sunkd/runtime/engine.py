@@ -52,6 +52,7 @@ from sunkd.domain.state import (
 from sunkd.runtime import malloc
 from sunkd.runtime.forkencode import encode_in_child
 from sunkd.runtime.groupcommit import GroupAppender
+from sunkd.runtime.outbox import ActionQueue
 from sunkd.store.archive import live_range
 from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog, JSONText, StaleLeaderError, dumps_json
 from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
@@ -172,6 +173,7 @@ class Engine:
         self._last_snapshot_seq = 0
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         self._finished: set[str] = set()  # outcome appended, maybe not folded yet
+        self._queue = ActionQueue()  # the open actions in request order (outbox.py)
         self._outcomes: GroupAppender | None = None  # this term's (groupcommit.py: why)
         self._appended_upto = 0  # highest seq this process appended
         self._decided_upto = 0  # ... of them a decision (not an action's outcome)
@@ -207,6 +209,7 @@ class Engine:
             self.state = await asyncio.to_thread(fold, batch, self.state)
         else:
             self.state = fold(batch, self.state)
+        self._queue.note(batch, self.state)
         if self.observer is not None:
             try:
                 self.observer.observe_events(batch)
@@ -331,14 +334,13 @@ class Engine:
 
     def _dispatch(self, state: ClusterState, term: LeaderTerm,
                   outcomes: GroupAppender) -> None:
-        pending = state.pending_actions()
-        pending_ids = {action.action_id for action in pending}
-        self._finished &= pending_ids  # outcomes folded: forget them
-        for action in pending:
-            if len(self._in_flight) >= self.max_concurrent_actions:
-                break
-            if action.action_id in self._in_flight or action.action_id in self._finished:
-                continue
+        in_flight, finished = self._in_flight, self._finished
+        runnable = self._queue.runnable(
+            state, lambda action_id: action_id in in_flight or action_id in finished,
+            self.max_concurrent_actions - len(in_flight))
+        if finished:
+            self._finished = {a for a in finished if a in self._queue}  # outcomes folded
+        for action in runnable:
             task = asyncio.create_task(self._run_action(action, term, outcomes),
                                        name=f"sunkd-action-{action.action_id}")
             self._in_flight[action.action_id] = task
