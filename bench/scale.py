@@ -584,9 +584,24 @@ def dump(*_):
         out["mallinfo2"] = {name: getattr(info, name) for name, _ in _Mallinfo2._fields_}
     except (OSError, AttributeError) as error:
         out["mallinfo2"] = repr(error)
-    counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    tracked = gc.get_objects()
+    counts = collections.Counter(type(o).__qualname__ for o in tracked)
     out["gc_tracked"] = sum(counts.values())
     out["gc_top"] = counts.most_common(25)
+    # Objects of 1 MiB and more (glibc mmaps them): tracked containers and what they refer
+    # to directly (bytes and str are not tracked), largest first.
+    big, seen = [], set()
+    for o in tracked:
+        for x in (o, *gc.get_referents(o)):
+            size = sys.getsizeof(x)
+            if size >= 1 << 20 and id(x) not in seen:
+                seen.add(id(x))
+                length = len(x) if hasattr(x, "__len__") else None
+                big.append((size, type(x).__qualname__, length,
+                            type(o).__qualname__ if x is not o else None))
+    big.sort(reverse=True)
+    out["big"] = big[:30]
+    del tracked
     with open(TARGET, "w") as f:
         json.dump(out, f)
     with open(TARGET + ".done", "w") as f:
