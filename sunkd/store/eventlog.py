@@ -474,8 +474,12 @@ class EventLog:
         async with self._write_transaction() as connection:
             query = select(snapshots.c.seq).where(snapshots.c.seq == seq)
             if (await connection.execute(query)).first() is None:
-                await connection.execute(snapshots.insert().values(
-                    seq=seq, taken_at=datetime.now(UTC), state=state))
+                # Values as execute parameters, not `.values(...)` in the statement:
+                # SQLAlchemy's compiled cache keeps the first statement it compiles,
+                # values and all, so the first snapshot (~24 MB of text at 10,000 nodes)
+                # stayed alive for the process's life.
+                await connection.execute(snapshots.insert(), {
+                    "seq": seq, "taken_at": datetime.now(UTC), "state": state})
             kept = (select(snapshots.c.seq).order_by(snapshots.c.seq.desc())
                     .limit(max(keep, 1)).subquery())
             prune: ColumnElement[bool] = snapshots.c.seq.not_in(select(kept.c.seq))
