@@ -286,7 +286,7 @@ class Daemon:
                 loop.add_signal_handler(signum, self.stop_event.set)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, self.reload)
-        self.event_log = await EventLog.open(self.settings.database_url)
+        self.event_log = await EventLog.open(self.settings.database_url, migrate_apart=True)
         self.event_log.wall_clock = self._wall
         try:
             self.engine = Engine(

@@ -53,7 +53,8 @@ from sunkd.domain.events import (
     encode_payload,
 )
 from sunkd.store.backend import Backend, EventRow, as_utc
-from sunkd.store.migrations_api import ensure_schema
+from sunkd.store.migrate_apart import migrate_in_child
+from sunkd.store.migrations_api import at_head, ensure_schema
 from sunkd.store.models import LEADERSHIP_ROW, events, leadership, snapshots
 from sunkd.store.postgres import NOTIFY_CHANNEL, PostgresBackend
 from sunkd.store.recent import RecentAppends
@@ -208,13 +209,19 @@ class EventLog:
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    async def open(cls, url: str, *, migrate: bool | None = None) -> EventLog:
+    async def open(cls, url: str, *, migrate: bool | None = None,
+                   migrate_apart: bool = False) -> EventLog:
         """Open the log. Migrations run automatically on SQLite (the embedded default)
-        or when `migrate=True`; otherwise the schema must already be at head."""
+        or when `migrate=True`; otherwise the schema must already be at head.
+        `migrate_apart`: a SQLite file is migrated in a child process, so this one never
+        imports Alembic (`sunkd run`: store/migrate_apart.py)."""
         engine = create_engine(url)
         if migrate is None:
             migrate = backend_class(engine.dialect.name).migrate_by_default
         try:
+            if (migrate and migrate_apart and engine.dialect.name == "sqlite"
+                    and not _in_memory(url) and not await at_head(engine)):
+                await migrate_in_child(url)
             await ensure_schema(engine, migrate=migrate)
         except BaseException:
             await engine.dispose()

@@ -107,11 +107,16 @@ async def downgrade(engine: AsyncEngine, revision: str) -> None:
     await _run(engine, command.downgrade, revision)
 
 
-async def ensure_schema(engine: AsyncEngine, *, migrate: bool) -> None:
-    """Upgrade to head when `migrate`, else check that the schema is at head."""
+async def at_head(engine: AsyncEngine) -> bool:
+    """Whether the schema is at `SCHEMA_HEAD`, read with SQLAlchemy alone."""
     async with engine.connect() as connection:
         rows = await connection.run_sync(_version_rows)
-    if rows == [SCHEMA_HEAD]:
+    return rows == [SCHEMA_HEAD]
+
+
+async def ensure_schema(engine: AsyncEngine, *, migrate: bool) -> None:
+    """Upgrade to head when `migrate`, else check that the schema is at head."""
+    if await at_head(engine):
         return  # at head: Alembic is not needed (not even imported)
     head = head_revision()
     current = await current_revision(engine)

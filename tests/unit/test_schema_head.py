@@ -3,6 +3,7 @@ scripts' head, and opening a log at head must then not import Alembic at all."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,48 @@ print(sorted(m for m in sys.modules if m == "alembic" or m.startswith("alembic."
 
     assert run("migrate") != "[]"  # creating the schema is Alembic's work
     assert run("check") == "[]"
+
+
+_APART = """
+import asyncio, sys
+from sunkd.store.eventlog import EventLog
+from sunkd.store.migrations_api import SchemaError
+
+async def main(url):
+    try:
+        log = await EventLog.open(url, migrate_apart=True)
+    except SchemaError as error:
+        print("error:", error)
+        return
+    await log.close()
+
+asyncio.run(main(sys.argv[1]))
+print(sorted(m for m in sys.modules if m == "alembic" or m.startswith("alembic.")))
+"""
+
+
+def _open_apart(url: str) -> str:
+    return subprocess.run([sys.executable, "-c", _APART, url], check=True,
+                          capture_output=True, text=True, timeout=120).stdout.strip()
+
+
+def test_a_fresh_log_migrated_apart_leaves_alembic_out_of_the_process(tmp_path: Path) -> None:
+    """`sunkd run` creates the embedded schema in a child: the daemon gets a log at head
+    without importing Alembic (~8-11 MB it would keep for its life)."""
+    path = tmp_path / "events.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    assert _open_apart(url) == "[]"
+    with sqlite3.connect(path) as db:  # the child migrated the file itself
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [
+            (SCHEMA_HEAD,)]
+        assert db.execute("SELECT count(*) FROM events").fetchone() == (0,)
+
+
+def test_a_failed_child_migration_is_a_schema_error_that_says_why(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    with sqlite3.connect(path) as db:  # a revision these scripts do not know
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        db.execute("INSERT INTO alembic_version VALUES ('9999')")
+    out = _open_apart(f"sqlite+aiosqlite:///{path}")
+    assert out.startswith("error: migrating the log in a child process failed (exit 1)")
+    assert "9999" in out  # Alembic's own words on the unknown revision
