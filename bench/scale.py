@@ -1007,7 +1007,8 @@ async def churn_run(daemon: Daemon, fake: FakeSlurmrestd, churn: KubeChurn,
             break
     fake.churn_per_poll = 0
     churn_s = time.monotonic() - started
-    events, settled = await settle(daemon, plan.quiet, 60.0)
+    # The same quiet window and cap as the warm point: both figures are of a daemon at rest.
+    events, settled = await settle(daemon, plan.quiet, plan.warm_cap)
     rss, hwm = rss_kb(daemon.pid)
     churned = (events or count) - warm_events
     figures.update({
