@@ -51,6 +51,7 @@ from aiohttp.http_exceptions import LineTooLong
 from yarl import URL
 
 from sunkd.domain import wellknown as wk
+from sunkd.domain.jsontext import maybe_beyond_64_bits
 from sunkd.kubernetes.kubeconfig import (
     SERVICE_ACCOUNT_DIR,
     Credentials,
@@ -333,12 +334,6 @@ def resource_version(obj: Mapping[str, Any]) -> str:
     return str(meta.get("resourceVersion") or "")
 
 
-# A run of 19 digits or more may be an integer beyond 64 bits, which orjson would read
-# as a float (it is exact from -2**63 to 2**64 - 1); the Kubernetes API has none (int64
-# fields, quantities are strings), but a body that does is read exactly, by the stdlib.
-_MAYBE_BEYOND_64_BITS = re.compile(rb"[0-9]{19,}")
-
-
 def loads(raw: bytes | str) -> Any:
     """A body or watch line as `json.loads` reads it, with JSON nested too deeply for the
     decoder (RecursionError) reported as the ValueError every other malformed body raises.
@@ -349,7 +344,7 @@ def loads(raw: bytes | str) -> Any:
     deeper than 1024) or might read differently (long digit runs) goes through the
     stdlib, so the result and the error are the stdlib's (tests/unit/test_kube_json.py)."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if _MAYBE_BEYOND_64_BITS.search(data) is None:
+    if not maybe_beyond_64_bits(data):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:

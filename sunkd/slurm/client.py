@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import h11
 import orjson
 import structlog
 
+from sunkd.domain.jsontext import maybe_beyond_64_bits
 from sunkd.slurm.auth import DEFAULT_TOKEN_LIFESPAN, _TokenSource
 from sunkd.slurm.firstanswer import DATA_AFTER_CLOSE, AnswerTooLarge, first_answer
 from sunkd.slurm.model import (
@@ -92,18 +92,13 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-# A run of 20 digits or more may be an integer beyond 64 bits, which orjson would turn
-# into a float (it is exact up to 2**64 - 1 and down to -2**63).
-_MAYBE_BEYOND_64_BITS = re.compile(rb"[0-9]{19,}")
-
-
 def parse_json(raw: bytes | bytearray) -> Any:
     """slurmrestd's JSON body, exactly as the stdlib parser (below) reads it. orjson decodes
     a 10,000-node `GET /nodes` several times faster (the stdlib decode was 10 % of the
     daemon's CPU at 1 s polls, docs/performance.md, "Scale"), so it goes first; a body it
     refuses, or one with a 19-digit run, goes through the stdlib, whose error names the
     fault (NaN, nesting: `RecursionError`) and whose integers are exact at any size."""
-    if _MAYBE_BEYOND_64_BITS.search(raw) is None:
+    if not maybe_beyond_64_bits(raw):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
