@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import orjson
 import yaml
 from aiohttp import web
 
@@ -69,6 +70,32 @@ def query_bool(value: str | None) -> bool:
     # runtime/conversion.go Convert_Slice_string_To_bool: anything but "0"/"false" is true.
     return value is not None and value.lower() not in ("0", "false")
 
+
+
+_ORJSON_OPTIONS = (orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+                   | orjson.OPT_PASSTHROUGH_SUBCLASS)
+
+
+def _not_plain_json(obj: Any) -> Any:
+    raise TypeError(f"not plain JSON: {type(obj).__name__}")
+
+
+def dumps(obj: Any) -> bytes:
+    """`obj` as compact JSON, decoding to what `json.dumps` would write.
+
+    orjson first: the stdlib encoder was half of the emulator's time serving a
+    100,000-Pod LIST (py-spy, bench/scale.py restart), and at scale the benchmarks share
+    two cores with it. Whatever orjson would write differently goes to the stdlib: it
+    raises on integers beyond 64 bits, non-string keys, lone surrogates and (with the
+    passthrough options) datetimes, dataclasses and subclasses; and it writes NaN and
+    Infinity as null, so any output with a null is written again by the stdlib."""
+    try:
+        out = orjson.dumps(obj, default=_not_plain_json, option=_ORJSON_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        out = b"null"
+    if b"null" in out:
+        return json.dumps(obj, separators=(",", ":")).encode()
+    return out
 
 @dataclass
 class RecordedRequest:
@@ -312,8 +339,7 @@ class KubeAPIEmulator:
               headers: dict[str, str] | None = None) -> web.Response:
         hdrs = {"Content-Type": content_type, "Cache-Control": "no-cache, private"}
         hdrs.update(headers or {})
-        return web.Response(status=status, body=json.dumps(obj, separators=(",", ":")).encode(),
-                            headers=hdrs)
+        return web.Response(status=status, body=dumps(obj), headers=hdrs)
 
     def _error(self, error: KubeAPIError) -> web.Response:
         headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
@@ -607,8 +633,7 @@ class KubeAPIEmulator:
                 headers_sent = True
             elif kind not in ("BOOKMARK", "ERROR"):
                 obj = self._output(rt, obj)
-            line = json.dumps({"type": kind, "object": obj}, separators=(",", ":")) + "\n"
-            await response.write(line.encode())
+            await response.write(dumps({"type": kind, "object": obj}) + b"\n")
 
         try:
             if self._force_410 and rv not in (None, "", "0"):
