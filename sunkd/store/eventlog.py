@@ -284,14 +284,24 @@ class EventLog:
         return seqs
 
     @contextlib.asynccontextmanager
-    async def _write_transaction(self, *, lease: bool = False) -> AsyncIterator[AsyncConnection]:
+    async def _write_transaction(self, *, lease: bool = False,
+                                 big_values: bool = False) -> AsyncIterator[AsyncConnection]:
         """A write transaction holding the database's append lock. Lease operations
-        (`lease=True`) go first in this process's queue and use their own pool."""
+        (`lease=True`) go first in this process's queue and use their own pool.
+        `big_values`: the connection is closed after the commit, for it keeps a copy of
+        what it sent. Python's sqlite3 resets a cached statement without
+        sqlite3_clear_bindings() and binds text as SQLITE_TRANSIENT (SQLite copies it);
+        asyncpg's connection keeps the buffer it grew to send the largest message. So each
+        pooled connection that wrote a snapshot held one, ~26 MB at 10,000 nodes
+        (tests/contract/test_snapshot_pruning.py). Snapshots are rare: a reconnect is
+        cheap next to them."""
         engine = self._lease_engine if lease else self.engine
         async with self._gate.hold(urgent=lease), engine.connect() as connection:
             await self._backend.prepare_write(connection)
             async with connection.begin():
                 yield connection
+            if big_values and not _in_memory(self.url):  # its only connection: the data
+                await connection.invalidate()  # the pool opens a fresh one when needed
 
     # The two hooks below are methods of the EventLog (not only of its backend) so that
     # a subclass can stamp appends and leases with a clock of its own (tests/seeding.py).
@@ -478,7 +488,7 @@ class EventLog:
         """Store a snapshot at `seq` and prune all but the newest `keep` (a snapshot is a
         cache of the fold: the log alone can always rebuild it, so pruning loses nothing;
         at 10,000 nodes each one is ~10 MB, written every `snapshot_every` events)."""
-        async with self._write_transaction() as connection:
+        async with self._write_transaction(big_values=True) as connection:
             query = select(snapshots.c.seq).where(snapshots.c.seq == seq)
             if (await connection.execute(query)).first() is None:
                 # Values as execute parameters, not `.values(...)` in the statement:
