@@ -565,15 +565,13 @@ def _texts_key(containers: Any) -> tuple[tuple[tuple[str, str], ...], ...] | Non
         return None
     key: list[tuple[tuple[str, str], ...]] = []
     for container in containers:
-        if type(container) is not dict:
-            return None
-        resources = container.get("resources")
-        if resources is None:
-            key.append(())
-            continue
-        if type(resources) is not dict:
-            return None
-        requests = resources.get("requests")
+        requests: Any = container
+        for field_name in ("resources", "requests"):  # container.resources.requests
+            if type(requests) is not dict:
+                return None
+            requests = requests.get(field_name)
+            if requests is None:
+                break
         if requests is None:
             key.append(())
             continue

@@ -220,9 +220,12 @@ class EventLog:
             migrate = backend_class(engine.dialect.name).migrate_by_default
         try:
             if (migrate and migrate_apart and engine.dialect.name == "sqlite"
-                    and not _in_memory(url) and not await at_head(engine)):
-                await migrate_in_child(url)
-            await ensure_schema(engine, migrate=migrate)
+                    and not _in_memory(url)):
+                if not await at_head(engine):  # at head (every restart): one read, done
+                    await migrate_in_child(url)
+                    await ensure_schema(engine, migrate=migrate)
+            else:
+                await ensure_schema(engine, migrate=migrate)
         except BaseException:
             await engine.dispose()
             raise

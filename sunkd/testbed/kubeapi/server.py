@@ -71,7 +71,6 @@ def query_bool(value: str | None) -> bool:
     return value is not None and value.lower() not in ("0", "false")
 
 
-
 _ORJSON_OPTIONS = (orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
                    | orjson.OPT_PASSTHROUGH_SUBCLASS)
 
@@ -96,6 +95,7 @@ def dumps(obj: Any) -> bytes:
     if b"null" in out:
         return json.dumps(obj, separators=(",", ":")).encode()
     return out
+
 
 @dataclass
 class RecordedRequest:
