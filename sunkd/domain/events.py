@@ -217,7 +217,10 @@ class K8sNodeVanished(Payload):
 
 @dataclass(frozen=True, slots=True)
 class K8sWorkloadObserved(Payload):
-    """Per node: the pool's serverless pods running (or bound) there."""
+    """Per Kubernetes Node (`node`): every pod bound there except DaemonSet and mirror
+    pods, whatever it serves; each report replaces the Node's whole list. Every Node is
+    reported, in a pool or not. `pool` is empty; logs written before per-Node reports
+    named the Node's Nodeset pool (their lists were already the Node's whole list)."""
 
     KIND: ClassVar[str] = "k8s.workload.observed"
     node: str = ""

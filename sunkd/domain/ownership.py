@@ -17,8 +17,13 @@ Operator pins are *not* holds (they are intent, not trouble): a pin to the curre
 owner keeps the node where it is (no move starts, a move away is aborted), a pin to
 the other side makes the policy move it. `Assessment.pin` reports the pin.
 
-The predicates here (`slurm_drained`, `is_ours`, ...) are the safety vocabulary the
-policy and the tests share, so there is exactly one definition of "drained".
+Unknown is not none: a node whose Kubernetes Node has not reported its pods (never, or
+not since the claim changed hands) is UNKNOWN, never "no pods": no resume, no unlock, no
+handover while sunkd cannot see what runs there.
+
+The Slurm vocabulary (busy, drained, usable, unhealthy, in contact) is `slurmnode.py`,
+re-exported here; `is_ours` and the taint predicates are the rest of the safety
+vocabulary the policy and the tests share.
 """
 
 from __future__ import annotations
@@ -27,6 +32,13 @@ from dataclasses import dataclass
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodeObserved, SlurmNodeObserved
+from sunkd.domain.slurmnode import (
+    in_contact,
+    slurm_busy,
+    slurm_drained,
+    slurm_unhealthy,
+    slurm_usable,
+)
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
     OWNER_NONE,
@@ -34,7 +46,6 @@ from sunkd.domain.state import (
     ClusterState,
     NodeState,
     Phase,
-    slurm_unhealthy,
 )
 
 __all__ = [
@@ -53,12 +64,14 @@ __all__ = [
     "foreign_word",
     "has_hold_taint",
     "has_owner_taint",
+    "in_contact",
     "is_lend_drain",
     "is_mirror_drain",
     "is_ours",
     "running_pods",
     "slurm_busy",
     "slurm_drained",
+    "slurm_unhealthy",
     "slurm_usable",
 ]
 
@@ -67,9 +80,6 @@ LEND_REASON_PREFIX = wk.REASON_LEND
 MIRROR_REASON_PREFIX = wk.REASON_MIRROR
 OWNER_TAINT_KEY = wk.TAINT_OWNER
 UNHEALTHY_GRACE_SECONDS = 30.0
-
-_BUSY_STATES = frozenset({"ALLOCATED", "MIXED"})
-_USABLE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "COMPLETING", "PLANNED", "RESERVED"})
 
 
 def is_ours(reason: str | None) -> bool:
@@ -86,7 +96,6 @@ def is_mirror_drain(reason: str | None) -> bool:
     return reason is not None and reason.startswith(MIRROR_REASON_PREFIX)
 
 
-
 def foreign_word(observation: SlurmNodeObserved | None) -> bool:
     """Someone else's reason that still means something: on a drained node, or on one
     Slurm reports unhealthy (DOWN, FAIL, NOT_RESPONDING ...). sunkd never writes over it
@@ -96,34 +105,6 @@ def foreign_word(observation: SlurmNodeObserved | None) -> bool:
     if observation is None or not observation.reason or is_ours(observation.reason):
         return False
     return "DRAIN" in observation.flags or slurm_unhealthy(observation)
-
-
-def slurm_busy(observation: SlurmNodeObserved) -> bool:
-    """Jobs still run or clean up on the node."""
-    return observation.state.upper() in _BUSY_STATES or "COMPLETING" in observation.flags
-
-
-def slurm_drained(observation: SlurmNodeObserved | None) -> bool:
-    """The one definition of "safe to hand to Kubernetes": DRAIN and nothing running.
-
-    DRAIN flag, base state not ALLOCATED/MIXED, no COMPLETING flag. No observation
-    (never seen, vanished) is never drained: uncertainty fails closed.
-    """
-    return (
-        observation is not None
-        and "DRAIN" in observation.flags
-        and not slurm_busy(observation)
-    )
-
-
-def slurm_usable(observation: SlurmNodeObserved | None) -> bool:
-    """Slurm can schedule jobs on the node: not drained, not broken."""
-    return (
-        observation is not None
-        and "DRAIN" not in observation.flags
-        and observation.state.upper() in _USABLE_STATES
-        and not slurm_unhealthy(observation)
-    )
 
 
 def has_hold_taint(observation: K8sNodeObserved | None) -> bool:
@@ -201,6 +182,9 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
         unknown.append("not observed in Slurm yet")
     if node.k8s is None and not node.k8s_missing:
         unknown.append("not observed in Kubernetes yet")
+    elif node.k8s is not None and node.pods is None:
+        unknown.append(f"pods unknown: Kubernetes Node {node.k8s_name or node.name} has not "
+                       "reported its pods to sunkd")
     pin = node.pin.to if node.pin is not None else None
     if unknown:
         return Assessment(node.name, Phase.UNKNOWN, node.owner, tuple(unknown), pin=pin)
@@ -237,7 +221,7 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
     conflicts: list[str] = []
     # Slurm first: listing the pods costs a string per pod, and most nodes are not busy
     # in Slurm (every decide assesses every node).
-    busy = slurm is not None and (slurm_busy(slurm) or slurm.alloc_cpus > 0)
+    busy = slurm is not None and slurm_busy(slurm)
     pods = running_pods(node) if busy else []
     if pods:
         conflicts.append(
@@ -272,8 +256,7 @@ def running_pods(node: NodeState) -> list[str]:
     finished: the pool's pods and any other non-DaemonSet, non-mirror pod."""
     return sorted(
         f"{pod.namespace}/{pod.name}"
-        for pods in node.workload.values()
-        for pod in pods
+        for pod in node.pods or ()
         if pod.phase not in _DONE_PHASES
     )
 

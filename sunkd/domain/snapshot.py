@@ -51,11 +51,13 @@ def _payload_to_json(payload: Payload | None) -> dict[str, Any] | None:
     return None if payload is None else encode_payload(payload)
 
 
-def _node_to_json(node: NodeState) -> dict[str, Any]:
+def _node_to_json(node: NodeState,
+                  reports: Mapping[str, tuple[PodRef, ...]]) -> dict[str, Any]:
     transition = node.transition
     pin = node.pin
     return {
         "name": node.name,
+        "pods": _pods_to_node_json(node.pods, reports, node.k8s_name),
         "k8s_name": node.k8s_name,
         "slurm": _payload_to_json(node.slurm),
         "k8s": _payload_to_json(node.k8s),
@@ -85,10 +87,6 @@ def _node_to_json(node: NodeState) -> dict[str, Any]:
         "pin": None
         if pin is None
         else {"to": pin.to, "who": pin.who, "why": pin.why, "at": pin.at, "source": pin.source},
-        "workload": {
-            pool: [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod] for pod in pods]
-            for pool, pods in node.workload.items()
-        },
         "open_actions": [
             {
                 "action_id": a.action_id,
@@ -124,7 +122,59 @@ def _float_or_none(raw: Any) -> float | None:
     return None if raw is None else float(raw)
 
 
-def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
+def _pods_to_json(pods: tuple[PodRef, ...]) -> list[list[Any]]:
+    return [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod] for pod in pods]
+
+
+def _pods_from_json(raw: list[list[Any]]) -> tuple[PodRef, ...]:
+    # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase].
+    return tuple(PodRef(*pod) for pod in raw)
+
+
+def _pods_to_node_json(pods: tuple[PodRef, ...] | None,
+                       reports: Mapping[str, tuple[PodRef, ...]],
+                       k8s_name: str | None) -> Any:
+    """A node's pods are mostly its claimant's report (`state._on_workload`): then the
+    snapshot says so (True) instead of repeating them; else the list, or None."""
+    if pods is not None and k8s_name is not None and reports.get(k8s_name) is pods:
+        return True
+    return None if pods is None else _pods_to_json(pods)
+
+
+def _pods_of(raw: Any, k8s_name: str | None,
+             reports: Mapping[str, tuple[PodRef, ...]]) -> tuple[PodRef, ...] | None:
+    if raw is True:
+        return reports[k8s_name] if k8s_name is not None else None
+    return None if raw is None else _pods_from_json(raw)
+
+
+def _legacy_pods(raw: Mapping[str, Any], k8s: K8sNodeObserved | None,
+                 reports: Mapping[str, tuple[PodRef, ...]]) -> tuple[PodRef, ...] | None:
+    """A node's pods in a snapshot written before they were kept: its claimant's report."""
+    if "pods" in raw:
+        return _pods_of(raw["pods"], raw["k8s_name"], reports)
+    return reports.get(raw["k8s_name"]) if k8s is not None else None
+
+
+def _legacy_reports(raw: Mapping[str, Any]) -> dict[str, tuple[PodRef, ...]]:
+    """Snapshots before per-Node pod reports kept each pool node's pods by pool; each
+    pool's list was already the Node's whole list. Nodes without one are unknown until
+    the Kubernetes source reports them (it does at its first sync)."""
+    reports: dict[str, tuple[PodRef, ...]] = {}
+    for node in raw["nodes"]:
+        workload = node.get("workload") or {}
+        if node.get("k8s") is None or node.get("k8s_name") is None or not workload:
+            continue
+        merged: dict[tuple[str, str], PodRef] = {}
+        for pods in workload.values():
+            for pod in _pods_from_json(pods):
+                merged[(pod.namespace, pod.name)] = pod
+        reports[node["k8s_name"]] = tuple(merged[key] for key in sorted(merged))
+    return reports
+
+
+def _node_from_json(raw: Mapping[str, Any],
+                    reports: Mapping[str, tuple[PodRef, ...]]) -> NodeState:
     slurm = raw["slurm"]
     k8s = raw["k8s"]
     transition = raw["transition"]
@@ -134,6 +184,7 @@ def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
     assert slurm_payload is None or isinstance(slurm_payload, SlurmNodeObserved)
     assert k8s_payload is None or isinstance(k8s_payload, K8sNodeObserved)
     return NodeState(
+        pods=_legacy_pods(raw, k8s_payload, reports),
         name=raw["name"],
         k8s_name=raw["k8s_name"],
         slurm=slurm_payload,
@@ -161,11 +212,6 @@ def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
         pin=None
         if pin is None
         else Pin(pin["to"], pin["who"], pin["why"], float(pin["at"]), pin["source"]),
-        workload={
-            # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase].
-            pool: tuple(PodRef(*pod) for pod in pods)
-            for pool, pods in raw["workload"].items()
-        },
         open_actions={
             a["action_id"]: OpenAction(
                 action_id=a["action_id"],
@@ -202,9 +248,11 @@ def _node_from_json(raw: Mapping[str, Any]) -> NodeState:
     )
 
 
-def _unpooled_to_json(name: str, record: UnpooledNode) -> dict[str, Any]:
+def _unpooled_to_json(name: str, record: UnpooledNode,
+                      reports: Mapping[str, tuple[PodRef, ...]]) -> dict[str, Any]:
     return {
         "name": name,
+        "pods": _pods_to_node_json(record.pods, reports, record.k8s_name),
         "k8s_name": record.k8s_name,
         "slurm": _payload_to_json(record.slurm),
         "k8s": _payload_to_json(record.k8s),
@@ -218,13 +266,16 @@ def _unpooled_to_json(name: str, record: UnpooledNode) -> dict[str, Any]:
     }
 
 
-def _unpooled_from_json(raw: Mapping[str, Any]) -> UnpooledNode:
+def _unpooled_from_json(raw: Mapping[str, Any],
+                        reports: Mapping[str, tuple[PodRef, ...]]) -> UnpooledNode:
     slurm, k8s = raw["slurm"], raw["k8s"]
+    k8s_payload = None if k8s is None else _k8s_from_json(k8s)
     return UnpooledNode(
+        pods=_legacy_pods(raw, k8s_payload, reports),
         k8s_name=raw["k8s_name"],
         slurm=None if slurm is None else _decoded(SlurmNodeObserved.KIND, slurm,
                                                   SlurmNodeObserved),
-        k8s=None if k8s is None else _k8s_from_json(k8s),
+        k8s=k8s_payload,
         slurm_seq=raw["slurm_seq"],
         k8s_seq=raw["k8s_seq"],
         slurm_missing=raw["slurm_missing"],
@@ -259,9 +310,12 @@ def state_to_json(state: ClusterState) -> dict[str, Any]:
         "last_recorded_at": state.last_recorded_at,
         "leader_epoch": state.leader_epoch,
         "leader_identity": state.leader_identity,
-        "nodes": [_node_to_json(node) for node in state.nodes.values()],
+        "nodes": [_node_to_json(node, state.pod_reports) for node in state.nodes.values()],
         "k8s_names": dict(state.k8s_names),
-        "unpooled": [_unpooled_to_json(name, r) for name, r in state.unpooled.items()],
+        # [[Node, pods], ...]: a list, so `state_to_json_text` writes it a Node at a time.
+        "pod_reports": [[k8s, _pods_to_json(pods)] for k8s, pods in state.pod_reports.items()],
+        "unpooled": [_unpooled_to_json(name, r, state.pod_reports)
+                     for name, r in state.unpooled.items()],
         "configured_pools": None if state.configured_pools is None
         else [_pool_to_json(pool) for pool in state.configured_pools],
         "nodesets": {pool: encode_payload(p) for pool, p in state.nodesets.items()},
@@ -289,10 +343,11 @@ def state_to_json_text(state: ClusterState, dumps: Callable[[Any], str]) -> str:
     of MB of small objects, and each copy of the ~30 MB text another 30 MB; built for every
     snapshot, they left the daemon's RSS that much higher for good (freed, but kept by the
     allocator: bench/scale.py, docs/performance.md)."""
-    head = state_to_json(replace(state, nodes={}, unpooled={}))
+    head = state_to_json(replace(state, nodes={}, unpooled={}, pod_reports={}))
     many: dict[str, Any] = {
-        "nodes": (_node_to_json(node) for node in state.nodes.values()),
-        "unpooled": (_unpooled_to_json(name, record)
+        "pod_reports": ([k8s, _pods_to_json(pods)] for k8s, pods in state.pod_reports.items()),
+        "nodes": (_node_to_json(node, state.pod_reports) for node in state.nodes.values()),
+        "unpooled": (_unpooled_to_json(name, record, state.pod_reports)
                      for name, record in state.unpooled.items()),
     }
     parts = ["{"]
@@ -326,11 +381,16 @@ def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
     """Restore a snapshot written by `state_to_json`."""
     if raw.get("format") != SNAPSHOT_FORMAT:
         raise ValueError(f"unsupported snapshot format {raw.get('format')!r}")
+    raw_reports = raw.get("pod_reports")
+    reports = (_legacy_reports(raw) if raw_reports is None
+               else {k8s: _pods_from_json(pods) for k8s, pods in raw_reports})
     return ClusterState(
-        nodes={node["name"]: _node_from_json(node) for node in raw["nodes"]},
+        nodes={node["name"]: _node_from_json(node, reports) for node in raw["nodes"]},
         k8s_names=dict(raw["k8s_names"]),
+        pod_reports=reports,
         # Both absent in snapshots older than `pools.configured`: every node in `nodes`.
-        unpooled={r["name"]: _unpooled_from_json(r) for r in raw.get("unpooled") or ()},
+        unpooled={r["name"]: _unpooled_from_json(r, reports)
+                  for r in raw.get("unpooled") or ()},
         configured_pools=None if raw.get("configured_pools") is None
         else tuple(_pool_from_json(pool) for pool in raw["configured_pools"]),
         nodesets={

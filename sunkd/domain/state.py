@@ -54,6 +54,12 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
+from sunkd.domain.slurmnode import (
+    KNOWN_USABLE_STATES,
+    UNHEALTHY_FLAGS,
+    UNHEALTHY_STATES,
+    slurm_unhealthy,
+)
 
 OWNER_SLURM = wk.OWNER_SLURM  # also the "side" of an action: which system it acts on
 OWNER_KUBERNETES = wk.OWNER_KUBERNETES
@@ -61,14 +67,11 @@ OWNER_NONE = "none"
 
 SOURCE_FRESH = "fresh"
 
-# Slurm conditions that make a node unusable regardless of drains. They put the node
-# in HELD once they last longer than the grace in `ownership` (NOT_RESPONDING shows up
-# for a few seconds right after a resume or a slurmd restart).
-UNHEALTHY_SLURM_STATES = frozenset({"DOWN", "UNKNOWN", "FUTURE", "ERROR"})
-UNHEALTHY_SLURM_FLAGS = frozenset(
-    {"FAIL", "NOT_RESPONDING", "INVALID", "INVALID_REG", "POWERED_DOWN", "POWERING_DOWN",
-     "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
-)
+# Slurm conditions that make a node unusable regardless of drains (`slurmnode.py`). They
+# put the node in HELD once they last longer than the grace in `ownership`
+# (NOT_RESPONDING shows up for a few seconds right after a resume or a slurmd restart).
+UNHEALTHY_SLURM_STATES = UNHEALTHY_STATES
+UNHEALTHY_SLURM_FLAGS = UNHEALTHY_FLAGS
 
 
 class Phase(StrEnum):
@@ -82,20 +85,7 @@ class Phase(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-# Base states Slurm's node_state_string() prints for a usable node; any other base state,
-# including one this sunkd does not know (a newer Slurm, a broken proxy), is unhealthy:
-# uncertainty fails closed.
-KNOWN_USABLE_SLURM_STATES = frozenset(
-    {"IDLE", "ALLOCATED", "MIXED", "COMPLETING", "PLANNED", "RESERVED"})
-
-
-def slurm_unhealthy(observation: SlurmNodeObserved) -> bool:
-    """Slurm reports the node itself broken (DOWN, FAIL, NOT_RESPONDING, ...), or in a
-    state sunkd does not know."""
-    state = observation.state.upper()
-    if state in UNHEALTHY_SLURM_STATES or state not in KNOWN_USABLE_SLURM_STATES:
-        return True
-    return not UNHEALTHY_SLURM_FLAGS.isdisjoint(observation.flags)
+KNOWN_USABLE_SLURM_STATES = KNOWN_USABLE_STATES
 
 
 # --------------------------------------------------------------------------- records
@@ -197,7 +187,12 @@ class NodeState:
     last_move_at: float | None = None  # end of the last lend/reclaim (dwell)
     transition: OpenTransition | None = None
     pin: Pin | None = None
-    workload: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)  # pool -> pods
+    # Every non-DaemonSet, non-mirror pod the Kubernetes source last reported on the node's
+    # Kubernetes Node (`k8s_name`), whatever pool it serves: the whole list, replaced by
+    # each report. None: no report from that Node (never reported, vanished, or the claim
+    # changed hands to a Node that has not reported): *unknown*, which is never "no pods"
+    # (`ownership.assess` makes the node UNKNOWN).
+    pods: tuple[PodRef, ...] | None = None
     open_actions: Mapping[str, OpenAction] = field(default_factory=dict)  # by action_id
     outcomes: Mapping[str, ActionOutcome] = field(default_factory=dict)  # by "side/verb"
     # Other Kubernetes Nodes claiming this Slurm name (label sunkd.io/slurm-node-name), by
@@ -235,19 +230,20 @@ class UnpooledNode(NamedTuple):
     slurm_unhealthy_since: float | None
     gone_since: float | None
     k8s_rivals: Mapping[str, K8sNodeObserved]
+    pods: tuple[PodRef, ...] | None = None
 
     def expand(self, name: str) -> NodeState:
         return NodeState(
             name=name, k8s_name=self.k8s_name, slurm=self.slurm, k8s=self.k8s,
             slurm_seq=self.slurm_seq, k8s_seq=self.k8s_seq, slurm_missing=self.slurm_missing,
             k8s_missing=self.k8s_missing, slurm_unhealthy_since=self.slurm_unhealthy_since,
-            gone_since=self.gone_since, k8s_rivals=self.k8s_rivals)
+            gone_since=self.gone_since, k8s_rivals=self.k8s_rivals, pods=self.pods)
 
 
 def _record_of(node: NodeState) -> UnpooledNode:
     return UnpooledNode(node.k8s_name, node.slurm, node.k8s, node.slurm_seq, node.k8s_seq,
                         node.slurm_missing, node.k8s_missing, node.slurm_unhealthy_since,
-                        node.gone_since, node.k8s_rivals)
+                        node.gone_since, node.k8s_rivals, node.pods)
 
 
 def without_history(node: NodeState | _NodeDraft) -> bool:
@@ -255,7 +251,7 @@ def without_history(node: NodeState | _NodeDraft) -> bool:
     forgot all that). Such a node is exactly its `UnpooledNode` record."""
     return (node.owner == OWNER_NONE and node.phase == Phase.UNKNOWN and node.since is None
             and node.last_move_at is None and node.transition is None and node.pin is None
-            and not node.workload and not node.open_actions and not node.outcomes
+            and not node.open_actions and not node.outcomes
             and node.unpooled_since is None)
 
 
@@ -310,6 +306,9 @@ def _in_a_pool(rules: tuple[_PoolMatch, ...], node: NodeState | _NodeDraft) -> b
 class ClusterState:
     nodes: Mapping[str, NodeState] = field(default_factory=dict)
     k8s_names: Mapping[str, str] = field(default_factory=dict)  # k8s node -> slurm node
+    # The last pod report of every Kubernetes Node, by Node name (rivals and Nodes of no
+    # pool included): a claim that changes hands finds its successor's pods here.
+    pod_reports: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)
     # Observed nodes that no pool, pin or sunkd history names (compact: observations only),
     # once the log records the config-file pools (`configured_pools` not None); before
     # that, as in logs older than `pools.configured`, every node is in `nodes`.
@@ -377,7 +376,7 @@ class _NodeDraft:
     last_move_at: float | None
     transition: OpenTransition | None
     pin: Pin | None
-    workload: Mapping[str, tuple[PodRef, ...]]
+    pods: tuple[PodRef, ...] | None
     open_actions: Mapping[str, OpenAction]
     outcomes: Mapping[str, ActionOutcome]
     k8s_rivals: Mapping[str, K8sNodeObserved]
@@ -401,6 +400,7 @@ class _Builder:
         self.drafts: dict[str, _NodeDraft] = {}
         self.forgotten: set[str] = set()
         self.k8s_names: dict[str, str] | None = None
+        self.pod_reports: dict[str, tuple[PodRef, ...]] | None = None
         self.configured_pools = base.configured_pools
         # Pool-aware (the log records the config-file pools): nodes touched by the current
         # event, settled after it (`settle`); the pool rules, rebuilt when pools change.
@@ -486,6 +486,14 @@ class _Builder:
         self.touched = list(self.drafts)
         self.settle(at)
 
+    def reports(self) -> Mapping[str, tuple[PodRef, ...]]:
+        return self.pod_reports if self.pod_reports is not None else self.base.pod_reports
+
+    def writable_reports(self) -> dict[str, tuple[PodRef, ...]]:
+        if self.pod_reports is None:
+            self.pod_reports = dict(self.base.pod_reports)
+        return self.pod_reports
+
     def slurm_name_of(self, k8s_name: str) -> str:
         names = self.k8s_names if self.k8s_names is not None else self.base.k8s_names
         return names.get(k8s_name, k8s_name)
@@ -520,6 +528,7 @@ class _Builder:
             unpooled=unpooled,
             configured_pools=self.configured_pools,
             k8s_names=self.k8s_names if self.k8s_names is not None else base.k8s_names,
+            pod_reports=self.pod_reports if self.pod_reports is not None else base.pod_reports,
             nodesets=self.nodesets if self.nodesets is not None else base.nodesets,
             slurm_demand=(
                 self.slurm_demand if self.slurm_demand is not None else base.slurm_demand
@@ -587,7 +596,7 @@ def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
             b.k8s_names = dict(b.base.k8s_names)
         b.k8s_names[k8s_name] = name
         if old_name is not None:
-            _release_claim(b.draft(old_name), k8s_name, seq)
+            _release_claim(b, b.draft(old_name), k8s_name, seq)
     d = b.drafts.get(name) or b.quiet_draft(name)
     if d.k8s is not None and d.k8s_name not in (None, k8s_name):
         # A second Node claims this Slurm name: an identity conflict, never a takeover.
@@ -602,14 +611,17 @@ def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     if observation.pin != (previous.pin if previous is not None else None):
         d.pin = _pin(observation.pin, "annotation", f"annotation sunkd.io/pin on {k8s_name}",
                      "", _at(event))
+    if d.k8s_name != k8s_name:  # a new claimant: its own report, or unknown
+        d.pods = b.reports().get(k8s_name) if d.k8s_name is None else None
     d.k8s = observation
     d.k8s_name = k8s_name
     d.k8s_seq = seq
     d.k8s_missing = False
 
 
-def _release_claim(d: _NodeDraft, k8s_name: str, seq: int) -> None:
-    """`k8s_name` no longer claims this Slurm node (deleted or relabelled)."""
+def _release_claim(b: _Builder, d: _NodeDraft, k8s_name: str, seq: int) -> None:
+    """`k8s_name` no longer claims this Slurm node (deleted or relabelled). The pods the
+    node holds follow the claim: a successor's own report, or unknown."""
     if k8s_name in d.k8s_rivals:
         rivals = dict(d.k8s_rivals)
         del rivals[k8s_name]
@@ -623,38 +635,52 @@ def _release_claim(d: _NodeDraft, k8s_name: str, seq: int) -> None:
         d.k8s, d.k8s_name = rivals.pop(successor), successor
         d.k8s_rivals = rivals
         d.k8s_seq = seq
+        # Unknown until the successor reports after the hand-over (the Kubernetes source
+        # reports every claimant again when a claim is released): what the departed
+        # claimant ran is not vouched for by a report the successor made before.
+        d.pods = None
         return
     d.k8s = None
     d.k8s_seq = seq
     d.k8s_missing = True
+    d.pods = None
 
 
 def _on_k8s_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     subject = event.subject
     k8s_name = p.node or subject
+    if k8s_name in b.reports():  # its pods went with it
+        del b.writable_reports()[k8s_name]
     d = b.draft(b.slurm_name_of(k8s_name))
     if d.k8s_name is None or d.k8s_name == k8s_name or k8s_name in d.k8s_rivals:
-        _release_claim(d, k8s_name, seq)
+        _release_claim(b, d, k8s_name, seq)
         if d.k8s is None:
             d.k8s_missing = True
     else:  # older logs: a vanish for the node's only name
         d.k8s = None
         d.k8s_seq = seq
         d.k8s_missing = True
+        d.pods = None
     if d.k8s is None and d.slurm is None:
         d.gone_since = _at(event)
 
 
 def _on_workload(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
-    subject = event.subject
+    """A Kubernetes Node's whole pod list (reports before per-Node reports named a pool;
+    each already listed every pod on the Node, so the last one is the whole list too).
+    It replaces the Node's report; it becomes the Slurm node's pods only when that Node
+    is the node's claimant: a rival's report never touches the claimed node's pods."""
     observation: K8sWorkloadObserved = p
-    d = b.draft(b.slurm_name_of(observation.node or subject))
-    workload = dict(d.workload)
-    if observation.pods:
-        workload[observation.pool] = observation.pods
-    else:
-        workload.pop(observation.pool, None)
-    d.workload = workload
+    k8s_name = observation.node or event.subject
+    b.writable_reports()[k8s_name] = observation.pods
+    name = b.slurm_name_of(k8s_name)
+    d = b.drafts.get(name)
+    if d is None:
+        if name in b.forgotten or (name not in b.base.nodes and name not in b.base.unpooled):
+            return  # no node claims it yet: its report waits in `pod_reports`
+        d = b.quiet_draft(name)
+    if d.k8s_name == k8s_name and d.k8s is not None:
+        d.pods = observation.pods
 
 
 def _on_slurm_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -852,7 +878,7 @@ def _on_forgotten(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         # sources see, so a pool that takes it later starts from the live node.
         d.owner, d.phase, d.since, d.last_move_at = OWNER_NONE, Phase.UNKNOWN, None, None
         d.transition, d.pin, d.unpooled_since = None, None, None
-        d.workload, d.open_actions, d.outcomes = {}, {}, {}
+        d.open_actions, d.outcomes = {}, {}
         return
     b.drafts.pop(name, None)
     b.forgotten.add(name)

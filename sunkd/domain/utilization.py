@@ -54,7 +54,7 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.ownership import slurm_busy
+from sunkd.domain.slurmnode import slurm_busy
 from sunkd.domain.state import OWNER_NONE, ClusterState, NodeState
 
 BUSY = "busy"
@@ -66,15 +66,12 @@ KINDS: tuple[str, ...] = tuple(cls.KIND for cls in (
     K8sWorkloadObserved, TransitionStarted, TransitionCompleted, TransitionAborted,
     NodeForgotten))
 
-_SLURM_BUSY_STATES = frozenset({"COMPLETING"})  # besides ownership.slurm_busy's
-
-
 def slurm_allocated(observation: SlurmNodeObserved | None) -> bool:
-    """Slurm runs (or cleans up) a job on the node."""
-    if observation is None:
-        return False
-    return (slurm_busy(observation) or observation.state.upper() in _SLURM_BUSY_STATES
-            or observation.alloc_cpus > 0)
+    """Slurm runs (or cleans up) a job on the node (`slurmnode.slurm_busy`)."""
+    return observation is not None and slurm_busy(observation)
+
+
+_BUSY = frozenset({""})  # a node's pool pods run (older logs kept one entry per pool)
 
 
 def pool_pods_running(pods: Iterable[PodRef]) -> bool:
@@ -84,8 +81,7 @@ def pool_pods_running(pods: Iterable[PodRef]) -> bool:
 
 def node_busy(node: NodeState) -> bool:
     """The node does work now: a Slurm allocation or a Running pool pod."""
-    return slurm_allocated(node.slurm) or any(
-        pool_pods_running(pods) for pods in node.workload.values())
+    return slurm_allocated(node.slurm) or pool_pods_running(node.pods or ())
 
 
 def node_counted(node: NodeState) -> bool:
@@ -135,10 +131,13 @@ class _Node:
     def counted(self) -> bool:
         return self.slurm or self.k8s
 
-    def k8s_observed(self, k8s_name: str) -> None:
+    def k8s_observed(self, k8s_name: str, reports: Mapping[str, bool]) -> None:
         if self.k8s and self.k8s_name not in (None, k8s_name):
             self.k8s_rivals = self.k8s_rivals | {k8s_name}
             return
+        if self.k8s_name != k8s_name:  # as the fold: its own report, or unknown (idle)
+            self.busy_pools = (_BUSY if self.k8s_name is None and reports.get(k8s_name)
+                               else frozenset())
         self.k8s, self.k8s_name = True, k8s_name
 
     def k8s_released(self, k8s_name: str) -> None:
@@ -151,14 +150,17 @@ class _Node:
             successor = sorted(self.k8s_rivals)[0]
             self.k8s_rivals = self.k8s_rivals - {successor}
             self.k8s, self.k8s_name = True, successor
+            self.busy_pools = frozenset()  # unknown until the successor reports
         else:
             self.k8s = False
+            self.busy_pools = frozenset()
 
     def k8s_vanished(self, k8s_name: str) -> None:
         if self.k8s_name is None or self.k8s_name == k8s_name or k8s_name in self.k8s_rivals:
             self.k8s_released(k8s_name)
         else:  # as the fold does for older logs: a vanish for the node's only name
             self.k8s = False
+            self.busy_pools = frozenset()
 
     def key(self) -> Key:
         busy = self.slurm_busy or bool(self.busy_pools)
@@ -187,6 +189,7 @@ class Utilization:
         self.node_totals: dict[str, float] = {}  # counted seconds per node
         self._nodes: dict[str, _Node] = {}
         self._k8s_names: dict[str, str] = {}  # Kubernetes Node -> Slurm node name
+        self._reports: dict[str, bool] = {}  # Kubernetes Node -> pool pods Running
 
     # ------------------------------------------------------------------ seeding
 
@@ -199,6 +202,7 @@ class Utilization:
         fold = cls(start, end, bucket_seconds)
         fold.clock = at
         fold._k8s_names = dict(state.k8s_names)
+        fold._reports = {k8s: pool_pods_running(pods) for k8s, pods in state.pod_reports.items()}
         for name, node in state.nodes.items():
             record = _Node(at)
             record.owner = node.owner
@@ -213,8 +217,7 @@ class Utilization:
             record.k8s = node.k8s is not None
             record.k8s_name = node.k8s_name
             record.k8s_rivals = frozenset(node.k8s_rivals)
-            record.busy_pools = frozenset(
-                pool for pool, pods in node.workload.items() if pool_pods_running(pods))
+            record.busy_pools = _BUSY if pool_pods_running(node.pods or ()) else frozenset()
             fold._nodes[name] = record
         return fold
 
@@ -282,19 +285,22 @@ class Utilization:
             if old is not None and old != name and old in self._nodes:
                 self._node(old, at).k8s_released(k8s_name)
             self._k8s_names[k8s_name] = name
-            self._node(name, at).k8s_observed(k8s_name)
+            self._node(name, at).k8s_observed(k8s_name, self._reports)
         elif isinstance(p, K8sNodeVanished):
             k8s_name = p.node or subject
+            self._reports.pop(k8s_name, None)
             name = self._k8s_names.get(k8s_name, k8s_name)
             if name in self._nodes:
                 self._node(name, at).k8s_vanished(k8s_name)
         elif isinstance(p, K8sWorkloadObserved):
+            # A report is the Node's whole pod list (older logs also named a pool); it
+            # counts for the node its Node claims, as in the fold (`state._on_workload`).
             k8s_name = p.node or subject
-            record = self._node(self._k8s_names.get(k8s_name, k8s_name), at)
-            if pool_pods_running(p.pods):
-                record.busy_pools = record.busy_pools | {p.pool}
-            else:
-                record.busy_pools = record.busy_pools - {p.pool}
+            running = self._reports[k8s_name] = pool_pods_running(p.pods)
+            name = self._k8s_names.get(k8s_name, k8s_name)
+            found = self._nodes.get(name)
+            if found is not None and found.k8s and found.k8s_name == k8s_name:
+                self._node(name, at).busy_pools = _BUSY if running else frozenset()
         elif isinstance(p, TransitionStarted):
             record = self._node(p.node or subject, at)
             record.transition = (p.transition_id, p.from_owner or OWNER_NONE, p.to_owner)

@@ -584,10 +584,12 @@ class KubernetesSource:
 
     def _workload_payload(
         self, node: str, labels: Mapping[str, Any], nodesets: Mapping[str, K8sNodesetObserved]
-    ) -> K8sWorkloadObserved | None:
+    ) -> K8sWorkloadObserved:
+        """Every Node's whole pod list, whatever attributes the Node to a pool (a Nodeset
+        selector, partitions, a config-file pool, a transition in flight) or none: the
+        fold treats a Node without a report as unknown, never as empty, so every Node
+        is reported. `pool_pod` tells the pods of the Nodeset that selects the Node."""
         pool = self._pool_of(labels, nodesets)
-        if pool is None:
-            return None
         refs = []
         for key in self._pods_by_node.get(node, ()):
             pod = self.pods.get(key)
@@ -601,12 +603,29 @@ class KubernetesSource:
                     pod.name,
                     pod.phase,
                     uid=pod.uid or "",
-                    pool_pod=self._workload_match(pool.pool, pod.labels),
+                    pool_pod=pool is not None and self._workload_match(pool.pool, pod.labels),
                 )
             )
         return K8sWorkloadObserved(
-            node=node, pool=pool.pool, pods=tuple(sorted(refs, key=lambda r: (r.namespace, r.name)))
+            node=node, pool="", pods=tuple(sorted(refs, key=lambda r: (r.namespace, r.name)))
         )
+
+    def _report_claimants(self, out: list[Payload], released: set[str],
+                          nodesets: Mapping[str, K8sNodesetObserved]) -> None:
+        """A Node stopped claiming a Slurm name (deleted, relabelled): report the pods of
+        every other Node still claiming it again, after that change. The fold makes a
+        claim that changes hands unknown until the successor's report arrives, and an
+        unchanged report would otherwise never be sent again."""
+        for (family, name), last in list(self._last.items()):
+            if (family != "node" or not isinstance(last, K8sNodeObserved)
+                    or last.slurm_node not in released):
+                continue
+            node = self.nodes.get(name)
+            if node is None:
+                continue
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            self._last.pop(("workload", name), None)
+            out.append(self._workload_payload(name, labels, nodesets))
 
     def _demand_payload(self, nodeset: K8sNodesetObserved) -> K8sDemandObserved:
         pending = []
@@ -684,13 +703,14 @@ class KubernetesSource:
         else:
             node_names = set(dirty.nodes)
             pools = set(dirty.pools)
+        released: set[str] = set()  # Slurm names a Node stopped claiming
         for name in sorted(node_names):
             node = self.nodes.get(name)
+            last_node = self._last.get(("node", name))
             if node is None:
-                out.append(K8sNodeVanished(node=name))
-                last_workload = self._last.get(("workload", name))
-                if isinstance(last_workload, K8sWorkloadObserved) and last_workload.pods:
-                    out.append(K8sWorkloadObserved(node=name, pool=last_workload.pool, pods=()))
+                out.append(K8sNodeVanished(node=name))  # its pod report goes with it
+                if isinstance(last_node, K8sNodeObserved):
+                    released.add(last_node.slurm_node)
                 continue
             try:
                 payload = self._node_payload(node, nodesets, relevant)
@@ -701,12 +721,12 @@ class KubernetesSource:
                             cause=f"{type(error).__name__}: {error}"[:300])
                 continue
             out.append(payload)
-            if workload is not None:
-                out.append(workload)
-            else:
-                last_workload = self._last.get(("workload", name))
-                if isinstance(last_workload, K8sWorkloadObserved) and last_workload.pods:
-                    out.append(K8sWorkloadObserved(node=name, pool="", pods=()))
+            out.append(workload)
+            if isinstance(last_node, K8sNodeObserved) and (
+                    last_node.slurm_node != payload.slurm_node):
+                released.add(last_node.slurm_node)
+        if released:
+            self._report_claimants(out, released, nodesets)
         for pool in sorted(pools):
             nodeset = nodesets.get(pool)
             if nodeset is not None:
@@ -731,7 +751,10 @@ class KubernetesSource:
             assert family is not None
             last = self._last.get(family)
             if isinstance(payload, K8sNodeVanished) and not isinstance(last, K8sNodeObserved):
-                continue  # never seen, or already reported gone
+                # Never seen, or already reported gone; a report the seed held for it is
+                # no proof for a Node that appears under the name later.
+                self._last.pop(("workload", family[1]), None)
+                continue
             if last == payload:
                 self._rejected.pop(family, None)
                 continue
@@ -761,12 +784,12 @@ class KubernetesSource:
             family = _family(event.payload)
             assert family is not None
             self._rejected.pop(family, None)
-            gone = isinstance(event.payload, K8sNodeVanished) or (
-                isinstance(event.payload, K8sWorkloadObserved) and not event.payload.pods)
-            if gone and family[1] not in self.nodes:
-                # Reported gone (a vanish, an emptied workload): nothing left to compare
-                # with, so forget it (memory follows the live cluster, issue 15.4).
+            if isinstance(event.payload, K8sNodeVanished) and family[1] not in self.nodes:
+                # Reported gone, and its pod report with it (the fold drops both): nothing
+                # left to compare with, so forget both (memory follows the live cluster),
+                # and a Node re-created under the name is reported afresh.
                 self._last.pop(family, None)
+                self._last.pop(("workload", family[1]), None)
                 continue
             self._last[family] = event.payload
         self.emitted += len(accepted)

@@ -121,11 +121,13 @@ def kubernetes_seed(state: ClusterState) -> list[Payload]:
     for node in state.nodes.values():
         if node.k8s is not None and not node.k8s_missing:
             seed.append(node.k8s)
-            for pool, pods in node.workload.items():
-                seed.append(K8sWorkloadObserved(node=node.k8s.node, pool=pool, pods=pods))
     # Nodes in no pool are compact records in the fold, observed all the same.
     seed.extend(record.k8s for record in state.unpooled.values()
                 if record.k8s is not None and not record.k8s_missing)
+    # Every Node's last pod report (rivals' too): a Node the fold holds no report for is
+    # not seeded, so the source reports it at its first sync.
+    seed.extend(K8sWorkloadObserved(node=k8s_name, pool="", pods=pods)
+                for k8s_name, pods in state.pod_reports.items())
     seed.extend(state.k8s_demand.values())
     seed.extend(nodeset for nodeset in state.nodesets.values() if not nodeset.deleted)
     return seed

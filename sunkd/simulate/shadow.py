@@ -45,7 +45,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sunkd.domain.events import OwnershipSpec, RecordedEvent, legacy_node_job_ends
+from sunkd.domain.events import (
+    K8sWorkloadObserved,
+    OwnershipSpec,
+    RecordedEvent,
+    legacy_node_job_ends,
+)
+from sunkd.domain.slurmnode import slurm_busy
 from sunkd.domain.state import (
     EMPTY,
     OWNER_KUBERNETES,
@@ -59,7 +65,6 @@ from sunkd.simulate.records import NodeShape
 from sunkd.simulate.workload import BatchJob, SimPod, Workload
 
 DAY = 86400.0
-BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 
 
 @dataclass(slots=True)
@@ -143,9 +148,15 @@ class _Reader:
         self.seen_actions: set[str] = set()
         self.legacy_from: tuple[Any, ...] = ()
         self.legacy_ends: dict[str, float] = {}
+        self._pools: dict[str, str] = {}  # node -> pool of its last transition
 
     def read(self, events: Iterable[RecordedEvent]) -> None:
         for batch in _instants(events):
+            for event in batch:  # reports written before per-Node reports named a pool
+                payload = event.payload
+                if isinstance(payload, K8sWorkloadObserved) and payload.pool:
+                    self._pools[self.state.k8s_names.get(payload.node, payload.node)] = (
+                        payload.pool)
             self.state = fold(batch, self.state)
             at = batch[-1].recorded_at.timestamp()
             if self.start is None:
@@ -154,11 +165,13 @@ class _Reader:
             self._look()
 
     def _pool_of(self, node: NodeState) -> str | None:
+        """The pool of the node's open transition, else of its last one or of its last
+        pod report that named one: pod reports are per Kubernetes Node and name no pool
+        (older logs, and the simulator's, named one)."""
         if node.transition is not None:
+            self._pools[node.name] = node.transition.pool
             return node.transition.pool
-        for pool in node.workload:
-            return pool
-        return None
+        return self._pools.get(node.name)
 
     def _look(self) -> None:
         state, t = self.state, self.t
@@ -192,8 +205,7 @@ class _Reader:
 
     def _slurm(self, track: _NodeTrack, node: NodeState, t: float) -> None:
         observed = node.slurm
-        busy = observed is not None and not node.slurm_missing and (
-            observed.state.upper() in BUSY_STATES or observed.alloc_cpus > 0)
+        busy = observed is not None and not node.slurm_missing and slurm_busy(observed)
         end = self._job_end(node)
         if busy and track.busy_since is None:
             track.busy_since, track.job_end = t, end
@@ -271,10 +283,10 @@ class _Reader:
     def _workload(self, name: str, node: NodeState, t: float) -> None:
         track = self.nodes[name]
         running: dict[tuple[str, str], str] = {}
-        for pool, pods in node.workload.items():
-            for ref in pods:
-                if ref.pool_pod and ref.phase != "Pending":
-                    running[(ref.namespace, ref.name)] = pool
+        pool = self._pool_of(node) or ""
+        for ref in node.pods or ():
+            if ref.pool_pod and ref.phase != "Pending":
+                running[(ref.namespace, ref.name)] = pool
         for key in [key for key in track.pods if key not in running]:
             since = track.pods.pop(key)
             self.pods[key].ran += t - since

@@ -20,7 +20,7 @@ import structlog
 from sunkd.domain import wellknown as wk
 from sunkd.domain.ownership import is_ours
 from sunkd.domain.ports import ActionError, RefusedError
-from sunkd.domain.state import slurm_unhealthy
+from sunkd.domain.slurmnode import slurm_unhealthy
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import (
     SlurmApiError,

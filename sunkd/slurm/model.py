@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sunkd.domain.events import SlurmNodeObserved
+from sunkd.domain.slurmnode import slurm_busy, slurm_drained
 
 # ---------------------------------------------------------------------------- errors
 
@@ -99,12 +100,13 @@ class SlurmNode(NamedTuple):
 
     @property
     def is_busy(self) -> bool:
-        return self.state in ("ALLOCATED", "MIXED") or "COMPLETING" in self.flags
+        return slurm_busy(self.to_observed())
 
     @property
     def is_drained(self) -> bool:
-        """DRAIN and nothing running: slurmctld's own DRAINED (node_state_string())."""
-        return self.is_drain and not self.is_busy and self.alloc_cpus == 0
+        """Safe to hand to Kubernetes: the domain's one definition
+        (`slurmnode.slurm_drained`: DRAIN, nothing allocated or completing, in contact)."""
+        return slurm_drained(self.to_observed())
 
     @property
     def display_state(self) -> str:

@@ -79,7 +79,7 @@ async def test_hole1_pods_on_a_node_no_nodeset_selects_are_reported() -> None:
         await create_node(client, "k-cfg-1", {"rack": "r1"})
         await create_node(client, "k-empty", {"rack": "r2"})
         await _bind(client, "web", "k-cfg-1", {"app": "web"})
-        async with _running(client, rt) as (source, sink):
+        async with _running(client, rt) as (_source, sink):
             assert _pods_of(sink, "k-cfg-1") == ["ml/web"]
             assert _pods_of(sink, "k-empty") == []  # known empty, not unknown
 
@@ -90,7 +90,7 @@ async def test_hole2_a_pod_bound_after_the_node_left_its_nodeset_is_reported() -
     reported all the same."""
     async with _cluster() as (client, rt):
         await create_node(client, "k-gpu-1", {"pool": "gpu"})
-        async with _running(client, rt) as (source, sink):
+        async with _running(client, rt) as (_source, sink):
             assert _pods_of(sink, "k-gpu-1") == []
             await client.merge_patch(NODES, "k-gpu-1", {"metadata": {"labels": {"pool": None}}})
             await _bind(client, "late-1", "k-gpu-1", {"app": "serve"})
@@ -107,7 +107,7 @@ async def test_hole3_a_released_claim_has_its_successor_report_again() -> None:
     async with _cluster() as (client, rt):
         await create_node(client, "k-real", {"pool": "gpu", "sunkd.io/slurm-node-name": "n1"})
         await create_node(client, "k-typo", {"pool": "gpu", "sunkd.io/slurm-node-name": "n1"})
-        async with _running(client, rt) as (source, sink):
+        async with _running(client, rt) as (_source, sink):
             before = len(_reports(sink, "k-typo"))
             await client.delete(NODES, "k-real")
             await sink.wait_for(lambda s: len(_reports(s, "k-typo")) > before)

@@ -46,10 +46,16 @@ def at(seconds: float) -> datetime:
 
 
 class Log:
-    """An append-only list of RecordedEvents with gap-free seq."""
+    """An append-only list of RecordedEvents with gap-free seq.
+
+    Like the Kubernetes source, which reports every Node's pods with the Node, a Node's
+    first observation is followed by an (empty) pod report unless the test reports its
+    pods itself; `auto_pods = False` leaves a Node's pods unknown."""
 
     def __init__(self) -> None:
         self.events: list[RecordedEvent] = []
+        self.auto_pods = True
+        self._reported: set[str] = set()
 
     @property
     def last_seq(self) -> int:
@@ -64,6 +70,12 @@ class Log:
             payload=payload,
         )
         self.events.append(event)
+        if isinstance(payload, K8sWorkloadObserved):
+            self._reported.add(payload.node)
+        elif (isinstance(payload, K8sNodeObserved) and self.auto_pods
+              and payload.node not in self._reported):
+            self._reported.add(payload.node)
+            self.add(K8sWorkloadObserved(node=payload.node, pods=()), now, epoch=epoch)
         return event
 
     def state(self) -> ClusterState:

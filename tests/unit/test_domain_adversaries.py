@@ -21,6 +21,7 @@ Invariants, every step:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -28,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sunkd.domain.events import (
+    K8sNodeObserved,
     K8sNodeVanished,
     K8sWorkloadObserved,
     LeaderElected,
@@ -38,9 +40,16 @@ from sunkd.domain.events import (
     Taint,
 )
 from sunkd.domain.ownership import assess, has_hold_taint, is_ours
-from sunkd.domain.policy import Decision, PoolSpec, RequestAction, decide, decision_to_event
+from sunkd.domain.policy import (
+    Decision,
+    PoolSpec,
+    RequestAction,
+    decide,
+    decision_to_event,
+    membership,
+)
 from sunkd.domain.state import ClusterState, slurm_unhealthy
-from tests.unit.domain_world import POOL, SimNode, Simulation, World, pool_spec
+from tests.unit.domain_world import SimNode, Simulation, World, pool_spec
 
 FOREIGN_TAINT = Taint("example.com/maintenance", "NoSchedule", "true")
 
@@ -53,6 +62,8 @@ class HostileNode(SimNode):
     slurm_present: bool
     foreign_taint: bool
     others: list[str]
+    relabelled: bool  # the pool's label removed: no selector matches the Node any more
+    rival: str  # "": none; "claims": a typo Node claims this Slurm name; "fixed": relabelled
 
     def slurm_schedulable(self) -> bool:
         return self.slurm_present and SimNode.slurm_schedulable(self)
@@ -69,6 +80,8 @@ def _hostile(node: SimNode) -> HostileNode:
     hostile.slurm_present = True
     hostile.foreign_taint = False
     hostile.others = []
+    hostile.relabelled = False
+    hostile.rival = ""
     return hostile
 
 
@@ -97,6 +110,45 @@ class HostileSimulation(Simulation):
             self.last_payloads[key] = payload  # type: ignore[assignment]
             self.add(payload)
 
+    def _changed(self, key: tuple[str, str], payload: object) -> bool:
+        before = self.last_payloads.get(key)
+        self._emit(key, payload)
+        return before != payload
+
+    def _observe_k8s(self, node: HostileNode) -> None:
+        """Like the Kubernetes source: every Node's pods with the Node; a vanished Node's
+        report goes with it; when a Node stops claiming a Slurm name (deleted, or a typo
+        fixed), every Node still claiming it reports its pods again."""
+        typo = f"{node.name}-typo"  # an empty Node, claiming the name or not
+        released = False
+        pods = tuple(PodRef("serving", pod, "Running") for pod in sorted(node.pods))
+        pods += tuple(PodRef("other", pod, "Running", pool_pod=False)
+                      for pod in sorted(node.others))
+        if node.k8s_present:
+            payload = node.k8s_payload()
+            if node.foreign_taint:
+                payload = _with_taint(payload, FOREIGN_TAINT)
+            if node.relabelled:
+                payload = dataclasses.replace(payload, labels=())
+            self._emit((node.name, "k8s"), payload)
+            self._emit((node.name, "workload"), K8sWorkloadObserved(node=node.name, pods=pods))
+        else:
+            released = self._changed((node.name, "k8s"), K8sNodeVanished(node=node.name))
+            self.last_payloads.pop((node.name, "workload"), None)
+        if node.rival:
+            claims = node.name if node.rival == "claims" else typo
+            released |= self._changed((typo, "k8s"), K8sNodeObserved(
+                node=typo, slurm_node=claims, ready=True)) and claims == typo
+            self._emit((typo, "workload"), K8sWorkloadObserved(node=typo, pods=()))
+        if released:
+            if node.k8s_present:
+                self.last_payloads.pop((node.name, "workload"), None)
+                self._emit((node.name, "workload"), K8sWorkloadObserved(node=node.name,
+                                                                        pods=pods))
+            if node.rival == "claims":
+                self.last_payloads.pop((typo, "workload"), None)
+                self._emit((typo, "workload"), K8sWorkloadObserved(node=typo, pods=()))
+
     def observe(self) -> None:
         world = self.world
         for source, fresh in world.fresh.items():
@@ -113,18 +165,7 @@ class HostileSimulation(Simulation):
                 else:
                     self._emit((node.name, "slurm"), SlurmNodeVanished(node=node.name))
             if world.fresh["kubernetes"]:
-                if node.k8s_present:
-                    payload = node.k8s_payload()
-                    if node.foreign_taint:
-                        payload = _with_taint(payload, FOREIGN_TAINT)
-                    self._emit((node.name, "k8s"), payload)
-                else:
-                    self._emit((node.name, "k8s"), K8sNodeVanished(node=node.name))
-                pods = tuple(PodRef("serving", pod, "Running") for pod in sorted(node.pods))
-                pods += tuple(PodRef("other", pod, "Running", pool_pod=False)
-                              for pod in sorted(node.others))
-                self._emit((node.name, "workload"),
-                           K8sWorkloadObserved(node=node.name, pool=POOL, pods=pods))
+                self._observe_k8s(node)
         for payload in world.demand():
             side = "slurm" if payload.kind.startswith("slurm") else "kubernetes"
             if world.fresh[side]:
@@ -241,6 +282,17 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
     if roll < 0.90:
         sim.skew = rng.uniform(-5.0, 5.0)
         return "clock skew"
+    if roll < 0.92:  # membership churn: the pool's label removed from the Node, or back
+        node.relabelled = not node.relabelled
+        return "relabel"
+    if roll < 0.94:  # an identity rival: a typo Node claims the name, is fixed, claims again
+        node.rival = "fixed" if node.rival == "claims" else "claims"
+        return "identity rival"
+    if roll < 0.96:  # a pod bound by spec.nodeName: no scheduler, no taint, no readiness
+        if node.k8s_present:
+            world.pod_counter += 1
+            node.others.append(f"bound-{world.pod_counter}")
+        return "pod by nodeName"
     to = rng.choice(["slurm", "kubernetes", "auto", "auto"])
     sim.add(OperatorPinned(node=node.name, to=to, who="op", why="adversary"))
     return "pin"
@@ -269,6 +321,10 @@ def _check_decisions(state: ClusterState, decisions: list[Decision]) -> None:
         if decision.verb == "drain":
             assert not _foreign_word(node), (decision, node.slurm)
         if decision.verb == "resume":
+            # Unknown is not none: the policy saw this node's pods, and none ran.
+            assert node.pods is not None, decision
+            assert not [p for p in node.pods if p.phase not in ("Succeeded", "Failed")], (
+                decision, node.pods)
             assert node.slurm is not None and is_ours(node.slurm.reason), decision
             assert not slurm_unhealthy(node.slurm), (decision, node.slurm)
         if decision.verb == "uncordon":
@@ -282,10 +338,10 @@ def _check_conflicts(sim: HostileSimulation, state: ClusterState,
     if not (state.source_fresh("slurm") and state.source_fresh("kubernetes")):
         return  # sunkd cannot see it; /readyz and sunkd_source_fresh say why
     warned = {d.node for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"}
+    members = membership(state, sim.pools)
     for name, node in state.nodes.items():
         slurm = node.slurm
-        pods = [p for pods in node.workload.values() for p in pods
-                if p.phase not in ("Succeeded", "Failed")]
+        pods = [p for p in node.pods or () if p.phase not in ("Succeeded", "Failed")]
         if slurm is None or node.k8s is None or not pods:
             continue
         if not (slurm.state.upper() in ("ALLOCATED", "MIXED") or slurm.alloc_cpus > 0):
@@ -294,6 +350,8 @@ def _check_conflicts(sim: HostileSimulation, state: ClusterState,
         assert assessment.conflicts and assessment.held, (name, assessment)
         recently = node.outcomes.get("kubernetes/warn")
         open_warn = any(a.verb == "warn" for a in node.open_actions.values())
+        if name not in members:
+            continue  # a node in no pool: counted (metric), acted on by no pool's policy
         reported = (name in warned or open_warn
                     or (recently is not None and now - recently.at < 601))
         # The Kubernetes side may be busy with another action this round: then next round.
@@ -314,6 +372,8 @@ def test_the_policy_keeps_its_invariants_against_adversaries(
     rng = random.Random(seed)
     spec = pool_spec(reclaim_grace_seconds=grace, max_in_flight=max_in_flight,
                      dwell_seconds=0.0)
+    if seed % 2:  # a config-file or partition-only pool: no Node selector attributes Nodes
+        spec = dataclasses.replace(spec, node_selector=())
     world = HostileWorld.of(size)
     for node in world.nodes.values():
         _hostile(node)
@@ -336,6 +396,8 @@ def test_the_policy_keeps_its_invariants_against_adversaries(
         assert isinstance(node, HostileNode)
         node.k8s_present = node.slurm_present = True
         node.ready, node.unschedulable, node.foreign_taint = True, False, False
+        node.relabelled = False
+        node.rival = "fixed" if node.rival else ""
         node.others.clear()
         node.flags.discard("FAIL")  # the admin's FAIL goes, whatever they wrote as reason
         if not is_ours(node.reason):

@@ -42,14 +42,16 @@ def _assess(log: Log, now: float, node: str = "n1") -> Assessment:
     ("state", "flags", "drained"),
     [
         ("IDLE", ("DRAIN",), True),
-        ("DOWN", ("DRAIN",), True),  # drained (and held for DOWN, separately)
+        ("DOWN", ("DRAIN",), False),  # out of contact: slurmctld cannot vouch for it
+        ("IDLE", ("DRAIN", "NOT_RESPONDING"), False),
+        ("IDLE", ("DRAIN", "UNDRAIN"), False),
         ("ALLOCATED", ("DRAIN",), False),
         ("MIXED", ("DRAIN",), False),
         ("IDLE", ("COMPLETING", "DRAIN"), False),
         ("IDLE", (), False),
     ],
 )
-def test_drained_means_drain_flag_and_nothing_running(
+def test_drained_means_drain_flag_nothing_running_and_in_contact(
     state: str, flags: tuple[str, ...], drained: bool
 ) -> None:
     assert slurm_drained(slurm_obs("n1", state, flags, "sunkd: x")) is drained

@@ -38,6 +38,7 @@ from tests.unit.domain_world import Log, k8s_obs, slurm_obs
 
 def test_observations_are_kept_per_node_and_side() -> None:
     log = Log()
+    log.auto_pods = False
     log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 100.0)
     log.add(k8s_obs("n1"), 101.0)
     state = log.state()
@@ -57,8 +58,8 @@ def test_k8s_node_is_keyed_by_its_slurm_name() -> None:
     assert set(state.nodes) == {"n1"}
     assert state.k8s_names == {"k-node-1": "n1"}
     node = state.nodes["n1"]
-    assert node.workload == {"p": (PodRef("a", "b"),)}
     assert node.k8s is None and node.k8s_missing
+    assert node.pods is None and state.pod_reports == {}  # its pods went with the Node
 
 
 def test_unknown_payload_only_advances_seq() -> None:

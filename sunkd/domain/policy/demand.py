@@ -121,8 +121,7 @@ def _k8s_nodes_needed(state: ClusterState, pool: PoolSpec, members: list[NodeSta
     # The source reports a pod's binding (workload) and the pool's pending list as
     # separate observations; a pod already seen on a node is not demand any more, even
     # if the pending list that still names it has not been re-observed yet.
-    bound = {(pod.namespace, pod.name) for member in members
-             for pods_on_node in member.workload.values() for pod in pods_on_node}
+    bound = {(pod.namespace, pod.name) for member in members for pod in member.pods or ()}
     pods = tuple(pod for pod in demand.pending if (pod.namespace, pod.name) not in bound)
     if not pods:
         return 0

@@ -18,7 +18,8 @@ from sunkd.domain.ownership import (
 )
 from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
 from sunkd.domain.policy.planner import _expected_drain, _may_resume, _Planner
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, slurm_unhealthy
+from sunkd.domain.slurmnode import slurm_unhealthy
+from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState
 
 
 def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) -> None:

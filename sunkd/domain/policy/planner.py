@@ -52,7 +52,7 @@ def _evict_args(node: NodeState) -> tuple[Label, ...]:
     where the source saw its uid: the actuator evicts exactly that pod (a StatefulSet pod
     re-created under the same name elsewhere is not it)."""
     pods = running_pods(node)
-    uids = {f"{p.namespace}/{p.name}": p.uid for refs in node.workload.values() for p in refs}
+    uids = {f"{p.namespace}/{p.name}": p.uid for p in node.pods or ()}
     labels = [Label("pod", pod) for pod in pods]
     labels += [Label("pod_uid", f"{pod}={uids[pod]}") for pod in pods if uids.get(pod)]
     return tuple(labels)
