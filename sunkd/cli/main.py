@@ -124,6 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = add("doctor", cmd_doctor, "check the connections to Slurm (and Kubernetes)")
     doctor.add_argument("--json", action="store_true")
 
+    from sunkd.cli.topology import add_arguments as topology_arguments
+
+    topology = commands.add_parser("topology", help="the network topology sunkd gives Slurm")
+    topology_render = topology.add_subparsers(
+        dest="topology_command", metavar="ACTION", required=True).add_parser(
+        "render", help="print topology.conf/.yaml from Kubernetes node labels")
+    topology_render.set_defaults(handler=_optional("sunkd.cli.topology", "cmd_topology_render"))
+    topology_arguments(topology_render)
+
     run = add("run", _optional("sunkd.runtime.daemon", "cmd_run"), "run the daemon")
     database(run)
     run.add_argument("--listen", metavar="HOST:PORT", help="HTTP address (default 127.0.0.1:8080)")

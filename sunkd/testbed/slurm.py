@@ -461,6 +461,9 @@ class SlurmCluster:
     slurmctld then sets the node INVAL, so GPU accounting is covered by fixtures.
     `version` picks the Slurm generation (`SLURM_VERSIONS`; None: the host's packages);
     `rest_user` defaults to `nobody` on the host and `slurmrest` in a root.
+    `extra_conf` lines are appended to slurm.conf (`TopologyPlugin=topology/tree`) and
+    `config_files` are written beside it (`{"topology.conf": ...}`): Slurm reads its other
+    config files from slurm.conf's directory.
     """
 
     def __init__(
@@ -476,7 +479,11 @@ class SlurmCluster:
         base_dir: Path | None = None,
         keep_dir: bool = False,
         start_timeout: float = 30.0,
+        extra_conf: Sequence[str] = (),
+        config_files: Mapping[str, str] | None = None,
     ) -> None:
+        self.extra_conf = tuple(extra_conf)
+        self.config_files = dict(config_files or {})
         self.node_names: tuple[str, ...] = tuple(expand(nodes))
         if not self.node_names:
             raise ValueError("a cluster needs at least one node")
@@ -965,8 +972,14 @@ class SlurmCluster:
             lines.append(
                 f"PartitionName={name} Nodes={hostlist} Default={default} MaxTime=INFINITE State=UP"
             )
+        lines.extend(self.extra_conf)
         self.slurm_conf.write_text("\n".join(lines) + "\n")
         self.slurm_conf.chmod(0o644)
+        for name, text in self.config_files.items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"config file {name!r}: a plain file name beside slurm.conf")
+            (etc / name).write_text(text)
+            (etc / name).chmod(0o644)
 
     def _detect_plugins(self) -> None:
         """`slurmrestd -s list`: 22.05 has openapi/v0.0.3x (+ dbv0.0.3x, which abort
