@@ -308,3 +308,72 @@ def test_a_node_gone_from_both_sides_is_forgotten_after_a_grace() -> None:
     # It may come back: a new sighting starts it afresh.
     log.add(k8s_obs("n2"), 20_000.0)
     assert log.state().nodes["n2"].owner == "none"
+
+
+# ------------------------------------- fail closed on what sunkd cannot see: bad pins
+
+
+def test_h6_a_pin_spelled_like_the_pool_mode_is_invalid_and_keeps_the_node() -> None:
+    """`sunkd.io/pin: Slurm` (the pool mode's spelling) is no pin sunkd knows: only
+    slurm|kubernetes|auto are. It must not read as "no pin" (the node would be lent while
+    status says "pinned to Slurm"): it is an invalid pin, reported, shown, and the node
+    stays where it is."""
+    from sunkd.api.app import node_json
+    from sunkd.cli.operator import status_rows
+    from sunkd.runtime.config import Settings
+
+    log = _cluster(1)
+    log.add(k8s_obs("n1", pin="Slurm"), 5.0)
+    _pods(log, 2)  # demand that would otherwise lend n1
+    state = log.state()
+    assessment = assess(state, state.nodes["n1"], T0)
+    assert assessment.invalid_pin == "Slurm"
+    decisions = _decide(log, T0)
+    assert _only(decisions, StartTransition) == []
+    warns = [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
+    assert len(warns) == 1 and warns[0].arg("event_reason") == "SunkdInvalidPin"
+    assert "'Slurm'" in (warns[0].arg("message") or "")
+    row = status_rows(state, Settings(), T0)[0]
+    assert "invalid pin 'Slurm'" in row["reason"] and "pinned to Slurm" not in row["reason"]
+    shown = node_json(state, state.nodes["n1"], POOL, T0)
+    assert shown["pin"]["valid"] is False and "invalid pin" in shown["pin"]["problem"]
+
+
+def test_h6_an_invalid_pin_aborts_a_move_away_like_a_pin_to_the_current_owner() -> None:
+    """A lend not yet past its point of no return stops when an invalid pin appears (as
+    for `sunkd.io/pin: slurm`); the node is not handed over."""
+    log = _cluster(1)
+    _pods(log, 2)
+    first = _decide(log, T0)
+    assert _only(first, StartTransition)
+    _record(log, first, T0)
+    log.add(k8s_obs("n1", pin="kubernetes "), T0 + 1)  # a stray blank is no valid pin
+    later = _decide(log, T0 + 2)
+    aborted = _only(later, AbortTransition)
+    assert len(aborted) == 1 and "invalid pin" in aborted[0].reason
+    assert _only(later, CompleteTransition) == []
+
+
+def test_h6_an_operator_pinned_event_with_a_bad_target_is_an_invalid_pin() -> None:
+    """`operator.pinned` rows come from `sunkd pin` (argparse allows slurm|kubernetes|auto
+    only), but the log may hold one written otherwise: the fold keeps it, it pins nothing
+    and moves nothing."""
+    from sunkd.domain.events import OperatorPinned
+
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(OperatorPinned(node="n1", to="SLURM", who="op", why="typo"), 5.0)
+    _jobs(log, 1)  # demand that would otherwise reclaim n1
+    state = log.state()
+    assert assess(state, state.nodes["n1"], T0).invalid_pin == "SLURM"
+    assert _only(_decide(log, T0), StartTransition) == []
+
+
+def test_h6_sunkd_pin_accepts_only_the_valid_targets() -> None:
+    import pytest
+
+    from sunkd.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["pin", "n1", "--to", "slurm", "--reason", "x"]).to == "slurm"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["pin", "n1", "--to", "Slurm", "--reason", "x"])
