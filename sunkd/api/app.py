@@ -203,7 +203,8 @@ def node_json(state: ClusterState, node: NodeState, pool: str | None, now: float
         "unknownReasons": list(assessment.unknown_reasons),
         "pin": None if node.pin is None else {
             "to": node.pin.to, "who": node.pin.who, "why": node.pin.why,
-            "at": _iso(node.pin.at), "source": node.pin.source},
+            "at": _iso(node.pin.at), "source": node.pin.source,
+            "valid": assessment.invalid_pin is None, "problem": assessment.pin_problem},
         "transition": None if transition is None else {
             "id": transition.transition_id, "pool": transition.pool,
             "from": transition.from_owner, "to": transition.to_owner,

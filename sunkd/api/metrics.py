@@ -117,6 +117,10 @@ class Metrics:
             "sunkd_nodes_in_conflict",
             "Nodes where a Slurm job and a pod run at once (held; should always be 0).",
             ["pool"], registry=r)
+        self.invalid_pins = Gauge(
+            "sunkd_nodes_invalid_pin",
+            "Nodes whose pin is not slurm|kubernetes|auto (not obeyed: the node stays put).",
+            ["pool"], registry=r)
         self.pending_actions = Gauge("sunkd_actions_pending",
                                      "Actions requested without an outcome (the outbox).",
                                      registry=r)
@@ -294,6 +298,7 @@ class Metrics:
         slurm_counts: dict[tuple[str, ...], int] = {}
         moving: dict[tuple[str, ...], int] = {("lend",): 0, ("reclaim",): 0, ("adopt",): 0}
         conflicts: dict[tuple[str, ...], int] = {}
+        invalid_pins: dict[tuple[str, ...], int] = {}
         for name, node in state.nodes.items():
             if not observed(node):
                 continue  # a pin of a node never observed is no node (yet)
@@ -301,6 +306,8 @@ class Metrics:
             assessment = assess(state, node, now)
             if assessment.conflicts:
                 conflicts[(pool,)] = conflicts.get((pool,), 0) + 1
+            if assessment.invalid_pin is not None:
+                invalid_pins[(pool,)] = invalid_pins.get((pool,), 0) + 1
             key = (pool, node.owner, assessment.phase.value)
             counts[key] = counts.get(key, 0) + 1
             if node.slurm is not None:
@@ -325,6 +332,7 @@ class Metrics:
         self._set_all("slurm_nodes", self.slurm_nodes, slurm_counts)
         self._set_all("open_transitions", self.open_transitions, moving)
         self._set_all("conflicts", self.conflicts, conflicts)
+        self._set_all("invalid_pins", self.invalid_pins, invalid_pins)
         self.pending_actions.set(len(state.pending_actions()))
         for source, health in state.sources.items():
             fresh = health.status == "fresh"

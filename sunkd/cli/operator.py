@@ -57,7 +57,9 @@ def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dic
             if k8s.unschedulable:
                 k8s_state += ",SchedulingDisabled"
         reasons = explain(node, assessment)
-        if node.pin is not None:
+        if assessment.pin_problem is not None and node.pin is not None:
+            reasons.append(f"{assessment.pin_problem} (set by {node.pin.who})")
+        elif node.pin is not None:
             reasons.append(f"pinned to {node.pin.to} by {node.pin.who}: {node.pin.why}")
         rows.append({
             "node": name,

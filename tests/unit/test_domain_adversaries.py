@@ -241,7 +241,8 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
     if roll < 0.90:
         sim.skew = rng.uniform(-5.0, 5.0)
         return "clock skew"
-    to = rng.choice(["slurm", "kubernetes", "auto", "auto"])
+    # An invalid pin (the pool mode's spelling, a stray blank) must move nothing either.
+    to = rng.choice(["slurm", "kubernetes", "auto", "auto", "Slurm", "kubernetes "])
     sim.add(OperatorPinned(node=node.name, to=to, who="op", why="adversary"))
     return "pin"
 

@@ -337,6 +337,15 @@ def test_h6_a_pin_spelled_like_the_pool_mode_is_invalid_and_keeps_the_node() -> 
     assert "invalid pin 'Slurm'" in row["reason"] and "pinned to Slurm" not in row["reason"]
     shown = node_json(state, state.nodes["n1"], POOL, T0)
     assert shown["pin"]["valid"] is False and "invalid pin" in shown["pin"]["problem"]
+    from prometheus_client import generate_latest
+
+    from sunkd.api.metrics import Metrics
+    from tests.unit.domain_world import pool_spec
+
+    metrics = Metrics()
+    metrics.set_state(state, T0, [pool_spec()])
+    assert f'sunkd_nodes_invalid_pin{{pool="{POOL}"}} 1.0' in generate_latest(
+        metrics.registry).decode()
 
 
 def test_h6_an_invalid_pin_aborts_a_move_away_like_a_pin_to_the_current_owner() -> None:

@@ -85,6 +85,17 @@ def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment)
         )
 
 
+def _report_invalid_pin(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+    """An invalid pin is a Warning Event on the node (the operator meant something sunkd
+    does not obey), as often as a conflict's."""
+    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
+    problem = assessment.pin_problem
+    if problem is not None and (
+            outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS):
+        planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, problem,
+                       (Label("event_reason", wk.EVENT_INVALID_PIN), Label("message", problem)))
+
+
 def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, ...]) -> None:
     """A node several pools select belongs to none of them: say so on the node, once per
     CONFLICT_WARN_EVERY_SECONDS (only when both sides can be trusted right now)."""
