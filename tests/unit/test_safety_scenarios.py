@@ -386,3 +386,33 @@ def test_h6_sunkd_pin_accepts_only_the_valid_targets() -> None:
     assert parser.parse_args(["pin", "n1", "--to", "slurm", "--reason", "x"]).to == "slurm"
     with pytest.raises(SystemExit):
         parser.parse_args(["pin", "n1", "--to", "Slurm", "--reason", "x"])
+
+
+# ------------------------- fail closed on what sunkd cannot see: a stale admin reason
+
+
+def test_h7_a_stale_admin_reason_on_a_healthy_node_does_not_block_the_mirror_drain() -> None:
+    """Slurm 24.11 keeps an admin's reason after `scontrol update state=resume`: the node is
+    IDLE, undrained, healthy, and the old text ("bad DIMM") protects nothing any more
+    (`ownership.foreign_word`, the actuator's test). A later NotReady or cordon must still
+    be mirrored as a Slurm drain, or Slurm keeps scheduling onto a node Kubernetes holds."""
+    for k8s in (k8s_obs("n1", ready=False), k8s_obs("n1", unschedulable=True)):
+        log = _cluster(1)
+        log.add(slurm_obs("n1", "IDLE", reason="bad DIMM"), 5.0)
+        log.add(k8s, 6.0)
+        state = log.state()
+        assert assess(state, state.nodes["n1"], T0).k8s_holds
+        drains = [d for d in _decide(log, T0)
+                  if isinstance(d, RequestAction) and d.verb == "drain"]
+        assert len(drains) == 1, k8s
+        assert (drains[0].arg("reason") or "").startswith(wk.REASON_MIRROR)
+
+
+def test_h7_an_admin_reason_that_still_means_something_is_never_drained_over() -> None:
+    """The same reason on a drained or unhealthy node is the admin's word: no mirror."""
+    for slurm in (slurm_obs("n1", "IDLE", flags=("DRAIN",), reason="bad DIMM"),
+                  slurm_obs("n1", "DOWN", reason="bad DIMM")):
+        log = _cluster(1)
+        log.add(slurm, 5.0)
+        log.add(k8s_obs("n1", ready=False), 6.0)
+        assert ("n1", "slurm", "drain") not in _actions(_decide(log, T0)), slurm
