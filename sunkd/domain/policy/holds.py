@@ -11,9 +11,9 @@ from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     MIRROR_REASON_PREFIX,
     Assessment,
+    foreign_word,
     has_hold_taint,
     is_mirror_drain,
-    is_ours,
     slurm_state_text,
 )
 from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
@@ -46,14 +46,15 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
                 node, OWNER_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"
             )
     if slurm is not None:
-        # Never over an admin's word: any reason that is not ours is foreign whatever the
-        # flags (`scontrol update state=down reason="bad DIMM"` sets no DRAIN), and a node
-        # Slurm reports DOWN/FAIL/NOT_RESPONDING is Slurm's to handle, not ours to drain.
-        foreign_reason = bool(slurm.reason) and not is_ours(slurm.reason)
+        # Never over an admin's word (`foreign_word`: a reason not ours on a drained or
+        # unhealthy node, `scontrol update state=down reason="bad DIMM"` sets no DRAIN),
+        # and a node Slurm reports DOWN/FAIL/NOT_RESPONDING is Slurm's to handle, not ours
+        # to drain. A stale reason on a healthy, undrained node (24.11 keeps it after a
+        # RESUME) protects nothing: the same test as the actuator's.
         if (
             assessment.k8s_holds
             and "DRAIN" not in slurm.flags
-            and not foreign_reason
+            and not foreign_word(slurm)
             and not slurm_unhealthy(slurm)
         ):
             why = ", ".join(assessment.k8s_holds)
