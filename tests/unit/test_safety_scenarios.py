@@ -24,6 +24,7 @@ from sunkd.domain.ownership import assess
 from sunkd.domain.policy import (
     AbortTransition,
     CompleteTransition,
+    PoolSpec,
     RequestAction,
     StartTransition,
     decide,
@@ -416,3 +417,46 @@ def test_h7_an_admin_reason_that_still_means_something_is_never_drained_over() -
         log.add(slurm, 5.0)
         log.add(k8s_obs("n1", ready=False), 6.0)
         assert ("n1", "slurm", "drain") not in _actions(_decide(log, T0)), slurm
+
+
+# ------------------- fail closed on what sunkd cannot see: a conflict on a node in no pool
+
+
+def _two_pools() -> list[PoolSpec]:
+    from tests.unit.domain_world import pool_spec
+
+    return [pool_spec(), dataclasses.replace(pool_spec(), name="other-team/gpu")]
+
+
+def test_h9_a_conflict_on_a_node_two_pools_select_is_warned_and_repaired() -> None:
+    """A node two Nodesets select belongs to neither, but a Slurm job beside a pod there is
+    still the one thing sunkd exists to prevent: a `SunkdConflict` Warning (naming the pool
+    conflict too), and the repair the node's owner calls for: a lent node is drained again
+    in Slurm so no more jobs land."""
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL,
+                                pods=(PodRef("serving", "p1", "Running"),)), 5.0)
+    log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 6.0)  # resumed by someone; a job
+    decisions = decide(log.state(), _two_pools(), T0)
+    warns = [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
+    assert len(warns) == 1 and warns[0].arg("event_reason") == wk.EVENT_CONFLICT
+    assert "other-team/gpu" in (warns[0].arg("message") or "")
+    assert ("n1", "slurm", "drain") in _actions(decisions)
+    assert _only(decisions, StartTransition) == []
+
+
+def test_h9_pods_on_a_busy_slurm_owned_node_two_pools_select_are_evicted() -> None:
+    """The same on a Slurm-owned node: the Warning first, then its pods are evicted (the
+    node's owner decides, as for a node of one pool)."""
+    log = _cluster(1)
+    log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 5.0)
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL,
+                                pods=(PodRef("serving", "p1", "Running"),)), 6.0)
+    first = decide(log.state(), _two_pools(), T0)
+    warn = next(d for d in first if isinstance(d, RequestAction) and d.verb == "warn")
+    assert warn.arg("event_reason") == wk.EVENT_CONFLICT
+    _record(log, first, T0)
+    _succeed(log, warn, T0 + 1)
+    evicts = [d for d in decide(log.state(), _two_pools(), T0 + 2)
+              if isinstance(d, RequestAction) and d.verb == "evict"]
+    assert evicts and "serving/p1" in [a.value for a in evicts[0].args if a.key == "pod"]
