@@ -460,3 +460,68 @@ def test_h9_pods_on_a_busy_slurm_owned_node_two_pools_select_are_evicted() -> No
     evicts = [d for d in decide(log.state(), _two_pools(), T0 + 2)
               if isinstance(d, RequestAction) and d.verb == "evict"]
     assert evicts and "serving/p1" in [a.value for a in evicts[0].args if a.key == "pod"]
+
+
+# ------------ fail closed on what sunkd cannot see: a node that left every pool, marked
+
+
+def test_h13_a_node_that_left_every_pool_keeps_sunkds_marks_in_view_and_is_not_forgotten(
+) -> None:
+    """sunkd mirrored a NotReady as a `sunkd:` drain; then the node left every pool. It
+    must not be forgotten (nor vanish from `sunkd status`) while it carries a mark sunkd
+    made: Slurm would have lost the node to a drain no view shows. sunkd removes its drain
+    once nothing of its own needs it (the kubelet is back), and says what stays."""
+    from sunkd.cli.operator import status_rows
+    from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode
+    from sunkd.runtime.config import Settings
+    from tests.unit.domain_world import Log, pool_spec
+    from tests.unit.test_domain_bounded import OTHER, _adopted, _aware, _fresh, _nodeset
+
+    mirror = "sunkd: k8s NotReady"
+    log = Log()
+    _fresh(log)
+    _aware(log)
+    _nodeset(log, 0.5)
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=mirror), 1.0)
+    log.add(k8s_obs("n1", ready=False), 1.0)
+    _adopted(log, "n1", 2.0)
+    log.add(dataclasses.replace(k8s_obs("n1", ready=False), labels=(OTHER,)), T0)  # no pool
+    later = T0 + 2 * FORGET_AFTER_SECONDS
+    decisions = decide(log.state(), [pool_spec()], later)
+    assert _only(decisions, ForgetNode) == []
+    assert ("n1", "slurm", "resume") not in _actions(decisions)  # NotReady: still needed
+    rows = {row["node"]: row for row in status_rows(log.state(), Settings(), later)}
+    assert rows["n1"]["pool"] is None
+    assert "in no pool" in rows["n1"]["reason"] and mirror in rows["n1"]["reason"]
+
+    log.add(dataclasses.replace(k8s_obs("n1"), labels=(OTHER,)), later)  # kubelet back
+    resumes = [d for d in decide(log.state(), [pool_spec()], later + 1)
+               if isinstance(d, RequestAction) and d.verb == "resume"]
+    assert len(resumes) == 1 and resumes[0].arg("expect_reason") == mirror
+    log.add(slurm_obs("n1"), later + 2)  # undrained
+    # The owner taint stays (Slurm may run jobs there: pods must stay off), so the node
+    # is still not forgotten, and status says why.
+    final = later + 3 + FORGET_AFTER_SECONDS
+    assert _only(decide(log.state(), [pool_spec()], final), ForgetNode) == []
+    rows = {row["node"]: row for row in status_rows(log.state(), Settings(), final)}
+    assert wk.TAINT_OWNER in rows["n1"]["reason"] and "kept" in rows["n1"]["reason"]
+
+
+def test_h13_sunkds_hold_taint_on_a_node_that_left_every_pool_goes_once_the_hold_clears(
+) -> None:
+    from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode
+    from tests.unit.domain_world import Log, pool_spec
+    from tests.unit.test_domain_bounded import OTHER, _adopted, _aware, _fresh, _nodeset
+
+    log = Log()
+    _fresh(log)
+    _aware(log)
+    _nodeset(log, 0.5)
+    log.add(slurm_obs("n1"), 1.0)
+    log.add(k8s_obs("n1", tainted=False, hold_tainted=True), 1.0)
+    _adopted(log, "n1", 2.0)
+    log.add(dataclasses.replace(k8s_obs("n1", tainted=False, hold_tainted=True),
+                                labels=(OTHER,)), T0)
+    decisions = decide(log.state(), [pool_spec()], T0 + 2 * FORGET_AFTER_SECONDS)
+    assert _only(decisions, ForgetNode) == []
+    assert ("n1", "kubernetes", "uncordon") in _actions(decisions)
