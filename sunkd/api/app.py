@@ -30,7 +30,7 @@ from sunkd.api.extender import ApiPool, BadRequest, Extender, TooLarge
 from sunkd.api.metrics import CONTENT_TYPE, NO_POOL, Metrics
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import assess
-from sunkd.domain.policy import PoolSpec, effective_pools, membership
+from sunkd.domain.policy import PoolSpec, effective_pools, membership, unpooled_marks
 from sunkd.domain.state import ClusterState, NodeState
 from sunkd.runtime.config import PoolSettings, pool_spec
 from sunkd.store import projections
@@ -217,6 +217,8 @@ def node_json(state: ClusterState, node: NodeState, pool: str | None, now: float
         "kubernetes": None if k8s is None else {
             "ready": k8s.ready, "unschedulable": k8s.unschedulable,
             "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in k8s.taints]},
+        # In no pool: the drains and taints sunkd made that are still on it, and their fate.
+        "sunkdMarks": unpooled_marks(node) if pool is None else [],
         "openActions": [
             {"id": a.action_id, "side": a.side, "verb": a.verb, "attempt": a.attempt,
              "requestedAt": _iso(a.requested_at)}
