@@ -525,3 +525,27 @@ def test_h13_sunkds_hold_taint_on_a_node_that_left_every_pool_goes_once_the_hold
     decisions = decide(log.state(), [pool_spec()], T0 + 2 * FORGET_AFTER_SECONDS)
     assert _only(decisions, ForgetNode) == []
     assert ("n1", "kubernetes", "uncordon") in _actions(decisions)
+
+
+def test_h13_a_node_an_older_sunkd_forgot_with_its_drain_on_is_still_shown() -> None:
+    """A log where the node was forgotten with sunkd's mirror drain on (before this rule):
+    it is a compact record now, but `sunkd status` still lists it with the mark."""
+    from sunkd.cli.operator import status_rows
+    from sunkd.domain.events import NodeForgotten
+    from sunkd.runtime.config import Settings
+    from tests.unit.domain_world import Log
+    from tests.unit.test_domain_bounded import OTHER, _adopted, _aware, _fresh, _nodeset
+
+    mirror = "sunkd: k8s NotReady"
+    log = Log()
+    _fresh(log)
+    _aware(log)
+    _nodeset(log, 0.5)
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=mirror), 1.0)
+    log.add(dataclasses.replace(k8s_obs("n1", tainted=False), labels=(OTHER,)), 1.0)
+    _adopted(log, "n1", 2.0)
+    log.add(NodeForgotten(node="n1", reason="in no pool for 3600 s"), T0)
+    state = log.state()
+    assert "n1" in state.unpooled
+    rows = {row["node"]: row for row in status_rows(state, Settings(), T0)}
+    assert "n1" in rows and mirror in rows["n1"]["reason"]
