@@ -41,9 +41,14 @@ def _when(moment: float | None) -> str:
 def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dict[str, Any]]:
     pools = effective_pools(state, [pool_spec(pool) for pool in settings.pools])
     pool_of = membership(state, pools)
+    nodes = dict(state.nodes)
+    for name, record in state.unpooled.items():  # forgotten with a mark on (older logs)
+        unpooled = record.expand(name)
+        if unpooled_marks(unpooled):
+            nodes[name] = unpooled
     rows = []
-    for name in sorted(state.nodes):
-        node = state.nodes[name]
+    for name in sorted(nodes):
+        node = nodes[name]
         if not observed(node):
             continue  # only pinned, never seen: see pending_pins
         assessment = assess(state, node, now)

@@ -26,7 +26,13 @@ from sunkd.domain.ownership import (
 )
 from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
 from sunkd.domain.policy.planner import _expected_drain, _may_resume, _Planner
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, slurm_unhealthy
+from sunkd.domain.state import (
+    OWNER_KUBERNETES,
+    OWNER_NONE,
+    OWNER_SLURM,
+    NodeState,
+    slurm_unhealthy,
+)
 
 
 def _mirror_holds(
@@ -110,8 +116,10 @@ def unpooled_marks(node: NodeState) -> list[str]:
         if is_mirror_drain(slurm.reason) and node.owner == OWNER_SLURM:
             fate = "removed once the Kubernetes hold clears, the owner taint is on and no pod runs"
         else:
-            fate = (f"kept: the node is {node.owner}'s, resuming it could put jobs beside "
-                    "pods; undrain it yourself or return the node to a pool")
+            whose = (f"the node is {node.owner}'s" if node.owner != OWNER_NONE
+                     else "sunkd no longer knows whose the node is")
+            fate = (f"kept: {whose}, resuming it could put jobs beside pods; undrain it "
+                    "yourself or return the node to a pool")
         marks.append(f"Slurm drain {slurm.reason!r} ({fate})")
     if has_hold_taint(node.k8s):
         marks.append(f"taint {wk.TAINT_HOLD} (removed once the Slurm hold clears)")
