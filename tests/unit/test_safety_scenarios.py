@@ -549,3 +549,29 @@ def test_h13_a_node_an_older_sunkd_forgot_with_its_drain_on_is_still_shown() -> 
     assert "n1" in state.unpooled
     rows = {row["node"]: row for row in status_rows(state, Settings(), T0)}
     assert "n1" in rows and mirror in rows["n1"]["reason"]
+
+
+# ----------------- found by the adversaries: no resume while Slurm reports the node unhealthy
+
+
+def test_an_aborted_lend_does_not_resume_a_node_slurm_reports_unhealthy() -> None:
+    """A lend has drained the node; Slurm then reports it DOWN+FAIL (still within the
+    unhealthy grace, so not yet HELD) and the operator pins it to slurm. The lend is
+    aborted, but sunkd's drain stays until Slurm reports the node healthy: a node Slurm
+    says is broken is Slurm's to handle (as for the mirror drain). Then it is resumed."""
+    log = _cluster(1)
+    _pods(log, 2)
+    first = _decide(log, T0)
+    _record(log, first, T0)
+    drain = next(d for d in first if isinstance(d, RequestAction) and d.verb == "drain")
+    _succeed(log, drain, T0 + 1)
+    reason = drain.arg("reason")
+    log.add(slurm_obs("n1", "DOWN", flags=("DRAIN", "FAIL"), reason=reason), T0 + 2)
+    log.add(k8s_obs("n1", pin="slurm"), T0 + 2)
+    decisions = _decide(log, T0 + 3)
+    assert len(_only(decisions, AbortTransition)) == 1
+    assert ("n1", "slurm", "resume") not in _actions(decisions)
+    _record(log, decisions, T0 + 3)
+    assert ("n1", "slurm", "resume") not in _actions(_decide(log, T0 + 4))
+    log.add(slurm_obs("n1", "IDLE", flags=("DRAIN",), reason=reason), T0 + 5)  # healthy
+    assert ("n1", "slurm", "resume") in _actions(_decide(log, T0 + 6))
