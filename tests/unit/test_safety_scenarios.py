@@ -17,6 +17,7 @@ from sunkd.domain.events import (
     K8sWorkloadObserved,
     LeaderElected,
     PodRef,
+    SlurmNodeObserved,
     SourceHealth,
     Taint,
 )
@@ -465,6 +466,20 @@ def test_h9_pods_on_a_busy_slurm_owned_node_two_pools_select_are_evicted() -> No
 # ------------ fail closed on what sunkd cannot see: a node that left every pool, marked
 
 
+def _adopted_in_a_pool(slurm: SlurmNodeObserved, k8s: K8sNodeObserved) -> Log:
+    """A pool-aware log (a Nodeset, fresh sources) with n1 observed so and adopted."""
+    from tests.unit.test_domain_bounded import _adopted, _aware, _fresh, _nodeset
+
+    log = Log()
+    _fresh(log)
+    _aware(log)
+    _nodeset(log, 0.5)
+    log.add(slurm, 1.0)
+    log.add(k8s, 1.0)
+    _adopted(log, "n1", 2.0)
+    return log
+
+
 def test_h13_a_node_that_left_every_pool_keeps_sunkds_marks_in_view_and_is_not_forgotten(
 ) -> None:
     """sunkd mirrored a NotReady as a `sunkd:` drain; then the node left every pool. It
@@ -474,17 +489,12 @@ def test_h13_a_node_that_left_every_pool_keeps_sunkds_marks_in_view_and_is_not_f
     from sunkd.cli.operator import status_rows
     from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode
     from sunkd.runtime.config import Settings
-    from tests.unit.domain_world import Log, pool_spec
-    from tests.unit.test_domain_bounded import OTHER, _adopted, _aware, _fresh, _nodeset
+    from tests.unit.domain_world import pool_spec
+    from tests.unit.test_domain_bounded import OTHER
 
     mirror = "sunkd: k8s NotReady"
-    log = Log()
-    _fresh(log)
-    _aware(log)
-    _nodeset(log, 0.5)
-    log.add(slurm_obs("n1", flags=("DRAIN",), reason=mirror), 1.0)
-    log.add(k8s_obs("n1", ready=False), 1.0)
-    _adopted(log, "n1", 2.0)
+    log = _adopted_in_a_pool(slurm_obs("n1", flags=("DRAIN",), reason=mirror),
+                             k8s_obs("n1", ready=False))
     log.add(dataclasses.replace(k8s_obs("n1", ready=False), labels=(OTHER,)), T0)  # no pool
     later = T0 + 2 * FORGET_AFTER_SECONDS
     decisions = decide(log.state(), [pool_spec()], later)
@@ -510,16 +520,10 @@ def test_h13_a_node_that_left_every_pool_keeps_sunkds_marks_in_view_and_is_not_f
 def test_h13_sunkds_hold_taint_on_a_node_that_left_every_pool_goes_once_the_hold_clears(
 ) -> None:
     from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode
-    from tests.unit.domain_world import Log, pool_spec
-    from tests.unit.test_domain_bounded import OTHER, _adopted, _aware, _fresh, _nodeset
+    from tests.unit.domain_world import pool_spec
+    from tests.unit.test_domain_bounded import OTHER
 
-    log = Log()
-    _fresh(log)
-    _aware(log)
-    _nodeset(log, 0.5)
-    log.add(slurm_obs("n1"), 1.0)
-    log.add(k8s_obs("n1", tainted=False, hold_tainted=True), 1.0)
-    _adopted(log, "n1", 2.0)
+    log = _adopted_in_a_pool(slurm_obs("n1"), k8s_obs("n1", tainted=False, hold_tainted=True))
     log.add(dataclasses.replace(k8s_obs("n1", tainted=False, hold_tainted=True),
                                 labels=(OTHER,)), T0)
     decisions = decide(log.state(), [pool_spec()], T0 + 2 * FORGET_AFTER_SECONDS)
@@ -533,17 +537,11 @@ def test_h13_a_node_an_older_sunkd_forgot_with_its_drain_on_is_still_shown() -> 
     from sunkd.cli.operator import status_rows
     from sunkd.domain.events import NodeForgotten
     from sunkd.runtime.config import Settings
-    from tests.unit.domain_world import Log
-    from tests.unit.test_domain_bounded import OTHER, _adopted, _aware, _fresh, _nodeset
+    from tests.unit.test_domain_bounded import OTHER
 
     mirror = "sunkd: k8s NotReady"
-    log = Log()
-    _fresh(log)
-    _aware(log)
-    _nodeset(log, 0.5)
-    log.add(slurm_obs("n1", flags=("DRAIN",), reason=mirror), 1.0)
-    log.add(dataclasses.replace(k8s_obs("n1", tainted=False), labels=(OTHER,)), 1.0)
-    _adopted(log, "n1", 2.0)
+    log = _adopted_in_a_pool(slurm_obs("n1", flags=("DRAIN",), reason=mirror),
+                             dataclasses.replace(k8s_obs("n1", tainted=False), labels=(OTHER,)))
     log.add(NodeForgotten(node="n1", reason="in no pool for 3600 s"), T0)
     state = log.state()
     assert "n1" in state.unpooled
