@@ -30,7 +30,7 @@ from sunkd.api.extender import ApiPool, BadRequest, Extender, TooLarge
 from sunkd.api.metrics import CONTENT_TYPE, NO_POOL, Metrics
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import assess
-from sunkd.domain.policy import PoolSpec, effective_pools, membership
+from sunkd.domain.policy import PoolSpec, effective_pools, membership, unpooled_marks
 from sunkd.domain.state import ClusterState, NodeState
 from sunkd.runtime.config import PoolSettings, pool_spec
 from sunkd.store import projections
@@ -203,7 +203,8 @@ def node_json(state: ClusterState, node: NodeState, pool: str | None, now: float
         "unknownReasons": list(assessment.unknown_reasons),
         "pin": None if node.pin is None else {
             "to": node.pin.to, "who": node.pin.who, "why": node.pin.why,
-            "at": _iso(node.pin.at), "source": node.pin.source},
+            "at": _iso(node.pin.at), "source": node.pin.source,
+            "valid": assessment.invalid_pin is None, "problem": assessment.pin_problem},
         "transition": None if transition is None else {
             "id": transition.transition_id, "pool": transition.pool,
             "from": transition.from_owner, "to": transition.to_owner,
@@ -216,6 +217,8 @@ def node_json(state: ClusterState, node: NodeState, pool: str | None, now: float
         "kubernetes": None if k8s is None else {
             "ready": k8s.ready, "unschedulable": k8s.unschedulable,
             "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in k8s.taints]},
+        # In no pool: the drains and taints sunkd made that are still on it, and their fate.
+        "sunkdMarks": unpooled_marks(node) if pool is None else [],
         "openActions": [
             {"id": a.action_id, "side": a.side, "verb": a.verb, "attempt": a.attempt,
              "requestedAt": _iso(a.requested_at)}

@@ -44,7 +44,7 @@ from sunkd.domain.events import (
     TransitionStarted,
 )
 from sunkd.domain.ownership import assess
-from sunkd.domain.policy import PoolSpec, membership
+from sunkd.domain.policy import PoolSpec, membership, unpooled_marks
 from sunkd.domain.state import ClusterState, Phase
 from sunkd.domain.utilization import BUSY, IDLE, Key, Utilization, node_busy, node_counted
 from sunkd.store.projections import observed
@@ -117,6 +117,14 @@ class Metrics:
             "sunkd_nodes_in_conflict",
             "Nodes where a Slurm job and a pod run at once (held; should always be 0).",
             ["pool"], registry=r)
+        self.invalid_pins = Gauge(
+            "sunkd_nodes_invalid_pin",
+            "Nodes whose pin is not slurm|kubernetes|auto (not obeyed: the node stays put).",
+            ["pool"], registry=r)
+        self.unpooled_marked = Gauge(
+            "sunkd_nodes_unpooled_marked",
+            "Nodes in no pool that still carry a drain or taint sunkd made (`sunkd status` "
+            "says which and why).", registry=r)
         self.pending_actions = Gauge("sunkd_actions_pending",
                                      "Actions requested without an outcome (the outbox).",
                                      registry=r)
@@ -294,6 +302,8 @@ class Metrics:
         slurm_counts: dict[tuple[str, ...], int] = {}
         moving: dict[tuple[str, ...], int] = {("lend",): 0, ("reclaim",): 0, ("adopt",): 0}
         conflicts: dict[tuple[str, ...], int] = {}
+        invalid_pins: dict[tuple[str, ...], int] = {}
+        unpooled_marked = 0
         for name, node in state.nodes.items():
             if not observed(node):
                 continue  # a pin of a node never observed is no node (yet)
@@ -301,6 +311,10 @@ class Metrics:
             assessment = assess(state, node, now)
             if assessment.conflicts:
                 conflicts[(pool,)] = conflicts.get((pool,), 0) + 1
+            if pools and pool == NO_POOL and unpooled_marks(node):
+                unpooled_marked += 1
+            if assessment.invalid_pin is not None:
+                invalid_pins[(pool,)] = invalid_pins.get((pool,), 0) + 1
             key = (pool, node.owner, assessment.phase.value)
             counts[key] = counts.get(key, 0) + 1
             if node.slurm is not None:
@@ -325,6 +339,8 @@ class Metrics:
         self._set_all("slurm_nodes", self.slurm_nodes, slurm_counts)
         self._set_all("open_transitions", self.open_transitions, moving)
         self._set_all("conflicts", self.conflicts, conflicts)
+        self._set_all("invalid_pins", self.invalid_pins, invalid_pins)
+        self.unpooled_marked.set(unpooled_marked)
         self.pending_actions.set(len(state.pending_actions()))
         for source, health in state.sources.items():
             fresh = health.status == "fresh"

@@ -189,6 +189,11 @@ async def render_status(view: DaemonView, *, hours: float, offset: int) -> str:
         reasons = info["holdReasons"] or info["unknownReasons"]
         why = "; ".join(reasons) if reasons else (
             info["transition"]["reason"] if info["transition"] else "")
+        if info["pin"] is not None and info["pin"]["problem"]:
+            why = "; ".join(filter(None, (why, info["pin"]["problem"])))
+        if info["sunkdMarks"]:
+            why = "; ".join(filter(None, (why, "in no pool, carries sunkd's "
+                                          + "; ".join(info["sunkdMarks"]))))
         parts.append(
             f"<tr><td>{escape(name)}</td><td>{escape(info['pool'] or '-')}</td>"
             f"<td>{escape(info['owner'])}</td><td>{escape(info['phase'])}</td>"

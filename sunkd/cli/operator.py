@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sunkd.cli.text import printable
 from sunkd.domain.events import Event, OperatorPinned, RecordedEvent
 from sunkd.domain.ownership import assess, explain, slurm_state_text
-from sunkd.domain.policy import effective_pools, membership
+from sunkd.domain.policy import effective_pools, membership, unpooled_marks
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import EMPTY, ClusterState, fold
 from sunkd.runtime.config import Settings, pool_spec
@@ -41,9 +41,14 @@ def _when(moment: float | None) -> str:
 def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dict[str, Any]]:
     pools = effective_pools(state, [pool_spec(pool) for pool in settings.pools])
     pool_of = membership(state, pools)
+    nodes = dict(state.nodes)
+    for name, record in state.unpooled.items():  # forgotten with a mark on (older logs)
+        unpooled = record.expand(name)
+        if unpooled_marks(unpooled):
+            nodes[name] = unpooled
     rows = []
-    for name in sorted(state.nodes):
-        node = state.nodes[name]
+    for name in sorted(nodes):
+        node = nodes[name]
         if not observed(node):
             continue  # only pinned, never seen: see pending_pins
         assessment = assess(state, node, now)
@@ -57,8 +62,14 @@ def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dic
             if k8s.unschedulable:
                 k8s_state += ",SchedulingDisabled"
         reasons = explain(node, assessment)
-        if node.pin is not None:
+        if assessment.pin_problem is not None and node.pin is not None:
+            reasons.append(f"{assessment.pin_problem} (set by {node.pin.who})")
+        elif node.pin is not None:
             reasons.append(f"pinned to {node.pin.to} by {node.pin.who}: {node.pin.why}")
+        marks = unpooled_marks(node) if name not in pool_of else []
+        if marks:  # it left every pool (or never had one) and sunkd's marks are still on
+            since = f" since {_when(node.unpooled_since)}" if node.unpooled_since else ""
+            reasons.append(f"in no pool{since}, carries sunkd's " + "; ".join(marks))
         rows.append({
             "node": name,
             "pool": pool_of.get(name),

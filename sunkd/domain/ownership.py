@@ -15,7 +15,10 @@ policy"):
 
 Operator pins are *not* holds (they are intent, not trouble): a pin to the current
 owner keeps the node where it is (no move starts, a move away is aborted), a pin to
-the other side makes the policy move it. `Assessment.pin` reports the pin.
+the other side makes the policy move it. `Assessment.pin` reports the pin. A pin that
+is none of slurm|kubernetes|auto (`Slurm`, spelled like the pool mode; a stray blank) is
+an *invalid pin*: it must not read as "no pin", so it acts as a pin to the side the node
+is on (nothing moves it) and `Assessment.invalid_pin` reports it.
 
 Unknown is not none: a node whose Kubernetes Node has not reported its pods (never, or
 not since the claim changed hands) is UNKNOWN, never "no pods": no resume, no unlock, no
@@ -57,6 +60,7 @@ __all__ = [
     "OWNER_SLURM",
     "OWNER_TAINT_KEY",
     "UNHEALTHY_GRACE_SECONDS",
+    "VALID_PINS",
     "Assessment",
     "Phase",
     "assess",
@@ -80,6 +84,8 @@ LEND_REASON_PREFIX = wk.REASON_LEND
 MIRROR_REASON_PREFIX = wk.REASON_MIRROR
 OWNER_TAINT_KEY = wk.TAINT_OWNER
 UNHEALTHY_GRACE_SECONDS = 30.0
+# What `sunkd.io/pin` and `operator.pinned` may say; "auto" (or nothing) is no pin.
+VALID_PINS = (OWNER_SLURM, OWNER_KUBERNETES, "auto")
 
 
 def is_ours(reason: str | None) -> bool:
@@ -138,6 +144,22 @@ class Assessment:
     # A Slurm job and a (non-DaemonSet) pod on the node at once: the one thing sunkd exists
     # to prevent. HELD, reported (metric, Event, audit record), never silent (I1).
     conflicts: tuple[str, ...] = ()
+    # The operator's pin text when it is none of VALID_PINS: `pin` is then the side the
+    # node is on (a move away is aborted as for a pin to it), never a move.
+    invalid_pin: str | None = None
+
+    @property
+    def pin_problem(self) -> str | None:
+        """Why the pin is not obeyed, for people (None when it is valid or absent)."""
+        if self.invalid_pin is None:
+            return None
+        stays = f"the node stays with {self.pin}" if self.pin else "nothing moves the node"
+        return (f"invalid pin {self.invalid_pin!r} (only {', '.join(VALID_PINS)}): "
+                f"not obeyed; {stays}")
+
+    def pin_why(self) -> str:
+        """The reason a move stops for the pin."""
+        return self.pin_problem or f"operator pinned the node to {self.pin}"
 
     @property
     def hold_reasons(self) -> tuple[str, ...]:
@@ -185,9 +207,10 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
     elif node.k8s is not None and node.pods is None:
         unknown.append(f"pods unknown: Kubernetes Node {node.k8s_name or node.name} has not "
                        "reported its pods to sunkd")
-    pin = node.pin.to if node.pin is not None else None
+    pin, invalid_pin = _pin_of(node)
     if unknown:
-        return Assessment(node.name, Phase.UNKNOWN, node.owner, tuple(unknown), pin=pin)
+        return Assessment(node.name, Phase.UNKNOWN, node.owner, tuple(unknown), pin=pin,
+                          invalid_pin=invalid_pin)
 
     slurm_holds: list[str] = []
     slurm = node.slurm
@@ -245,7 +268,21 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
         slurm_unhealthy=unhealthy,
         pin=pin,
         conflicts=tuple(conflicts),
+        invalid_pin=invalid_pin,
     )
+
+
+def _pin_of(node: NodeState) -> tuple[str | None, str | None]:
+    """(the pin the policy obeys, the invalid pin text). The fold keeps a pin's text as
+    written; one that is not slurm|kubernetes pins the node to the side it is on (the
+    side a move started from): no move starts, a move away stops before its point of no
+    return, and an adoption (from no owner) is left alone."""
+    if node.pin is None:
+        return None, None
+    if node.pin.to in (OWNER_SLURM, OWNER_KUBERNETES):
+        return node.pin.to, None
+    here = node.transition.from_owner if node.transition is not None else node.owner
+    return (here if here in (OWNER_SLURM, OWNER_KUBERNETES) else None), node.pin.to
 
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})

@@ -47,6 +47,7 @@ EVENT_EVICTED = "SunkdEvicted"  # sunkd evicted a pod to reclaim a node for Slur
 EVENT_CONFLICT = "SunkdConflict"  # Warning: a Slurm job and a pod share the node
 EVENT_IDENTITY_CONFLICT = "SunkdIdentityConflict"  # Warning: two Nodes claim one Slurm name
 EVENT_POOL_CONFLICT = "SunkdPoolConflict"  # Warning: two Nodesets select the node
+EVENT_INVALID_PIN = "SunkdInvalidPin"  # Warning: sunkd.io/pin is not slurm|kubernetes|auto
 
 # --- Nodeset status condition types and their reasons -----------------------------------
 CONDITION_READY = "Ready"  # sources fresh: sunkd may act

@@ -293,7 +293,8 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
             world.pod_counter += 1
             node.others.append(f"bound-{world.pod_counter}")
         return "pod by nodeName"
-    to = rng.choice(["slurm", "kubernetes", "auto", "auto"])
+    # An invalid pin (the pool mode's spelling, a stray blank) must move nothing either.
+    to = rng.choice(["slurm", "kubernetes", "auto", "auto", "Slurm", "kubernetes "])
     sim.add(OperatorPinned(node=node.name, to=to, who="op", why="adversary"))
     return "pin"
 

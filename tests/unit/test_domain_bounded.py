@@ -207,7 +207,9 @@ def test_a_node_that_leaves_every_pool_is_forgotten_after_the_grace() -> None:
     _nodeset(log, 0.5)
     _both(log, "n1", 1.0)
     _adopted(log, "n1", 2.0)
-    log.add(replace(k8s_obs("n1"), labels=(OTHER,)), T0)  # relabelled out of the pool
+    # Relabelled out of the pool, and the operator took sunkd's owner taint off (while a
+    # mark sunkd made is on it, it is never forgotten: test_safety_scenarios, h13).
+    log.add(replace(k8s_obs("n1", tainted=False), labels=(OTHER,)), T0)
     state = _assert_batching_independent(log)
     node = state.nodes["n1"]  # its history keeps it a NodeState until the grace ends
     assert node.owner == "slurm" and node.unpooled_since == T0

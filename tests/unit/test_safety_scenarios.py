@@ -17,6 +17,7 @@ from sunkd.domain.events import (
     K8sWorkloadObserved,
     LeaderElected,
     PodRef,
+    SlurmNodeObserved,
     SourceHealth,
     Taint,
 )
@@ -24,6 +25,7 @@ from sunkd.domain.ownership import assess
 from sunkd.domain.policy import (
     AbortTransition,
     CompleteTransition,
+    PoolSpec,
     RequestAction,
     StartTransition,
     decide,
@@ -308,3 +310,266 @@ def test_a_node_gone_from_both_sides_is_forgotten_after_a_grace() -> None:
     # It may come back: a new sighting starts it afresh.
     log.add(k8s_obs("n2"), 20_000.0)
     assert log.state().nodes["n2"].owner == "none"
+
+
+# ------------------------------------- fail closed on what sunkd cannot see: bad pins
+
+
+def test_h6_a_pin_spelled_like_the_pool_mode_is_invalid_and_keeps_the_node() -> None:
+    """`sunkd.io/pin: Slurm` (the pool mode's spelling) is no pin sunkd knows: only
+    slurm|kubernetes|auto are. It must not read as "no pin" (the node would be lent while
+    status says "pinned to Slurm"): it is an invalid pin, reported, shown, and the node
+    stays where it is."""
+    from sunkd.api.app import node_json
+    from sunkd.cli.operator import status_rows
+    from sunkd.runtime.config import Settings
+
+    log = _cluster(1)
+    log.add(k8s_obs("n1", pin="Slurm"), 5.0)
+    _pods(log, 2)  # demand that would otherwise lend n1
+    state = log.state()
+    assessment = assess(state, state.nodes["n1"], T0)
+    assert assessment.invalid_pin == "Slurm"
+    decisions = _decide(log, T0)
+    assert _only(decisions, StartTransition) == []
+    warns = [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
+    assert len(warns) == 1 and warns[0].arg("event_reason") == "SunkdInvalidPin"
+    assert "'Slurm'" in (warns[0].arg("message") or "")
+    row = status_rows(state, Settings(), T0)[0]
+    assert "invalid pin 'Slurm'" in row["reason"] and "pinned to Slurm" not in row["reason"]
+    shown = node_json(state, state.nodes["n1"], POOL, T0)
+    assert shown["pin"]["valid"] is False and "invalid pin" in shown["pin"]["problem"]
+    from prometheus_client import generate_latest
+
+    from sunkd.api.metrics import Metrics
+    from tests.unit.domain_world import pool_spec
+
+    metrics = Metrics()
+    metrics.set_state(state, T0, [pool_spec()])
+    assert f'sunkd_nodes_invalid_pin{{pool="{POOL}"}} 1.0' in generate_latest(
+        metrics.registry).decode()
+
+
+def test_h6_an_invalid_pin_aborts_a_move_away_like_a_pin_to_the_current_owner() -> None:
+    """A lend not yet past its point of no return stops when an invalid pin appears (as
+    for `sunkd.io/pin: slurm`); the node is not handed over."""
+    log = _cluster(1)
+    _pods(log, 2)
+    first = _decide(log, T0)
+    assert _only(first, StartTransition)
+    _record(log, first, T0)
+    log.add(k8s_obs("n1", pin="kubernetes "), T0 + 1)  # a stray blank is no valid pin
+    later = _decide(log, T0 + 2)
+    aborted = _only(later, AbortTransition)
+    assert len(aborted) == 1 and "invalid pin" in aborted[0].reason
+    assert _only(later, CompleteTransition) == []
+
+
+def test_h6_an_operator_pinned_event_with_a_bad_target_is_an_invalid_pin() -> None:
+    """`operator.pinned` rows come from `sunkd pin` (argparse allows slurm|kubernetes|auto
+    only), but the log may hold one written otherwise: the fold keeps it, it pins nothing
+    and moves nothing."""
+    from sunkd.domain.events import OperatorPinned
+
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(OperatorPinned(node="n1", to="SLURM", who="op", why="typo"), 5.0)
+    _jobs(log, 1)  # demand that would otherwise reclaim n1
+    state = log.state()
+    assert assess(state, state.nodes["n1"], T0).invalid_pin == "SLURM"
+    assert _only(_decide(log, T0), StartTransition) == []
+
+
+def test_h6_sunkd_pin_accepts_only_the_valid_targets() -> None:
+    import pytest
+
+    from sunkd.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["pin", "n1", "--to", "slurm", "--reason", "x"]).to == "slurm"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["pin", "n1", "--to", "Slurm", "--reason", "x"])
+
+
+# ------------------------- fail closed on what sunkd cannot see: a stale admin reason
+
+
+def test_h7_a_stale_admin_reason_on_a_healthy_node_does_not_block_the_mirror_drain() -> None:
+    """Slurm 24.11 keeps an admin's reason after `scontrol update state=resume`: the node is
+    IDLE, undrained, healthy, and the old text ("bad DIMM") protects nothing any more
+    (`ownership.foreign_word`, the actuator's test). A later NotReady or cordon must still
+    be mirrored as a Slurm drain, or Slurm keeps scheduling onto a node Kubernetes holds."""
+    for k8s in (k8s_obs("n1", ready=False), k8s_obs("n1", unschedulable=True)):
+        log = _cluster(1)
+        log.add(slurm_obs("n1", "IDLE", reason="bad DIMM"), 5.0)
+        log.add(k8s, 6.0)
+        state = log.state()
+        assert assess(state, state.nodes["n1"], T0).k8s_holds
+        drains = [d for d in _decide(log, T0)
+                  if isinstance(d, RequestAction) and d.verb == "drain"]
+        assert len(drains) == 1, k8s
+        assert (drains[0].arg("reason") or "").startswith(wk.REASON_MIRROR)
+
+
+def test_h7_an_admin_reason_that_still_means_something_is_never_drained_over() -> None:
+    """The same reason on a drained or unhealthy node is the admin's word: no mirror."""
+    for slurm in (slurm_obs("n1", "IDLE", flags=("DRAIN",), reason="bad DIMM"),
+                  slurm_obs("n1", "DOWN", reason="bad DIMM")):
+        log = _cluster(1)
+        log.add(slurm, 5.0)
+        log.add(k8s_obs("n1", ready=False), 6.0)
+        assert ("n1", "slurm", "drain") not in _actions(_decide(log, T0)), slurm
+
+
+# ------------------- fail closed on what sunkd cannot see: a conflict on a node in no pool
+
+
+def _two_pools() -> list[PoolSpec]:
+    from tests.unit.domain_world import pool_spec
+
+    return [pool_spec(), dataclasses.replace(pool_spec(), name="other-team/gpu")]
+
+
+def test_h9_a_conflict_on_a_node_two_pools_select_is_warned_and_repaired() -> None:
+    """A node two Nodesets select belongs to neither, but a Slurm job beside a pod there is
+    still the one thing sunkd exists to prevent: a `SunkdConflict` Warning (naming the pool
+    conflict too), and the repair the node's owner calls for: a lent node is drained again
+    in Slurm so no more jobs land."""
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL,
+                                pods=(PodRef("serving", "p1", "Running"),)), 5.0)
+    log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 6.0)  # resumed by someone; a job
+    decisions = decide(log.state(), _two_pools(), T0)
+    warns = [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
+    assert len(warns) == 1 and warns[0].arg("event_reason") == wk.EVENT_CONFLICT
+    assert "other-team/gpu" in (warns[0].arg("message") or "")
+    assert ("n1", "slurm", "drain") in _actions(decisions)
+    assert _only(decisions, StartTransition) == []
+
+
+def test_h9_pods_on_a_busy_slurm_owned_node_two_pools_select_are_evicted() -> None:
+    """The same on a Slurm-owned node: the Warning first, then its pods are evicted (the
+    node's owner decides, as for a node of one pool)."""
+    log = _cluster(1)
+    log.add(slurm_obs("n1", "ALLOCATED", alloc_cpus=8), 5.0)
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL,
+                                pods=(PodRef("serving", "p1", "Running"),)), 6.0)
+    first = decide(log.state(), _two_pools(), T0)
+    warn = next(d for d in first if isinstance(d, RequestAction) and d.verb == "warn")
+    assert warn.arg("event_reason") == wk.EVENT_CONFLICT
+    _record(log, first, T0)
+    _succeed(log, warn, T0 + 1)
+    evicts = [d for d in decide(log.state(), _two_pools(), T0 + 2)
+              if isinstance(d, RequestAction) and d.verb == "evict"]
+    assert evicts and "serving/p1" in [a.value for a in evicts[0].args if a.key == "pod"]
+
+
+# ------------ fail closed on what sunkd cannot see: a node that left every pool, marked
+
+
+def _adopted_in_a_pool(slurm: SlurmNodeObserved, k8s: K8sNodeObserved) -> Log:
+    """A pool-aware log (a Nodeset, fresh sources) with n1 observed so and adopted."""
+    from tests.unit.test_domain_bounded import _adopted, _aware, _fresh, _nodeset
+
+    log = Log()
+    _fresh(log)
+    _aware(log)
+    _nodeset(log, 0.5)
+    log.add(slurm, 1.0)
+    log.add(k8s, 1.0)
+    _adopted(log, "n1", 2.0)
+    return log
+
+
+def test_h13_a_node_that_left_every_pool_keeps_sunkds_marks_in_view_and_is_not_forgotten(
+) -> None:
+    """sunkd mirrored a NotReady as a `sunkd:` drain; then the node left every pool. It
+    must not be forgotten (nor vanish from `sunkd status`) while it carries a mark sunkd
+    made: Slurm would have lost the node to a drain no view shows. sunkd removes its drain
+    once nothing of its own needs it (the kubelet is back), and says what stays."""
+    from sunkd.cli.operator import status_rows
+    from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode
+    from sunkd.runtime.config import Settings
+    from tests.unit.domain_world import pool_spec
+    from tests.unit.test_domain_bounded import OTHER
+
+    mirror = "sunkd: k8s NotReady"
+    log = _adopted_in_a_pool(slurm_obs("n1", flags=("DRAIN",), reason=mirror),
+                             k8s_obs("n1", ready=False))
+    log.add(dataclasses.replace(k8s_obs("n1", ready=False), labels=(OTHER,)), T0)  # no pool
+    later = T0 + 2 * FORGET_AFTER_SECONDS
+    decisions = decide(log.state(), [pool_spec()], later)
+    assert _only(decisions, ForgetNode) == []
+    assert ("n1", "slurm", "resume") not in _actions(decisions)  # NotReady: still needed
+    rows = {row["node"]: row for row in status_rows(log.state(), Settings(), later)}
+    assert rows["n1"]["pool"] is None
+    assert "in no pool" in rows["n1"]["reason"] and mirror in rows["n1"]["reason"]
+
+    log.add(dataclasses.replace(k8s_obs("n1"), labels=(OTHER,)), later)  # kubelet back
+    resumes = [d for d in decide(log.state(), [pool_spec()], later + 1)
+               if isinstance(d, RequestAction) and d.verb == "resume"]
+    assert len(resumes) == 1 and resumes[0].arg("expect_reason") == mirror
+    log.add(slurm_obs("n1"), later + 2)  # undrained
+    # The owner taint stays (Slurm may run jobs there: pods must stay off), so the node
+    # is still not forgotten, and status says why.
+    final = later + 3 + FORGET_AFTER_SECONDS
+    assert _only(decide(log.state(), [pool_spec()], final), ForgetNode) == []
+    rows = {row["node"]: row for row in status_rows(log.state(), Settings(), final)}
+    assert wk.TAINT_OWNER in rows["n1"]["reason"] and "kept" in rows["n1"]["reason"]
+
+
+def test_h13_sunkds_hold_taint_on_a_node_that_left_every_pool_goes_once_the_hold_clears(
+) -> None:
+    from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode
+    from tests.unit.domain_world import pool_spec
+    from tests.unit.test_domain_bounded import OTHER
+
+    log = _adopted_in_a_pool(slurm_obs("n1"), k8s_obs("n1", tainted=False, hold_tainted=True))
+    log.add(dataclasses.replace(k8s_obs("n1", tainted=False, hold_tainted=True),
+                                labels=(OTHER,)), T0)
+    decisions = decide(log.state(), [pool_spec()], T0 + 2 * FORGET_AFTER_SECONDS)
+    assert _only(decisions, ForgetNode) == []
+    assert ("n1", "kubernetes", "uncordon") in _actions(decisions)
+
+
+def test_h13_a_node_an_older_sunkd_forgot_with_its_drain_on_is_still_shown() -> None:
+    """A log where the node was forgotten with sunkd's mirror drain on (before this rule):
+    it is a compact record now, but `sunkd status` still lists it with the mark."""
+    from sunkd.cli.operator import status_rows
+    from sunkd.domain.events import NodeForgotten
+    from sunkd.runtime.config import Settings
+    from tests.unit.test_domain_bounded import OTHER
+
+    mirror = "sunkd: k8s NotReady"
+    log = _adopted_in_a_pool(slurm_obs("n1", flags=("DRAIN",), reason=mirror),
+                             dataclasses.replace(k8s_obs("n1", tainted=False), labels=(OTHER,)))
+    log.add(NodeForgotten(node="n1", reason="in no pool for 3600 s"), T0)
+    state = log.state()
+    assert "n1" in state.unpooled
+    rows = {row["node"]: row for row in status_rows(state, Settings(), T0)}
+    assert "n1" in rows and mirror in rows["n1"]["reason"]
+
+
+# ----------------- found by the adversaries: no resume while Slurm reports the node unhealthy
+
+
+def test_an_aborted_lend_does_not_resume_a_node_slurm_reports_unhealthy() -> None:
+    """A lend has drained the node; Slurm then reports it DOWN+FAIL (still within the
+    unhealthy grace, so not yet HELD) and the operator pins it to slurm. The lend is
+    aborted, but sunkd's drain stays until Slurm reports the node healthy: a node Slurm
+    says is broken is Slurm's to handle (as for the mirror drain). Then it is resumed."""
+    log = _cluster(1)
+    _pods(log, 2)
+    first = _decide(log, T0)
+    _record(log, first, T0)
+    drain = next(d for d in first if isinstance(d, RequestAction) and d.verb == "drain")
+    _succeed(log, drain, T0 + 1)
+    reason = drain.arg("reason")
+    log.add(slurm_obs("n1", "DOWN", flags=("DRAIN", "FAIL"), reason=reason), T0 + 2)
+    log.add(k8s_obs("n1", pin="slurm"), T0 + 2)
+    decisions = _decide(log, T0 + 3)
+    assert len(_only(decisions, AbortTransition)) == 1
+    assert ("n1", "slurm", "resume") not in _actions(decisions)
+    _record(log, decisions, T0 + 3)
+    assert ("n1", "slurm", "resume") not in _actions(_decide(log, T0 + 4))
+    log.add(slurm_obs("n1", "IDLE", flags=("DRAIN",), reason=reason), T0 + 5)  # healthy
+    assert ("n1", "slurm", "resume") in _actions(_decide(log, T0 + 6))

@@ -45,6 +45,7 @@ from sunkd.domain.policy.fairness import (
     protect_running_pods,
     slurm_reserves,
 )
+from sunkd.domain.policy.holds import _release_marks, unpooled_marks
 from sunkd.domain.policy.model import (
     FORGET_AFTER_SECONDS,
     MODE_AUTO,
@@ -124,6 +125,7 @@ __all__ = [
     "reclaim_grace_started_at",
     "retry_backoff",
     "slurm_reserves",
+    "unpooled_marks",
 ]
 
 
@@ -161,8 +163,9 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
 def _forget_gone(planner: _Planner, state: ClusterState, pooled: Set[str]) -> None:
     """Forget nodes gone from both sides for FORGET_AFTER_SECONDS (bounded memory), and
     the history of nodes in no pool (`unpooled_since`) as long: not while anything is
-    open on them, not while an operator's pin names them, and only while both sources
-    are fresh in this term (decisions need that, always)."""
+    open on them, not while an operator's pin names them, not while they carry a mark
+    sunkd made (`unpooled_marks`), and only while both sources are fresh in this term
+    (decisions need that, always)."""
     if not (state.source_fresh("slurm") and state.source_fresh("kubernetes")):
         return
     for name in sorted(state.nodes):
@@ -178,6 +181,11 @@ def _forget_gone(planner: _Planner, state: ClusterState, pooled: Set[str]) -> No
         ):
             planner.decisions.append(ForgetNode(
                 name, f"gone from Slurm and Kubernetes for {FORGET_AFTER_SECONDS:g} s"))
+        elif node.unpooled_since is not None and name not in pooled and unpooled_marks(node):
+            # It still carries a drain or taint sunkd made: never forgotten with it (Slurm
+            # would lose the node to a `sunkd:` drain no view shows); sunkd takes off what
+            # is safe to take off, `sunkd status` shows what stays and why.
+            _release_marks(planner, node)
         elif (
             node.unpooled_since is not None
             and name not in pooled  # the pools decide() runs with agree

@@ -21,6 +21,7 @@ from sunkd.domain.policy.model import (
     StartTransition,
     retry_backoff,
 )
+from sunkd.domain.slurmnode import slurm_unhealthy
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
     OWNER_SLURM,
@@ -59,8 +60,12 @@ def _evict_args(node: NodeState) -> tuple[Label, ...]:
 
 
 def _may_resume(node: NodeState) -> bool:
-    """Slurm may get the node back only while pool pods are kept off and gone."""
-    return has_owner_taint(node.k8s) and not _active_pods(node)
+    """Slurm may get the node back only while pool pods are kept off and gone, and only
+    while Slurm reports it healthy (a DOWN/FAIL/NOT_RESPONDING node is Slurm's to handle:
+    sunkd's drain stays until it is well again)."""
+    slurm = node.slurm
+    return (has_owner_taint(node.k8s) and not _active_pods(node)
+            and not (slurm is not None and slurm_unhealthy(slurm)))
 
 
 class _Planner:

@@ -29,7 +29,12 @@ from sunkd.domain.policy.model import (
 )
 from sunkd.domain.policy.planner import _active_pods, _Planner
 from sunkd.domain.policy.reclaim import _can_reclaim, _start_reclaim
-from sunkd.domain.policy.repair import _repair, _repair_while_held, _report_conflict
+from sunkd.domain.policy.repair import (
+    _repair,
+    _repair_while_held,
+    _report_conflict,
+    _report_invalid_pin,
+)
 from sunkd.domain.policy.transitions import _adopt, _handle_transition
 from sunkd.domain.state import (
     OWNER_KUBERNETES,
@@ -102,6 +107,8 @@ def _step_nodes(
             continue
         if assessment.conflicts:
             _report_conflict(planner, node, assessment)
+        elif assessment.invalid_pin is not None:
+            _report_invalid_pin(planner, node, assessment)
         if assessment.identity_conflict:
             continue  # which Node is which is unknown: no action but the Warning
         if node.transition is not None:

@@ -12,6 +12,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     Assessment,
+    assess,
     foreign_word,
     has_owner_taint,
     is_lend_drain,
@@ -85,19 +86,42 @@ def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment)
         )
 
 
+def _report_invalid_pin(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+    """An invalid pin is a Warning Event on the node (the operator meant something sunkd
+    does not obey), as often as a conflict's."""
+    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
+    problem = assessment.pin_problem
+    if problem is not None and (
+            outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS):
+        planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, problem,
+                       (Label("event_reason", wk.EVENT_INVALID_PIN), Label("message", problem)))
+
+
 def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, ...]) -> None:
     """A node several pools select belongs to none of them: say so on the node, once per
-    CONFLICT_WARN_EVERY_SECONDS (only when both sides can be trusted right now)."""
+    CONFLICT_WARN_EVERY_SECONDS (only when both sides can be trusted right now).
+
+    No pool drives it, but a Slurm job beside a pod there is still a conflict: the
+    `SunkdConflict` Warning (naming the pool conflict too) and the repair of the node's
+    settled owner (`_repair_while_held`: a lent node drained again, pods evicted from a
+    Slurm-owned one), as for a node of one pool; nothing else (no move, no mirror)."""
     state = planner.state
     if not (state.source_fresh(OWNER_SLURM) and state.source_fresh(OWNER_KUBERNETES)):
         return
     if node.k8s is None:
         return
+    why = (f"pool conflict: selected by {', '.join(claimed_by)}; no pool drives it until "
+           "one Nodeset stops selecting it")
+    assessment = assess(state, node, planner.now)
+    if assessment.actionable and assessment.conflicts:
+        _report_conflict(planner, node, dataclasses.replace(
+            assessment, conflicts=(*assessment.conflicts, why)))
+        if not assessment.identity_conflict:  # which Node is which is unknown: warn only
+            _repair_while_held(planner, node, assessment)
+        return
     outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
     if outcome is not None and planner.now - outcome.at < CONFLICT_WARN_EVERY_SECONDS:
         return
-    why = (f"pool conflict: selected by {', '.join(claimed_by)}; no pool drives it until "
-           "one Nodeset stops selecting it")
     planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, why,
                    (Label("event_reason", wk.EVENT_POOL_CONFLICT), Label("message", why)))
 

@@ -79,7 +79,7 @@ def _handle_transition(
         committed = _unlock_started(node, transition)
         if not committed:
             if assessment.pin == OWNER_SLURM:
-                _abort_lend(planner, node, transition, "operator pinned the node to slurm")
+                _abort_lend(planner, node, transition, assessment.pin_why())
                 return
             if spec.mode == MODE_SLURM and assessment.pin != OWNER_KUBERNETES:
                 _abort_lend(planner, node, transition, "pool mode is Slurm")
@@ -105,7 +105,7 @@ def _handle_transition(
         return
     if direction == "reclaim" and not _resume_started(node, transition):
         if assessment.pin == OWNER_KUBERNETES:
-            planner.abort(node, transition, "operator pinned the node to kubernetes")
+            planner.abort(node, transition, assessment.pin_why())
             return
         if spec.mode == MODE_KUBERNETES and assessment.pin != OWNER_SLURM:
             planner.abort(node, transition, "pool mode is Kubernetes")
