@@ -460,7 +460,8 @@ class SlurmCluster:
     No GPUs: 22.05's slurmd reports 0 for count-only gpu GRES (no device files) and
     slurmctld then sets the node INVAL, so GPU accounting is covered by fixtures.
     `version` picks the Slurm generation (`SLURM_VERSIONS`; None: the host's packages);
-    `rest_user` defaults to `nobody` on the host and `slurmrest` in a root.
+    `rest_user` defaults to `nobody` on the host and `slurmrest` in a root. `extra_conf`
+    lines are added to slurm.conf before the nodes (hooks: PrologSlurmctld=...).
     """
 
     def __init__(
@@ -476,6 +477,7 @@ class SlurmCluster:
         base_dir: Path | None = None,
         keep_dir: bool = False,
         start_timeout: float = 30.0,
+        extra_conf: Sequence[str] = (),
     ) -> None:
         self.node_names: tuple[str, ...] = tuple(expand(nodes))
         if not self.node_names:
@@ -496,6 +498,7 @@ class SlurmCluster:
         self._base_dir_arg = base_dir
         self.keep_dir = keep_dir
         self.start_timeout = start_timeout
+        self.extra_conf = tuple(extra_conf)
         self.base: Path = Path("/nonexistent")
         self._daemons: dict[str, Daemon] = {}
         self._started = False
@@ -953,6 +956,7 @@ class SlurmCluster:
             "KillWait=2",
             "MinJobAge=300",
         ]
+        lines += self.extra_conf  # e.g. PrologSlurmctld=... (sunkd hook, docs/slurm.md)
         for node in self.node_names:
             lines.append(
                 f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 "
