@@ -11,26 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import pwd
 import re
-import secrets
-import shutil
 import socket
-import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-import sunkd
 from sunkd.domain.events import RecordedEvent, SlurmHookReceived, SlurmNodeObserved
 from sunkd.runtime.config import KubernetesSettings, PoolSettings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.slurm.client import SlurmRestClient
+from sunkd.testbed.hooks import HookScripts as Hooks
 from sunkd.testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import start_cluster
 from tests.integration.test_e2e import migrated_database, read_all, settings_for
@@ -44,63 +37,6 @@ POLL = 30.0  # far longer than any bound below: only a hook explains a quick obs
 # (bench/hooks.py) measures the real figures.
 BOUND = 10.0
 HOOK_BOUND = 2.0
-REPO = Path(sunkd.__file__).resolve().parent.parent
-PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-
-
-class Hooks:
-    """A directory slurmctld (SlurmUser) can read: token, config, wrapper scripts."""
-
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="sunkd-hooks-"))
-        self.dir.chmod(0o755)
-        user = "slurm" if _has_user("slurm") else "root"
-        entry = pwd.getpwnam(user)
-        self.token_file = self.dir / "token"
-        self.token_file.write_text(secrets.token_hex(24) + "\n")
-        self.token_file.chmod(0o600)
-        os.chown(self.token_file, entry.pw_uid, entry.pw_gid)
-        self.config = self.dir / "hook.conf"
-        self.site = self.dir / "site-prolog.sh"
-        self.marks = self.dir / "marks"
-        self.marks.mkdir(mode=0o777)
-        self.marks.chmod(0o777)
-        self.site.write_text(
-            "#!/bin/sh\n"
-            f'echo "$SLURM_JOB_NODELIST" > {self.marks}/site.$SLURM_JOB_ID\n'
-            f"exit $(cat {self.dir}/site-exit 2>/dev/null || echo 0)\n")
-        self.site.chmod(0o755)
-        for name, event, extra in (("prolog.sh", "prolog-slurmctld", f" --chain {self.site}"),
-                                   ("epilog.sh", "epilog-slurmctld", "")):
-            script = self.dir / name
-            script.write_text(
-                "#!/bin/sh\n"
-                f"PYTHONPATH={REPO} exec {PYTHON} -m sunkd.slurm.hook {event}"
-                f" --config {self.config}{extra}\n")
-            script.chmod(0o755)
-        self.configure("http://127.0.0.1:9")
-
-    @property
-    def conf_lines(self) -> list[str]:
-        return [f"PrologSlurmctld={self.dir / 'prolog.sh'}",
-                f"EpilogSlurmctld={self.dir / 'epilog.sh'}"]
-
-    def configure(self, url: str, *, fence: bool = False) -> None:
-        self.config.write_text(f"url = {url}\ntoken_file = {self.token_file}\n"
-                               f"timeout = 2\nfence = {'true' if fence else 'false'}\n")
-        self.config.chmod(0o644)
-
-    def site_exit(self, code: int) -> None:
-        (self.dir / "site-exit").write_text(f"{code}\n")
-        (self.dir / "site-exit").chmod(0o644)
-
-
-def _has_user(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +45,7 @@ def hooks() -> Iterator[Hooks]:
     try:
         yield made
     finally:
-        shutil.rmtree(made.dir, ignore_errors=True)
+        made.cleanup()
 
 
 @pytest.fixture(scope="module")
