@@ -32,6 +32,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 EVENTS = ("prolog-slurmctld", "epilog-slurmctld", "epilog")
 DEFAULT_CONFIG = "/etc/sunkd/hook.conf"
@@ -162,8 +163,10 @@ def post(url: str, token: str, body: Mapping[str, object], timeout: float
     """(status, JSON answer or {}) of one POST; raises OSError/ValueError on failure.
 
     HTTP/1.1 by hand on a socket: `http.client` pulls in the `email` package, which
-    tripled this program's start time, and Slurm waits for it on every job."""
-    import socket
+    tripled this program's start time, and Slurm waits for it on every job. `_socket`,
+    not `socket`: the latter's enum conversions cost more than the rest of the program
+    (https needs `ssl`, which imports it anyway)."""
+    import _socket
 
     scheme, host, port, prefix = split_url(url)
     data = encode(body).encode()
@@ -171,12 +174,18 @@ def post(url: str, token: str, body: Mapping[str, object], timeout: float
             f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n")
     deadline = time.monotonic() + timeout
-    sock = socket.create_connection((host, port), timeout=timeout)
+    family, kind, proto, _, address = _socket.getaddrinfo(host, port, 0,
+                                                           _socket.SOCK_STREAM)[0]
+    sock: Any = _socket.socket(family, kind, proto)
     try:
+        sock.settimeout(timeout)
+        sock.connect(address)
         if scheme == "https":
+            import socket
             import ssl
 
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+            sock = ssl.create_default_context().wrap_socket(
+                socket.socket(fileno=sock.detach()), server_hostname=host)
         sock.sendall(head.encode() + data)
         raw = b""
         while len(raw) < 65536:

@@ -20,13 +20,22 @@ from dataclasses import replace
 import pytest
 
 from sunkd.domain.events import RecordedEvent, SlurmHookReceived, SlurmNodeObserved
+from sunkd.kubernetes.client import KubeClient
 from sunkd.runtime.config import KubernetesSettings, PoolSettings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.slurm.client import SlurmRestClient
+from sunkd.testbed.demo import KubeStandIn
 from sunkd.testbed.hooks import HookScripts as Hooks
 from sunkd.testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import start_cluster
-from tests.integration.test_e2e import migrated_database, read_all, settings_for
+from tests.integration.test_e2e import (
+    migrated_database,
+    pending_pods,
+    read_all,
+    reset_slurm,
+    settings_for,
+    start_emulator,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
 
@@ -50,7 +59,7 @@ def hooks() -> Iterator[Hooks]:
 
 @pytest.fixture(scope="module")
 def cluster(hooks: Hooks) -> Iterator[SlurmCluster]:
-    yield from start_cluster(NODES, partitions={"batch": NODES}, slurmd_timeout=5,
+    yield from start_cluster(NODES, partitions={"gpu": NODES}, slurmd_timeout=5,
                              extra_conf=hooks.conf_lines)
 
 
@@ -62,7 +71,7 @@ async def hooked_sunkd(database_url: str, cluster: SlurmCluster, hooks: Hooks, *
         slurm=SlurmSettings(url=cluster.rest_unix_url, poll_interval=POLL,
                             hook_token_file=hooks.token_file, hook_fence=fence),
         kubernetes=KubernetesSettings(enabled=False),
-        pools=(PoolSettings(name="hooks", partitions=("batch",), mode="Slurm"),))
+        pools=(PoolSettings(name="hooks", partitions=("gpu",), mode="Slurm"),))
     client = SlurmRestClient.from_settings(settings.slurm)
     daemon = Daemon(settings, slurm_client=client, slurm_env=cluster.env)
     task = asyncio.create_task(daemon.run())
@@ -131,7 +140,7 @@ async def test_job_start_and_end_reach_sunkd_within_the_bound(
     async with migrated_database() as database_url:
         async with hooked_sunkd(database_url, cluster, hooks) as daemon:
             await asyncio.sleep(0.5)  # let the first poll settle: the next is 30 s away
-            job = cluster.sbatch(wrap="sleep 2", nodelist="hk2", partition="batch")
+            job = cluster.sbatch(wrap="sleep 2", nodelist="hk2", partition="gpu")
             start = await _until(lambda: _busy(daemon, "hk2"), BOUND, "job start observed")
             end = await _until(lambda: _free(daemon, "hk2"), 2 + BOUND,
                                "job end observed (COMPLETING over)")
@@ -166,6 +175,56 @@ async def test_jobs_run_when_sunkd_is_down(cluster: SlurmCluster, hooks: Hooks) 
         closed = probe.getsockname()[1]  # nothing listens once closed
     hooks.configure(f"http://127.0.0.1:{closed}", fence=True)
     hooks.site_exit(0)
-    job = cluster.sbatch(wrap="sleep 1", nodelist="hk3", partition="batch")
+    job = cluster.sbatch(wrap="sleep 1", nodelist="hk3", partition="gpu")
     await _until(lambda: (hooks.marks / f"site.{job}").exists(), 20, "the prolog ran", 0.2)
     await _until(lambda: _job_state(cluster, job) == "COMPLETED", 30, "the job completed", 0.2)
+
+
+async def test_fence_refuses_a_job_on_a_lent_node(cluster: SlurmCluster, hooks: Hooks) -> None:
+    """A node sunkd lent to Kubernetes has its drain lifted by someone else: the next job
+    Slurm starts there is refused by the fence (the prolog exits 1), so slurmctld
+    requeues it instead of running it beside the pool's pod."""
+    reset_slurm(cluster)
+    hooks.site_exit(0)
+    async with migrated_database() as database_url:
+        emulator = await start_emulator(cluster)
+        stand_in = KubeStandIn(emulator)
+        settings = replace(
+            settings_for(database_url, cluster),
+            slurm=SlurmSettings(url=cluster.rest_unix_url, poll_interval=1.0,
+                                hook_token_file=hooks.token_file, hook_fence=True))
+        client = SlurmRestClient.from_settings(settings.slurm)
+        kube = KubeClient.for_url(emulator.url)
+        daemon = Daemon(settings, slurm_client=client, kube_client=kube, slurm_env=cluster.env)
+        task = asyncio.create_task(daemon.run())
+
+        def owned_by(owner: str) -> list[str]:
+            stand_in.step()
+            return [n.name for n in daemon.state().nodes.values()
+                    if n.owner == owner and n.transition is None]
+
+        try:
+            await _until(lambda: len(owned_by("slurm")) == 3 and daemon.http_port is not None,
+                         40, "every node Slurm's", 0.1)
+            hooks.configure(f"http://127.0.0.1:{daemon.http_port}", fence=True)
+            pending_pods(emulator, 1)
+            await _until(lambda: bool(owned_by("kubernetes")), 60, "a node lent", 0.1)
+            [lent] = owned_by("kubernetes")
+            cluster.scontrol("update", f"nodename={lent}", "state=resume")
+            job = cluster.sbatch(wrap="sleep 30", nodelist=lent, partition="gpu")
+            await _until(lambda: "fence_refused" in daemon.metrics.render().decode(), 20,
+                         "the fence refused the job", 0.1)
+            await asyncio.sleep(2)
+            show = cluster.scontrol("show", "job", str(job))
+            assert "JobState=RUNNING" not in show and "JobState=COMPLETED" not in show, show
+            assert (hooks.marks / f"site.{job}").exists()  # the site's prolog ran first
+        finally:
+            daemon.stop_event.set()
+            try:
+                async with asyncio.timeout(30):
+                    assert await task == 0
+            finally:
+                await client.close()
+                await kube.close()
+                await emulator.stop()
+                reset_slurm(cluster)
