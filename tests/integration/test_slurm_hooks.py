@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import re
 import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -180,12 +181,13 @@ async def test_jobs_run_when_sunkd_is_down(cluster: SlurmCluster, hooks: Hooks) 
     await _until(lambda: _job_state(cluster, job) == "COMPLETED", 30, "the job completed", 0.2)
 
 
-async def test_fence_refuses_a_job_on_a_lent_node(cluster: SlurmCluster, hooks: Hooks) -> None:
-    """A node sunkd lent to Kubernetes has its drain lifted by someone else: the next job
-    Slurm starts there is refused by the fence (the prolog exits 1), so slurmctld
-    requeues it instead of running it beside the pool's pod."""
+async def test_fence_refuses_a_lent_node(cluster: SlurmCluster, hooks: Hooks) -> None:
+    """The hook as slurmctld runs it (SlurmUser, Slurm's environment, the system python3)
+    asks a real daemon that has just lent a node to Kubernetes: a job on that node is
+    refused (exit 1), a job on Slurm's nodes is not. Slurm never starts a job on a node
+    sunkd drained, so the refusal is shown here on the hook; what slurmctld does with a
+    refusing prolog is `test_a_refusing_prolog_keeps_the_job_from_running`."""
     reset_slurm(cluster)
-    hooks.site_exit(0)
     async with migrated_database() as database_url:
         emulator = await start_emulator(cluster)
         stand_in = KubeStandIn(emulator)
@@ -210,14 +212,10 @@ async def test_fence_refuses_a_job_on_a_lent_node(cluster: SlurmCluster, hooks: 
             pending_pods(emulator, 1)
             await _until(lambda: bool(owned_by("kubernetes")), 60, "a node lent", 0.1)
             [lent] = owned_by("kubernetes")
-            cluster.scontrol("update", f"nodename={lent}", "state=resume")
-            job = cluster.sbatch(wrap="sleep 30", nodelist=lent, partition="gpu")
-            await _until(lambda: "fence_refused" in daemon.metrics.render().decode(), 20,
-                         "the fence refused the job", 0.1)
-            await asyncio.sleep(2)
-            show = cluster.scontrol("show", "job", str(job))
-            assert "JobState=RUNNING" not in show and "JobState=COMPLETED" not in show, show
-            assert (hooks.marks / f"site.{job}").exists()  # the site's prolog ran first
+            slurms = owned_by("slurm")
+            refused = await _prolog_as_slurmctld(hooks, 901, f"{slurms[0]},{lent}")
+            allowed = await _prolog_as_slurmctld(hooks, 902, ",".join(slurms))
+            metrics = daemon.metrics.render().decode()
         finally:
             daemon.stop_event.set()
             try:
@@ -228,3 +226,41 @@ async def test_fence_refuses_a_job_on_a_lent_node(cluster: SlurmCluster, hooks: 
                 await kube.close()
                 await emulator.stop()
                 reset_slurm(cluster)
+        # sunkd down: the fence allows everything.
+        down = await _prolog_as_slurmctld(hooks, 903, lent)
+    assert refused.returncode == 1, refused.stderr
+    assert f"{lent}: owned by Kubernetes" in refused.stderr
+    assert allowed.returncode == 0, allowed.stderr
+    assert down.returncode == 0 and "Connection refused" in down.stderr
+    assert 'result="fence_refused"} 1.0' in metrics and 'result="fence_allowed"} 1.0' in metrics
+
+
+async def _prolog_as_slurmctld(hooks: Hooks, job: int, nodes: str
+                               ) -> subprocess.CompletedProcess[str]:
+    """prolog.sh the way slurmctld runs it: as SlurmUser, with only Slurm's variables."""
+    user = hooks.token_file.owner()
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": str(job), "SLURM_JOB_NODELIST": nodes,
+           "SLURM_JOB_PARTITION": "gpu"}
+    command = ["runuser", "-u", user, "--", "env", "-i",
+               *(f"{k}={v}" for k, v in env.items()), str(hooks.dir / "prolog.sh")]
+    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True,
+                                   timeout=60)
+
+
+async def test_a_refusing_prolog_keeps_the_job_from_running(
+    cluster: SlurmCluster, hooks: Hooks
+) -> None:
+    """What the fence relies on: a PrologSlurmctld exiting non-zero (here the chained site
+    script, whose status the hook keeps) stops slurmctld from running the job."""
+    reset_slurm(cluster)
+    hooks.configure("http://127.0.0.1:9")
+    hooks.site_exit(1)
+    try:
+        job = cluster.sbatch(wrap="sleep 1", nodelist="hk1", partition="gpu")
+        await _until(lambda: (hooks.marks / f"site.{job}").exists(), 20, "the prolog ran", 0.2)
+        await asyncio.sleep(3)
+        show = cluster.scontrol("show", "job", str(job))
+        assert "JobState=RUNNING" not in show and "JobState=COMPLETED" not in show, show
+    finally:
+        hooks.site_exit(0)
+        reset_slurm(cluster)
