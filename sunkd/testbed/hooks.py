@@ -5,8 +5,10 @@ without arguments or the caller's environment (slurm.conf(5)), so a site writes 
 one-line wrapper per hook and a token file SlurmUser can read. This makes the same for a
 `SlurmCluster` (pass `conf_lines` as its `extra_conf`): the wrappers run the hook from
 this checkout with the system python3 (the hook is standard library only), settings in
-`hook.conf` so that the daemon's URL can be filled in once it listens, and a "site"
-prolog chained with `--chain` that records each job and exits with `site-exit`'s code.
+`hook.conf` so that the daemon's URL can be filled in once it listens, and "site"
+scripts chained with `--chain`: the prolog records each job's nodes and start time
+(`marks/start.JOBID`, Slurm's moment of the start, for benchmarks) and exits with
+`site-exit`'s code, the epilog records its end time (`marks/end.JOBID`).
 """
 
 from __future__ import annotations
@@ -44,11 +46,15 @@ class HookScripts:
         self.marks.chmod(0o777)
         self.site.write_text(
             "#!/bin/sh\n"
+            f"date +%s.%N > {self.marks}/start.$SLURM_JOB_ID\n"
             f'echo "$SLURM_JOB_NODELIST" > {self.marks}/site.$SLURM_JOB_ID\n'
             f"exit $(cat {self.dir}/site-exit 2>/dev/null || echo 0)\n")
         self.site.chmod(0o755)
+        site_epilog = self.dir / "site-epilog.sh"
+        site_epilog.write_text(f"#!/bin/sh\ndate +%s.%N > {self.marks}/end.$SLURM_JOB_ID\n")
+        site_epilog.chmod(0o755)
         for name, event, extra in (("prolog.sh", "prolog-slurmctld", f" --chain {self.site}"),
-                                   ("epilog.sh", "epilog-slurmctld", "")):
+                                   ("epilog.sh", "epilog-slurmctld", f" --chain {site_epilog}")):
             script = self.dir / name
             script.write_text(
                 "#!/bin/sh\n"
@@ -74,6 +80,19 @@ class HookScripts:
         path = self.dir / "site-exit"
         path.write_text(f"{code}\n")
         path.chmod(0o644)
+
+    def moment(self, kind: str, job: int | str) -> float | None:
+        """When the site prolog (`start`) or epilog (`end`) ran for `job`, if it did."""
+        try:
+            return float((self.marks / f"{kind}.{job}").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def started_since(self, moment: float) -> list[float]:
+        """Start times of every job the site prolog saw start after `moment`."""
+        times = [self.moment("start", p.name.split(".", 1)[1])
+                 for p in self.marks.glob("start.*")]
+        return sorted(t for t in times if t is not None and t >= moment)
 
     def cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
