@@ -176,10 +176,12 @@ async def arm(cluster: Any, hooks: HookScripts, use_hooks: bool, cycles: int, po
             cluster.scancel(array)
             await kube.delete_pod(f"lend-{cycle}")
             await kube.delete_pod(f"end-{cycle}")
-            cluster.sbatch("-N1", "--exclusive", f"--array=0-{count - 1}", wrap="sleep 1",
-                           partition="gpu")
+            # Demand that lasts until the lent node is back (a short job would leave first).
+            back = cluster.sbatch("-N1", "--exclusive", f"--array=0-{count - 1}",
+                                  wrap="sleep 600", partition="gpu")
             await until(lambda: set(owners().values()) == {"slurm"} and len(owners()) == count,
                         within=120)
+            cluster.scancel(back)
             await until(lambda: all((s := nodes_now(daemon, n)) is not None and s.jobs == 0
                                     and s.state == "IDLE" for n in cluster.node_names),
                         within=120)

@@ -197,3 +197,58 @@ def test_fence_refuses_exactly_when_a_node_is_not_slurms(kinds: list[str]) -> No
     allow, why = fence_verdict(state, [f"n{i}" for i in range(len(kinds))])
     assert allow == (not {"k8s", "lending", "reclaiming"} & set(kinds))
     assert why.startswith("sunkd: ") != allow
+
+
+def test_sunkd_hook_subcommand_is_the_same_program() -> None:
+    from sunkd.cli.main import main
+
+    assert main(["hook", "epilog", "--url", f"http://127.0.0.1:{_closed_port()}",
+                 "--token-file", "/nonexistent"]) == 0
+
+
+async def test_the_route_authenticates_bounds_and_limits(tmp_path: Path) -> None:
+    """The real route over HTTP, with the daemon's receiver in no leadership term."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from sunkd.api.app import build_app
+    from sunkd.api.hooks import HookEndpoint
+    from sunkd.api.metrics import Metrics
+    from sunkd.runtime.hooks import HookReceiver
+
+    class View:
+        metrics = Metrics()
+        event_log = None
+
+        def state(self) -> ClusterState:
+            return ClusterState()
+
+        def pools(self) -> list[object]:
+            return []
+
+        def is_leader(self) -> bool:
+            return False
+
+        def is_ready(self) -> tuple[bool, str]:
+            return True, "standby"
+
+    view = View()
+    token = tmp_path / "token"
+    token.write_text("right\n")
+    receiver = HookReceiver(state=view.state, may_act=view.is_leader, metrics=view.metrics)
+    endpoint = HookEndpoint(receiver, token_file=token, rate=1.0, metrics=view.metrics)
+    body = hook.encode({"event": "epilog-slurmctld", "job_id": 1, "nodes": "n1"})
+    async with TestClient(TestServer(build_app(view, hooks=endpoint))) as client:  # type: ignore[arg-type]
+        async def post(data: str, bearer: str = "right") -> int:
+            response = await client.post("/api/v1/slurm/hook", data=data,
+                                         headers={"Authorization": f"Bearer {bearer}"})
+            return response.status
+
+        assert await post(body, "wrong") == 401
+        assert await post("{", "right") == 400
+        assert await post("x" * 20000) == 413
+        assert await post(body) == 503  # not the leader: the hook exits 0, polling stays
+        statuses = [await post(body) for _ in range(12)]
+        assert 429 in statuses  # 1 a second, bursts of 10
+    rendered = view.metrics.render().decode()
+    for result in ("unauthorized", "bad_request", "too_large", "not_leader", "rate_limited"):
+        assert f'result="{result}"' in rendered
