@@ -23,7 +23,7 @@ job (its PrologSlurmctld), or the end of the cancelled one (its EpilogSlurmctld)
 
 Also the hook's start time (`sunkd-hook` with the system python3, sunkd unreachable:
 the cost Slurm pays per job and hook). Target: the hooks arm's p99 over both reactions
-below 100 ms. `--quick` (< 60 s) runs 2 cycles per arm at 2 s polls.
+below 100 ms. `--quick` runs 1 cycle per arm at 1 s polls.
 
 Usage: python bench/hooks.py [--quick] [--cycles N] [--poll S]. Last line: one JSON object.
 """
@@ -163,9 +163,9 @@ async def arm(cluster: Any, hooks: HookScripts, use_hooks: bool, cycles: int, po
             moving = [n.name for n in daemon.state().nodes.values()
                       if n.transition is not None and n.transition.to_owner == "kubernetes"]
             node = moving[0] if moving else cluster.node_names[0]
-            task, job = _job_on(cluster, node)
+            element, job = _job_on(cluster, node)
             before = time.time()
-            cluster.run("scancel", task)
+            cluster.run("scancel", element)
             ended = time.time()
             done = await until(partial(outcome_after, node, (), before))
             end = await until(partial(hooks.moment, "end", job))
@@ -239,15 +239,15 @@ async def measure(cycles: int, poll: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 cycles per arm, 2 s polls")
+    parser.add_argument("--quick", action="store_true", help="1 cycle per arm, 1 s polls")
     parser.add_argument("--cycles", type=int, default=None)
     parser.add_argument("--poll", type=float, default=None, help="seconds (default 5)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("bench/hooks.py starts a private Slurm cluster: run it as root", file=sys.stderr)
         return 2
-    cycles = args.cycles or (2 if args.quick else 10)
-    poll = args.poll or (2.0 if args.quick else 5.0)
+    cycles = args.cycles or (1 if args.quick else 10)
+    poll = args.poll or (1.0 if args.quick else 5.0)
     runs = 5 if args.quick else 20
     figures: dict[str, Any] = {"hook_start_ms": hook_start_ms(runs),
                                "python_start_ms": python_start_ms(runs),
