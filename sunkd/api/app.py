@@ -27,6 +27,7 @@ import structlog
 from aiohttp import web
 
 from sunkd.api.extender import ApiPool, BadRequest, Extender, TooLarge
+from sunkd.api.hooks import HookEndpoint
 from sunkd.api.metrics import CONTENT_TYPE, NO_POOL, Metrics
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import assess
@@ -433,7 +434,8 @@ async def status_page(request: web.Request) -> web.Response:
     return web.Response(text=html, content_type="text/html", charset="utf-8")
 
 
-def build_app(view: DaemonView, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+def build_app(view: DaemonView, *, max_body_bytes: int = MAX_BODY_BYTES,
+              hooks: HookEndpoint | None = None) -> web.Application:
     """The application; serve it with `start_http` (the daemon does), which bounds idle
     and slow connections, or any `web.AppRunner`/`web.TCPSite`."""
     app = web.Application(client_max_size=max_body_bytes)
@@ -457,6 +459,8 @@ def build_app(view: DaemonView, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.
     app.router.add_get("/api/v1/pools", list_pools)
     app.router.add_post("/scheduler/filter", scheduler_filter)
     app.router.add_post("/scheduler/prioritize", scheduler_prioritize)
+    if hooks is not None:  # the one route that makes sunkd act (api/hooks.py)
+        app.router.add_post("/api/v1/slurm/hook", hooks.handle)
     return app
 
 

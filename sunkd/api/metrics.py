@@ -211,6 +211,13 @@ class Metrics:
         self.extender_latency = Histogram(
             "sunkd_extender_seconds", "Scheduler extender handling time.", ["verb"],
             registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
+        self.hook_events = Counter(
+            "sunkd_slurm_hook_events", "Slurm hooks received, by event and result "
+            "(docs/slurm.md, \"Hooks\").", ["event", "result"], registry=r)
+        self.hook_lag = Histogram(
+            "sunkd_slurm_hook_lag_seconds", "From a Slurm hook's sending to the "
+            "observation its targeted read appended.", registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self._transition_starts: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self._action_starts: OrderedDict[str, float] = OrderedDict()
         self._source_good: dict[str, float] = {}

@@ -246,6 +246,13 @@ def _add_log_commands(commands: Any, database: Callable[[argparse.ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["hook"]:
+        # Slurm runs it for every job: no settings, no logging, and always fail-open
+        # (sunkd/slurm/hook.py; `sunkd-hook` is the same without this module's imports).
+        from sunkd.slurm.hook import main as hook_main
+
+        return hook_main(arguments[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

@@ -259,6 +259,26 @@ class SourceHealth(Payload):
     detail: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SlurmHookReceived(Payload):
+    """A Slurm hook (`sunkd hook`, run by slurmctld or slurmd) told sunkd about a job.
+
+    A hint, never an observation: the fold ignores it. What sunkd then read from
+    slurmrestd is logged as ordinary `slurm.node.observed` events in the same batch; this
+    record says which hook caused that read and how long it took (docs/slurm.md, "Hooks").
+    `sent_at` is the hook's clock; `read_seconds` from receipt to the read's answer."""
+
+    KIND: ClassVar[str] = "slurm.hook"
+    event: str = ""  # prolog-slurmctld | epilog-slurmctld | epilog
+    job_id: int = 0
+    nodes: str = ""  # the hostlist Slurm gave the hook (bounded by the API)
+    partition: str = ""
+    sent_at: float | None = None
+    received_at: float = 0.0
+    read_seconds: float = 0.0
+    changed: int = 0  # observations the read appended with this record
+
+
 # -------------------------------------------------------------------------- operator
 
 
@@ -426,6 +446,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
         K8sDemandObserved,
         K8sNodesetObserved,
         SourceHealth,
+        SlurmHookReceived,
         OperatorPinned,
         TransitionStarted,
         TransitionCompleted,

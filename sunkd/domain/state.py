@@ -47,6 +47,7 @@ from sunkd.domain.events import (
     PoolsConfigured,
     RecordedEvent,
     SlurmDemandObserved,
+    SlurmHookReceived,
     SlurmNodeObserved,
     SlurmNodeVanished,
     SourceHealth,
@@ -926,6 +927,7 @@ _HANDLERS: dict[type[Payload], Any] = {
     PoolsConfigured: _on_pools_configured,
     LogArchived: _on_archived,
     NodeForgotten: _on_forgotten,
+    SlurmHookReceived: lambda *_: None,  # a hint: the read it caused is what counts
 }
 
 

@@ -49,6 +49,12 @@ class SlurmSettings:
     partitions: tuple[str, ...] = ()  # empty: every partition
     # Largest slurmrestd answer read; a bigger one makes the source stale (`too_large`).
     max_response_bytes: int = 64 * 1024 * 1024
+    # Slurm hooks (`sunkd hook`, docs/slurm.md "Hooks"): accepted only when this file
+    # holds their bearer token; `hook_fence` lets a PrologSlurmctld refuse a job on a node
+    # being lent; at most `hook_rate` hooks a second are read (bursts of 10x pass).
+    hook_token_file: Path | None = None
+    hook_fence: bool = False
+    hook_rate: float = 200.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     # controller's real error.
     "slurm.request_timeout": (10.0, 3600.0, True),
     "slurm.max_response_bytes": (64 * 1024, 16 * 1024**3, False),
+    "slurm.hook_rate": (1.0, 100_000.0, False),
     "kubernetes.request_timeout": (1.0, 3600.0, False),
     "pools.min_slurm": (0, 1_000_000, False),
     "pools.min_kubernetes": (0, 1_000_000, False),

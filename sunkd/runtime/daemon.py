@@ -190,6 +190,13 @@ class Daemon:
         self._kube_actuator: Any = None
         self._kube_elector: Any = None
         self.fatal_error: str | None = None
+        self.hooks: Any = None  # runtime.hooks.HookReceiver when slurm.hook_token_file is set
+        if settings.slurm.hook_token_file is not None:
+            from sunkd.runtime.hooks import HookReceiver
+
+            self.hooks = HookReceiver(state=self.state, may_act=self.may_act,
+                                      metrics=self.metrics, fence=settings.slurm.hook_fence,
+                                      wall_clock=wall_clock)
 
     # ----------------------------------------------------------------- DaemonView
 
@@ -501,6 +508,9 @@ class Daemon:
             for source in sources:
                 tasks.append(asyncio.create_task(source.run(sources_stop)))
             tasks.append(asyncio.create_task(self._mark_polls(sources), name="sunkd-polls"))
+            if self.hooks is not None:
+                tasks.append(asyncio.create_task(self.hooks.serve(
+                    sources, sink, sources_stop, self._wall()), name="sunkd-hooks"))
             if self._kube_actuator is not None:
                 tasks.append(asyncio.create_task(self._write_nodeset_status(self._kube_actuator),
                                                  name="sunkd-nodeset-status"))
@@ -776,7 +786,13 @@ class Daemon:
     # ---------------------------------------------------------------------- HTTP
 
     async def _start_http(self) -> None:
-        app = build_app(self)
+        hooks = None
+        if self.hooks is not None and self.settings.slurm.hook_token_file is not None:
+            from sunkd.api.hooks import HookEndpoint
+
+            hooks = HookEndpoint(self.hooks, token_file=self.settings.slurm.hook_token_file,
+                                 rate=self.settings.slurm.hook_rate, metrics=self.metrics)
+        app = build_app(self, hooks=hooks)
         host, port = parse_listen(self.settings.listen)
         context = None
         if self.tls_cert is not None and self.tls_key is not None:

@@ -212,6 +212,9 @@ class SlurmSource:
         # node then costs one comparison, not a new payload (10k-node polls).
         self._raw: dict[str, SlurmNode] = {}
         self._pending_raw: dict[str, SlurmNode] = {}
+        # A poll and a hook's targeted read (`observe_nodes`) never interleave: each
+        # reads, diffs and appends as one step, so the log's order is the reads' order.
+        self._reading = asyncio.Lock()
 
     @property
     def nodes(self) -> Mapping[str, SlurmNodeObserved]:
@@ -247,6 +250,10 @@ class SlurmSource:
         Any failure of the poll or of handing its events to the sink turns the source
         stale (or lost) with a cause, and nothing of that poll counts as emitted. Raises
         only if the sink refuses even that source.health event (or on cancellation)."""
+        async with self._reading:
+            return await self._poll_locked()
+
+    async def _poll_locked(self) -> list[Event]:
         try:
             await self._client.negotiate()
             raw_nodes, jobs = await asyncio.gather(
@@ -273,6 +280,44 @@ class SlurmSource:
         self._last_success = self._clock()
         self.last_good_at = time.time()
         return events
+
+    async def observe_nodes(
+        self, names: Sequence[str],
+        extra: Callable[[Sequence[Event]], Sequence[Event]] | None = None,
+    ) -> list[Event]:
+        """A targeted read, for a Slurm hook's hint: `GET node/{name}` for each named
+        node and `GET /jobs` (their running jobs and the partitions' demand), diffed
+        like a poll, appended with `extra(changes)` (the hook's record) in one batch; returns the
+        observations appended. Nodes Slurm does not know, or outside the managed
+        partitions, are skipped; a node missing here is not a vanish (only a full poll
+        says that). Raises on any failure (the caller counts it): the source's health
+        is the poll's to say, so a failed hint changes nothing."""
+        async with self._reading:
+            await self._client.negotiate()
+            unique = list(dict.fromkeys(names))
+            jobs, answers = await asyncio.gather(
+                self._client.get_jobs(),
+                asyncio.gather(*(self._client.get_node(n) for n in unique),
+                               return_exceptions=True))
+            nodes: list[SlurmNode] = []
+            for name, answer in zip(unique, answers, strict=True):
+                if isinstance(answer, SlurmNode):
+                    nodes.append(answer)
+                elif isinstance(answer, SlurmApiError):
+                    log.info("slurm.source.hint_skipped", node=name, error=str(answer)[:200])
+                elif isinstance(answer, BaseException):
+                    raise answer
+            self._pending_raw = {}
+            events = self._node_events(nodes, jobs) + self._demand_events(nodes, jobs)
+            batch = [*events, *(extra(events) if extra is not None else ())]
+            if batch:
+                try:
+                    await self._sink(batch)
+                except BaseException:
+                    self._pending_raw = {}
+                    raise
+            self._commit(events)
+            return events
 
     # ----------------------------------------------------------------- internals
 
@@ -302,10 +347,21 @@ class SlurmSource:
         return observed
 
     def _diff(self, nodes: Sequence[SlurmNode], jobs: Sequence[SlurmJob]) -> list[Event]:
-        now = self._clock()
         self._pending_raw = {}
+        events = self._node_events(nodes, jobs)
+        seen = {node.name for node in nodes if self._managed(node)}
+        for name in sorted(set(self._nodes) - seen):
+            events.append(Event(subject=name, payload=SlurmNodeVanished(node=name)))
+            self._nr_since.pop(name, None)
+            self._raw.pop(name, None)
+        return events + self._demand_events(nodes, jobs)
+
+    def _node_events(self, nodes: Sequence[SlurmNode], jobs: Sequence[SlurmJob]
+                     ) -> list[Event]:
+        """The observations of `nodes` that changed (their raw nodes wait in
+        `_pending_raw` for the commit)."""
+        now = self._clock()
         events: list[Event] = []
-        seen: set[str] = set()
         previous = self._nodes
         raw_cache = self._raw
         nr_pending = self._nr_since
@@ -315,7 +371,6 @@ class SlurmSource:
             if not self._managed(node):
                 continue
             name = node.name
-            seen.add(name)
             on_node = node_jobs.get(name, no_jobs)
             last = previous.get(name)
             if (last is not None and raw_cache.get(name) == node and name not in nr_pending
@@ -325,10 +380,11 @@ class SlurmSource:
             if previous.get(name) != observed:
                 events.append(Event(subject=name, payload=observed))
             self._pending_raw[name] = node
-        for name in sorted(set(previous) - seen):
-            events.append(Event(subject=name, payload=SlurmNodeVanished(node=name)))
-            self._nr_since.pop(name, None)
-            self._raw.pop(name, None)
+        return events
+
+    def _demand_events(self, nodes: Sequence[SlurmNode], jobs: Sequence[SlurmJob]
+                       ) -> list[Event]:
+        events: list[Event] = []
         partitions = self.partitions
         if not partitions:
             names: set[str] = set(self._demand)

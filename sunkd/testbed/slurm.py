@@ -461,9 +461,10 @@ class SlurmCluster:
     slurmctld then sets the node INVAL, so GPU accounting is covered by fixtures.
     `version` picks the Slurm generation (`SLURM_VERSIONS`; None: the host's packages);
     `rest_user` defaults to `nobody` on the host and `slurmrest` in a root.
-    `extra_conf` lines are appended to slurm.conf (`TopologyPlugin=topology/tree`) and
-    `config_files` are written beside it (`{"topology.conf": ...}`): Slurm reads its other
-    config files from slurm.conf's directory.
+    `extra_conf` lines are added to slurm.conf before the nodes (`TopologyPlugin=...`,
+    `PrologSlurmctld=...`) and `config_files` are written beside it
+    (`{"topology.conf": ...}`): Slurm reads its other config files from slurm.conf's
+    directory.
     """
 
     def __init__(
@@ -960,6 +961,7 @@ class SlurmCluster:
             "KillWait=2",
             "MinJobAge=300",
         ]
+        lines += self.extra_conf  # e.g. PrologSlurmctld=... (sunkd hook, docs/slurm.md)
         for node in self.node_names:
             lines.append(
                 f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 "
@@ -972,7 +974,6 @@ class SlurmCluster:
             lines.append(
                 f"PartitionName={name} Nodes={hostlist} Default={default} MaxTime=INFINITE State=UP"
             )
-        lines.extend(self.extra_conf)
         self.slurm_conf.write_text("\n".join(lines) + "\n")
         self.slurm_conf.chmod(0o644)
         for name, text in self.config_files.items():

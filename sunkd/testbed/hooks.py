@@ -1,0 +1,106 @@
+"""Slurm hook scripts for a test cluster: what a site puts in slurm.conf, in a directory.
+
+`sunkd hook` runs as slurmctld's PrologSlurmctld/EpilogSlurmctld, i.e. as SlurmUser and
+without arguments or the caller's environment (slurm.conf(5)), so a site writes a
+one-line wrapper per hook and a token file SlurmUser can read. This makes the same for a
+`SlurmCluster` (pass `conf_lines` as its `extra_conf`): the wrappers run the hook from
+this checkout with the system python3 (the hook is standard library only), settings in
+`hook.conf` so that the daemon's URL can be filled in once it listens, and "site"
+scripts chained with `--chain`: the prolog records each job's nodes and start time
+(`marks/start.JOBID`, Slurm's moment of the start, for benchmarks) and exits with
+`site-exit`'s code, the epilog records its end time (`marks/end.JOBID`).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import sunkd
+
+REPO = Path(sunkd.__file__).resolve().parent.parent
+PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+class HookScripts:
+    """Token, config and wrapper scripts in a fresh directory SlurmUser can read."""
+
+    def __init__(self, slurm_user: str | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="sunkd-hooks-"))
+        self.dir.chmod(0o755)
+        user = slurm_user or ("slurm" if _has_user("slurm") else "root")
+        entry = pwd.getpwnam(user)
+        self.token_file = self.dir / "token"
+        self.token_file.write_text(secrets.token_hex(24) + "\n")
+        self.token_file.chmod(0o600)
+        os.chown(self.token_file, entry.pw_uid, entry.pw_gid)
+        self.config = self.dir / "hook.conf"
+        self.site = self.dir / "site-prolog.sh"
+        self.marks = self.dir / "marks"
+        self.marks.mkdir()
+        self.marks.chmod(0o777)
+        self.site.write_text(
+            "#!/bin/sh\n"
+            f"date +%s.%N > {self.marks}/start.$SLURM_JOB_ID\n"
+            f'echo "$SLURM_JOB_NODELIST" > {self.marks}/site.$SLURM_JOB_ID\n'
+            f"exit $(cat {self.dir}/site-exit 2>/dev/null || echo 0)\n")
+        self.site.chmod(0o755)
+        site_epilog = self.dir / "site-epilog.sh"
+        site_epilog.write_text(f"#!/bin/sh\ndate +%s.%N > {self.marks}/end.$SLURM_JOB_ID\n")
+        site_epilog.chmod(0o755)
+        for name, event, extra in (("prolog.sh", "prolog-slurmctld", f" --chain {self.site}"),
+                                   ("epilog.sh", "epilog-slurmctld", f" --chain {site_epilog}")):
+            script = self.dir / name
+            script.write_text(
+                "#!/bin/sh\n"
+                f"PYTHONPATH={REPO} exec {PYTHON} -m sunkd.slurm.hook {event}"
+                f" --config {self.config}{extra}\n")
+            script.chmod(0o755)
+        self.configure("http://127.0.0.1:9")
+
+    @property
+    def conf_lines(self) -> list[str]:
+        """slurm.conf lines (Slurm 22.05-23.11 take one PrologSlurmctld)."""
+        return [f"PrologSlurmctld={self.dir / 'prolog.sh'}",
+                f"EpilogSlurmctld={self.dir / 'epilog.sh'}"]
+
+    def configure(self, url: str, *, fence: bool = False) -> None:
+        """Where the hooks POST, and whether the prolog asks the fence."""
+        self.config.write_text(f"url = {url}\ntoken_file = {self.token_file}\n"
+                               f"timeout = 2\nfence = {'true' if fence else 'false'}\n")
+        self.config.chmod(0o644)
+
+    def site_exit(self, code: int) -> None:
+        """The exit status of the chained site prolog."""
+        path = self.dir / "site-exit"
+        path.write_text(f"{code}\n")
+        path.chmod(0o644)
+
+    def moment(self, kind: str, job: int | str) -> float | None:
+        """When the site prolog (`start`) or epilog (`end`) ran for `job`, if it did."""
+        try:
+            return float((self.marks / f"{kind}.{job}").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def started_since(self, moment: float) -> list[float]:
+        """Start times of every job the site prolog saw start after `moment`."""
+        times = [self.moment("start", p.name.split(".", 1)[1])
+                 for p in self.marks.glob("start.*")]
+        return sorted(t for t in times if t is not None and t >= moment)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
