@@ -20,6 +20,7 @@ from sunkd.domain.events import (
     ActionSucceeded,
     K8sDemandObserved,
     K8sNodeObserved,
+    K8sNodeVanished,
     K8sWorkloadObserved,
     Label,
     OperatorPinned,
@@ -72,6 +73,8 @@ class Log:
         self.events.append(event)
         if isinstance(payload, K8sWorkloadObserved):
             self._reported.add(payload.node)
+        elif isinstance(payload, K8sNodeVanished):  # its report goes with it
+            self._reported.discard(payload.node)
         elif (isinstance(payload, K8sNodeObserved) and self.auto_pods
               and payload.node not in self._reported):
             self._reported.add(payload.node)
