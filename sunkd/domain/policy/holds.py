@@ -14,6 +14,8 @@ from sunkd.domain.ownership import (
     has_hold_taint,
     is_mirror_drain,
     is_ours,
+    our_drain,
+    our_hold_taint,
     slurm_state_text,
 )
 from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
@@ -40,7 +42,7 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
         elif (
             not assessment.slurm_holds
             and not assessment.slurm_unhealthy
-            and has_hold_taint(k8s)
+            and our_hold_taint(node)
         ):
             planner.ensure(
                 node, OWNER_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"
@@ -68,6 +70,7 @@ def _mirror_holds(planner: _Planner, node: NodeState, assessment: Assessment) ->
             not assessment.k8s_holds
             and "DRAIN" in slurm.flags
             and is_mirror_drain(slurm.reason)
+            and our_drain(node)
             and node.owner == OWNER_SLURM
             and node.transition is None
             and not assessment.slurm_unhealthy
