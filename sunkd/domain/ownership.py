@@ -9,8 +9,10 @@ policy"):
   been observed on both sides yet. Nobody may act on such a node.
 - HELD: something outside sunkd's control makes the node unusable or claims it:
   Slurm DOWN/FAIL/NOT_RESPONDING/... for longer than `UNHEALTHY_GRACE_SECONDS`, a
-  foreign drain (reason not starting with `sunkd:`), Kubernetes NotReady, a foreign
-  cordon, or the node vanished from one side. Open transitions are aborted, the hold
+  foreign drain, Kubernetes NotReady, a cordon, a foreign hold taint, or the node
+  vanished from one side. Foreign means sunkd's log does not prove it wrote it
+  (`authorship`): a `sunkd:` reason or a `sunkd.io/slurm-hold` taint copied by hand is
+  foreign too. Open transitions are aborted, the hold
   is mirrored to the other side, and no move starts until it clears.
 
 Operator pins are *not* holds (they are intent, not trouble): a pin to the current
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sunkd.domain import authorship as marks
 from sunkd.domain import wellknown as wk
+from sunkd.domain.authorship import DrainMark
 from sunkd.domain.events import K8sNodeObserved, SlurmNodeObserved
 from sunkd.domain.slurmnode import (
     in_contact,
@@ -65,6 +69,7 @@ __all__ = [
     "Phase",
     "assess",
     "assess_all",
+    "foreign_hold_taint",
     "foreign_word",
     "has_hold_taint",
     "has_owner_taint",
@@ -72,6 +77,8 @@ __all__ = [
     "is_lend_drain",
     "is_mirror_drain",
     "is_ours",
+    "our_drain",
+    "our_hold_taint",
     "running_pods",
     "slurm_busy",
     "slurm_drained",
@@ -89,8 +96,47 @@ VALID_PINS = (OWNER_SLURM, OWNER_KUBERNETES, "auto")
 
 
 def is_ours(reason: str | None) -> bool:
-    """A Slurm drain reason sunkd wrote (and so may remove)."""
+    """A reason in sunkd's format (`sunkd:` first). A convention, not a proof: necessary
+    for sunkd to lift a drain, never sufficient (`our_drain` is the proof)."""
     return reason is not None and reason.startswith(OUR_REASON_PREFIX)
+
+
+def our_drain(node: NodeState) -> bool:
+    """Slurm shows the node drained with a reason sunkd wrote and nobody changed since:
+    the node's drain mark shows exactly (text and reason time), or sunkd's drain of this
+    very text is in flight (requested, no outcome yet: the source may append the drained
+    node before the executor appends the success; nothing is lifted while it is open).
+    The only Slurm drain sunkd may remove."""
+    slurm = node.slurm
+    if slurm is None or "DRAIN" not in slurm.flags or not is_ours(slurm.reason):
+        return False
+    mark = node.drain_mark
+    if mark is not None and marks.drain_shows(mark, slurm):
+        return True
+    return any(action.side == OWNER_SLURM and action.verb == "drain"
+               and marks.requested_reason(action.args, action.reason) == slurm.reason
+               for action in node.open_actions.values())
+
+
+def our_hold_taint(node: NodeState) -> bool:
+    """The Kubernetes node carries sunkd's hold taint, and only it, as sunkd's log proves
+    it wrote it (its hold mark shows), or sunkd's hold is in flight. The only hold sunkd
+    may lift."""
+    k8s = node.k8s
+    if not has_hold_taint(k8s):
+        return False
+    mark = node.hold_mark
+    if mark is not None and marks.hold_shows(mark, k8s):
+        return True
+    return any(action.side == OWNER_KUBERNETES and action.verb == "cordon"
+               for action in node.open_actions.values())
+
+
+def foreign_hold_taint(node: NodeState) -> bool:
+    """A taint under sunkd's hold key that sunkd's log does not prove it wrote (copied
+    from a held node, or put back by hand after sunkd lifted its own): an operator's
+    hold, never lifted."""
+    return has_hold_taint(node.k8s) and not our_hold_taint(node)
 
 
 def is_lend_drain(reason: str | None) -> bool:
@@ -102,21 +148,25 @@ def is_mirror_drain(reason: str | None) -> bool:
     return reason is not None and reason.startswith(MIRROR_REASON_PREFIX)
 
 
-def foreign_word(observation: SlurmNodeObserved | None) -> bool:
+def foreign_word(observation: SlurmNodeObserved | None, mark: DrainMark | None = None) -> bool:
     """Someone else's reason that still means something: on a drained node, or on one
     Slurm reports unhealthy (DOWN, FAIL, NOT_RESPONDING ...). sunkd never writes over it
     (`scontrol update state=down reason="bad DIMM"` sets no DRAIN flag, and is still an
     admin's word). A stale reason on a healthy, undrained node protects nothing (24.11
-    keeps the old text after a RESUME)."""
-    if observation is None or not observation.reason or is_ours(observation.reason):
+    keeps the old text after a RESUME). A `sunkd:` reason is sunkd's own only on a node
+    whose drain `mark` (NodeState.drain_mark) shows it: otherwise it is foreign too."""
+    if observation is None or not observation.reason:
+        return False
+    if is_ours(observation.reason) and mark is not None and marks.drain_shows(mark, observation):
         return False
     return "DRAIN" in observation.flags or slurm_unhealthy(observation)
 
 
 def has_hold_taint(observation: K8sNodeObserved | None) -> bool:
-    """The Kubernetes node carries sunkd's own hold (`sunkd.io/slurm-hold`), the mirror of
-    a Slurm hold. sunkd never sets spec.unschedulable, so this taint is the only hold it
-    may lift: nothing an operator does (cordon, uncordon) can make it look like ours."""
+    """The Kubernetes node carries a taint under sunkd's hold key (`sunkd.io/slurm-hold`),
+    whoever wrote it: enough to keep sunkd from adding its own, never proof that it is
+    sunkd's (`our_hold_taint` is the proof). sunkd never sets spec.unschedulable, so every
+    cordon is an operator's."""
     return observation is not None and any(
         taint.key == wk.TAINT_HOLD for taint in observation.taints
     )
@@ -222,9 +272,10 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
         since = node.slurm_unhealthy_since
         if unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS:
             slurm_holds.append(f"slurm {_slurm_condition(slurm)}")
-        if "DRAIN" in slurm.flags and not is_ours(slurm.reason):
+        if "DRAIN" in slurm.flags and not our_drain(node):
             by = f" by {slurm.reason_set_by}" if slurm.reason_set_by else ""
-            slurm_holds.append(f"slurm drained{by}: {slurm.reason or '(no reason)'}")
+            forged = " (sunkd's log does not prove it wrote it)" if is_ours(slurm.reason) else ""
+            slurm_holds.append(f"slurm drained{by}: {slurm.reason or '(no reason)'}{forged}")
 
     k8s_holds: list[str] = []
     k8s = node.k8s
@@ -235,6 +286,9 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
             k8s_holds.append("NotReady" if k8s.ready is False else "Ready unknown")
         if k8s.unschedulable:  # every cordon is an operator's: sunkd's hold is a taint
             k8s_holds.append("cordoned")
+        if foreign_hold_taint(node):
+            k8s_holds.append(f"foreign hold taint {wk.TAINT_HOLD} (sunkd's log does not "
+                             "prove it wrote it)")
     identity = ""
     if node.k8s_rivals:
         claimants = ", ".join(sorted({node.k8s_name or node.name, *node.k8s_rivals}))

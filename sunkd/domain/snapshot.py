@@ -1,6 +1,15 @@
 """Snapshots: a ClusterState as JSON and back, exactly (a snapshot plus the log's tail
 folds to the same state as the whole log; `sunkd replay --check` and the property tests
-hold the two to that). Separate from the fold so `state.py` reads as the fold alone."""
+hold the two to that). Separate from the fold so `state.py` reads as the fold alone.
+
+Format 2 added each node's authorship marks (`authorship`). A format-1 snapshot has none:
+restoring it infers them from what it does hold, sunkd's last drain (hold) on the node
+having succeeded with nothing of sunkd's undoing it since and the node showing a `sunkd:`
+drain (the hold taint) now (`_legacy_marks`). Weaker than the fold's proof (it cannot tell
+the text written from the text shown), and only for the one restart after the upgrade;
+a full replay (`sunkd replay`, or a daemon whose log has no readable snapshot) proves
+every mark from the log itself.
+"""
 
 
 from __future__ import annotations
@@ -9,6 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from sunkd.domain import authorship as marks
+from sunkd.domain import wellknown as wk
+from sunkd.domain.authorship import DrainMark, HoldMark
 from sunkd.domain.events import (
     ConfiguredPool,
     K8sDemandObserved,
@@ -36,7 +48,8 @@ from sunkd.domain.state import (
 
 # ------------------------------------------------------------------------------ JSON
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
+_LEGACY_FORMATS = frozenset({1})  # restored with inferred marks (`_legacy_marks`)
 
 
 def _labels_to_json(labels: tuple[Label, ...]) -> list[list[str]]:
@@ -115,6 +128,8 @@ def _node_to_json(node: NodeState,
             }
             for key, o in node.outcomes.items()
         },
+        "drain_mark": None if node.drain_mark is None else list(node.drain_mark),
+        "hold_mark": None if node.hold_mark is None else list(node.hold_mark),
     }
 
 
@@ -245,7 +260,49 @@ def _node_from_json(raw: Mapping[str, Any],
         },
         gone_since=_float_or_none(raw.get("gone_since")),
         unpooled_since=_float_or_none(raw.get("unpooled_since")),
+        drain_mark=_drain_mark_from_json(raw.get("drain_mark")),
+        hold_mark=_hold_mark_from_json(raw.get("hold_mark")),
     )
+
+
+def _drain_mark_from_json(raw: list[Any] | None) -> DrainMark | None:
+    if raw is None:
+        return None
+    reason, reason_time, seen, at = raw
+    return DrainMark(reason, _float_or_none(reason_time), bool(seen), float(at))
+
+
+def _hold_mark_from_json(raw: list[Any] | None) -> HoldMark | None:
+    if raw is None:
+        return None
+    key, value, effect, seen, at = raw
+    return HoldMark(key, value, effect, bool(seen), float(at))
+
+
+def _legacy_marks(node: NodeState) -> NodeState:
+    """A format-1 node with the marks its outcomes and observations still support: the
+    last drain (hold) succeeded, no undrain (unhold) succeeded after it, and Slurm shows a
+    `sunkd:` drain (Kubernetes the one hold taint) now. Otherwise no mark: foreign."""
+    def last_done(key: str, undo: str) -> float | None:
+        done, undone = node.outcomes.get(key), node.outcomes.get(undo)
+        if done is None or not done.succeeded:
+            return None
+        if undone is not None and undone.succeeded and undone.seq > done.seq:
+            return None
+        return done.at
+
+    drain_mark = hold_mark = None
+    slurm = node.slurm
+    drained_at = last_done(marks.DRAIN, marks.UNDRAIN)
+    if (drained_at is not None and slurm is not None and "DRAIN" in slurm.flags
+            and slurm.reason and slurm.reason.startswith(wk.REASON_PREFIX)):
+        drain_mark = DrainMark(slurm.reason, slurm.reason_time, True, drained_at)
+    held_at = last_done(marks.HOLD, marks.UNHOLD)
+    if held_at is not None:
+        key, value, effect = marks.hold_taint()
+        candidate = HoldMark(key, value, effect, True, held_at)
+        hold_mark = candidate if marks.hold_shows(candidate, node.k8s) else None
+    return replace(node, drain_mark=drain_mark, hold_mark=hold_mark)
 
 
 def _unpooled_to_json(name: str, record: UnpooledNode,
@@ -379,13 +436,17 @@ def _decoded(kind: str, raw: Mapping[str, Any], cls: type[Payload]) -> Any:
 
 def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
     """Restore a snapshot written by `state_to_json`."""
-    if raw.get("format") != SNAPSHOT_FORMAT:
+    legacy = raw.get("format") in _LEGACY_FORMATS
+    if raw.get("format") != SNAPSHOT_FORMAT and not legacy:
         raise ValueError(f"unsupported snapshot format {raw.get('format')!r}")
     raw_reports = raw.get("pod_reports")
     reports = (_legacy_reports(raw) if raw_reports is None
                else {k8s: _pods_from_json(pods) for k8s, pods in raw_reports})
+    nodes = {node["name"]: _node_from_json(node, reports) for node in raw["nodes"]}
+    if legacy:
+        nodes = {name: _legacy_marks(node) for name, node in nodes.items()}
     return ClusterState(
-        nodes={node["name"]: _node_from_json(node, reports) for node in raw["nodes"]},
+        nodes=nodes,
         k8s_names=dict(raw["k8s_names"]),
         pod_reports=reports,
         # Both absent in snapshots older than `pools.configured`: every node in `nodes`.

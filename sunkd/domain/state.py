@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from sunkd.domain import authorship as marks
 from sunkd.domain import wellknown as wk
+from sunkd.domain.authorship import DrainMark, HoldMark
 from sunkd.domain.events import (
     ActionFailed,
     ActionRequested,
@@ -207,6 +209,10 @@ class NodeState:
     # matching any pool the log knows (None while it matches one, and always before the
     # log records the config-file pools): after a grace the policy forgets the history.
     unpooled_since: float | None = None
+    # What sunkd itself wrote on the node and nobody changed since, as its log proves it
+    # (`authorship`): the one drain and the one hold taint sunkd may lift.
+    drain_mark: DrainMark | None = None
+    hold_mark: HoldMark | None = None
 
     def open_action_on(self, side: str) -> OpenAction | None:
         for action in self.open_actions.values():
@@ -253,7 +259,8 @@ def without_history(node: NodeState | _NodeDraft) -> bool:
     return (node.owner == OWNER_NONE and node.phase == Phase.UNKNOWN and node.since is None
             and node.last_move_at is None and node.transition is None and node.pin is None
             and not node.open_actions and not node.outcomes
-            and node.unpooled_since is None)
+            and node.unpooled_since is None
+            and node.drain_mark is None and node.hold_mark is None)
 
 
 class _PoolMatch(NamedTuple):
@@ -383,6 +390,8 @@ class _NodeDraft:
     k8s_rivals: Mapping[str, K8sNodeObserved]
     gone_since: float | None
     unpooled_since: float | None
+    drain_mark: DrainMark | None
+    hold_mark: HoldMark | None
 
     def __init__(self, node: NodeState) -> None:
         for name in _NODE_FIELDS:
@@ -569,6 +578,8 @@ def _on_slurm_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
             d.slurm_unhealthy_since = _at(event)
     elif d.slurm_unhealthy_since is not None:
         d.slurm_unhealthy_since = None
+    if d.drain_mark is not None:
+        d.drain_mark = marks.follow_drain(d.drain_mark, p, _at(event))
     d.slurm = p
     d.slurm_seq = seq
     d.slurm_missing = False
@@ -582,6 +593,7 @@ def _on_slurm_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> N
     d.slurm_seq = seq
     d.slurm_missing = True
     d.slurm_unhealthy_since = None
+    d.drain_mark = None
     if d.k8s is None:
         d.gone_since = _at(event)
 
@@ -614,6 +626,8 @@ def _on_k8s_node(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
                      "", _at(event))
     if d.k8s_name != k8s_name:  # a new claimant: its own report, or unknown
         d.pods = b.reports().get(k8s_name) if d.k8s_name is None else None
+    if d.hold_mark is not None:
+        d.hold_mark = marks.follow_hold(d.hold_mark, observation, _at(event))
     d.k8s = observation
     d.k8s_name = k8s_name
     d.k8s_seq = seq
@@ -630,6 +644,7 @@ def _release_claim(b: _Builder, d: _NodeDraft, k8s_name: str, seq: int) -> None:
         return
     if d.k8s_name != k8s_name:
         return
+    d.hold_mark = None  # another Node object (or none) is the node's Kubernetes side now
     if d.k8s_rivals:  # the remaining claimant is the node's Kubernetes side now
         rivals = dict(d.k8s_rivals)
         successor = sorted(rivals)[0]
@@ -662,6 +677,7 @@ def _on_k8s_vanished(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> Non
         d.k8s_seq = seq
         d.k8s_missing = True
         d.pods = None
+        d.hold_mark = None
     if d.k8s is None and d.slurm is None:
         d.gone_since = _at(event)
 
@@ -840,12 +856,15 @@ def _on_outcome(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     at = _at(event)
     outcome: ActionSucceeded | ActionFailed = p
     d = b.draft(outcome.node or subject)
+    key = f"{outcome.side}/{outcome.verb}"
+    succeeded = isinstance(outcome, ActionSucceeded)
+    if key in _MARKING:
+        retryable = False if succeeded else outcome.retryable  # type: ignore[union-attr]
+        _mark(d, key, d.open_actions.get(outcome.action_id), succeeded, retryable, at)
     if outcome.action_id in d.open_actions:
         open_actions = dict(d.open_actions)
         del open_actions[outcome.action_id]
         d.open_actions = open_actions
-    key = f"{outcome.side}/{outcome.verb}"
-    succeeded = isinstance(outcome, ActionSucceeded)
     d.outcomes = {
         **d.outcomes,
         key: ActionOutcome(
@@ -871,6 +890,28 @@ def _on_outcome(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         )
 
 
+_MARKING = frozenset({marks.DRAIN, marks.UNDRAIN, marks.HOLD, marks.UNHOLD})
+
+
+def _mark(d: _NodeDraft, key: str, action: OpenAction | None, succeeded: bool,
+          retryable: bool, at: float) -> None:
+    """A drain or hold sunkd may have written (a success, or a retryable failure such as
+    a timeout or an unconfirmed write, which may have landed) is marked as sunkd's; an
+    undrain or unhold that succeeded drops the mark. A refusal wrote nothing."""
+    if key == marks.DRAIN:
+        if (succeeded or retryable) and action is not None:
+            reason = marks.requested_reason(action.args, action.reason)
+            d.drain_mark = marks.drain_written(reason, d.slurm, at)
+    elif key == marks.HOLD:
+        if succeeded or retryable:
+            d.hold_mark = marks.hold_written(d.k8s, at)
+    elif succeeded:  # an undrain or unhold (a failed one may have left the mark in place)
+        if key == marks.UNDRAIN:
+            d.drain_mark = None
+        else:
+            d.hold_mark = None
+
+
 def _on_forgotten(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     name = p.node or event.subject
     d = b.draft(name)
@@ -880,6 +921,7 @@ def _on_forgotten(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         d.owner, d.phase, d.since, d.last_move_at = OWNER_NONE, Phase.UNKNOWN, None, None
         d.transition, d.pin, d.unpooled_since = None, None, None
         d.open_actions, d.outcomes = {}, {}
+        d.drain_mark, d.hold_mark = None, None  # unproven from now on: foreign (fail closed)
         return
     b.drafts.pop(name, None)
     b.forgotten.add(name)

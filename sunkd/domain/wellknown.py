@@ -64,7 +64,8 @@ REASON_AS_EXPECTED = "AsExpected"  # Degraded=False
 LEASE_NAME = "sunkd-leader"  # coordination.k8s.io Lease for the optional Kubernetes election
 
 # --- Slurm reasons --------------------------------------------------------------------
-# Every reason sunkd writes starts with REASON_PREFIX; a reason that does not is foreign.
+# Every reason sunkd writes starts with REASON_PREFIX; a reason that does not is foreign, and
+# one that does is sunkd's only where its log proves it (domain/authorship.py).
 REASON_PREFIX = "sunkd:"  # any drain reason sunkd wrote
 REASON_LEND = "sunkd: lent to kubernetes"  # drain for a lend, followed by " [tx ID]"
 REASON_MIRROR = "sunkd: k8s "  # drain mirroring Kubernetes (NotReady, cordon), + the why

@@ -10,10 +10,10 @@ Concurrency rules, with the Kubernetes behaviour they guard against:
   would delete taints other controllers own (node.kubernetes.io/unschedulable, not-ready, ...).
   So taint edits are read-modify-write with `metadata.resourceVersion` in the merge patch as a
   precondition; a concurrent writer makes the server answer 409 and we re-read and retry.
-- Cordon state is shared with humans and other tools (`kubectl cordon`, autoscalers). sunkd
-  marks its own cordons with the annotation `sunkd.io/cordoned-by: sunkd` and refuses to lift a
-  cordon it did not make; the cordon write also carries a resourceVersion precondition so a
-  foreign cordon racing ours is never adopted as ours.
+- Cordon state is shared with humans and other tools (`kubectl cordon`, autoscalers), so sunkd
+  never touches it: its hold is its own taint, and the policy lifts that taint only where
+  sunkd's log proves it wrote it (`sunkd.domain.authorship`): a copy under the same key is an
+  operator's. Taint writes carry a resourceVersion precondition (above).
 - Eviction goes through policy/v1 Eviction, never DELETE, so PodDisruptionBudgets hold; a 429
   from a PDB is a retryable failure, not something to force.
 

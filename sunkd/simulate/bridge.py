@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     ActionFailed,
+    ActionRequested,
     ActionSucceeded,
     K8sDemandObserved,
     K8sNodeObserved,
@@ -146,6 +147,20 @@ class SunkdController:
         self._append(LeaderElected(epoch=1, identity="simulate"), "simulate", 0.0)
         for source in (OWNER_SLURM, "kubernetes"):
             self._append(SourceHealth(source=source, status="fresh"), source, 0.0)
+        for node in world.nodes:
+            if node.drain and node.reason:  # lent before the run: by sunkd, says its log
+                self._lent_before(node)
+
+    def _lent_before(self, node: SimNode) -> None:
+        """The drain request and success an earlier sunkd logged for a node the world
+        starts lent: what proves the drain sunkd's (`sunkd.domain.authorship`)."""
+        action_id = f"act-start-{node.name}"
+        self._append(ActionRequested(action_id=action_id, side=OWNER_SLURM, verb="drain",
+                                     node=node.name, reason="lent before the run",
+                                     args=(Label("reason", node.reason or ""),)),
+                     node.name, 0.0)
+        self._append(ActionSucceeded(action_id=action_id, side=OWNER_SLURM, verb="drain",
+                                     node=node.name), node.name, 0.0)
 
     # ------------------------------------------------------------------- log
 

@@ -4,8 +4,10 @@ This is the only code that changes Slurm. Two transports, picked by what the ser
 can do: `POST /slurm/vX/node/{name}` where the negotiated REST version has it (v0.0.39,
 Slurm 23.02, and newer), else `scontrol update nodename=X ...` (22.05's REST is
 read-only for nodes: 405). Every reason sunkd writes starts with `sunkd:`; that prefix
-is how `resume` tells our drains from an administrator's, which it must never undo
-(Slinky's slurm-operator uses the same trick with its own prefix).
+is the last check `resume` makes before undoing a drain (Slinky's slurm-operator uses the
+same trick with its own prefix). It is necessary, not sufficient: the policy asks to
+undrain only what sunkd's log proves it wrote (`sunkd.domain.authorship`), and passes the
+reason and reason time it proved, which `resume` checks again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Mapping
 import structlog
 
 from sunkd.domain import wellknown as wk
+from sunkd.domain.authorship import written_reason
 from sunkd.domain.ownership import is_ours
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.slurmnode import slurm_unhealthy
@@ -43,11 +46,9 @@ __all__ = ["REASON_PREFIX", "SlurmActuator", "is_our_reason", "our_reason"]
 
 
 def our_reason(reason: str) -> str:
-    """`reason` with the `sunkd:` prefix enforced (added when missing)."""
-    reason = " ".join(reason.split())  # scontrol and slurm.conf do not like newlines
-    if reason.startswith(REASON_PREFIX):
-        return reason
-    return f"{REASON_PREFIX} {reason}" if reason else f"{REASON_PREFIX} drained"
+    """`reason` with the `sunkd:` prefix enforced (added when missing): exactly the text
+    the fold records as sunkd's drain (`authorship.written_reason`)."""
+    return written_reason(reason)
 
 
 is_our_reason = is_ours  # one test of "sunkd wrote this reason", in domain/ownership

@@ -11,12 +11,13 @@ drains and cordons) and reports observations only when they change, like the sou
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     ActionFailed,
+    ActionRequested,
     ActionSucceeded,
     K8sDemandObserved,
     K8sNodeObserved,
@@ -83,6 +84,24 @@ class Log:
 
     def state(self) -> ClusterState:
         return fold(self.events)
+
+
+def sunkd_drained(log: Log, node: str, reason: str, now: float) -> None:
+    """sunkd's drain of `node` with `reason`, requested and succeeded (the log's proof
+    that a later `sunkd:` drain with that text is sunkd's: `sunkd.domain.authorship`)."""
+    action_id = f"act-drain-{node}-{log.last_seq + 1}"
+    log.add(ActionRequested(action_id=action_id, side="slurm", verb="drain", node=node,
+                            reason="drain", args=(Label("reason", reason),)), now)
+    log.add(ActionSucceeded(action_id=action_id, side="slurm", verb="drain", node=node), now)
+
+
+def sunkd_held(log: Log, node: str, now: float) -> None:
+    """sunkd's hold taint on `node`, requested and succeeded."""
+    action_id = f"act-cordon-{node}-{log.last_seq + 1}"
+    log.add(ActionRequested(action_id=action_id, side="kubernetes", verb="cordon", node=node,
+                            reason="hold"), now)
+    log.add(ActionSucceeded(action_id=action_id, side="kubernetes", verb="cordon", node=node),
+            now)
 
 
 def slurm_obs(
@@ -158,13 +177,22 @@ class SimNode:
     tainted: bool = False
     pin: str | None = None
     pods: list[str] = field(default_factory=list)
+    reason_time: float | None = None  # when the reason was set (Slurm's reason time)
+    # The truth the fold must find from the log alone: whether the drain (reason) and the
+    # hold taint on the node now are the very ones sunkd wrote.
+    drain_by_sunkd: bool = False
+    hold_by_sunkd: bool = False
 
     def slurm_payload(self) -> SlurmNodeObserved:
         busy = self.job_ends_at is not None
         state = self.slurm_state
         if state in ("IDLE", "ALLOCATED"):
             state = "ALLOCATED" if busy else "IDLE"
-        return slurm_obs(self.name, state, tuple(self.flags), self.reason, 64 if busy else 0)
+        payload = slurm_obs(self.name, state, tuple(self.flags), self.reason,
+                            64 if busy else 0)
+        if self.reason_time is None:
+            return payload
+        return replace(payload, reason_time=self.reason_time)
 
     def k8s_payload(self) -> K8sNodeObserved:
         return k8s_obs(
@@ -206,6 +234,8 @@ class World:
     fresh: dict[str, bool] = field(default_factory=lambda: {"slurm": True, "kubernetes": True})
     pod_counter: int = 0
     warnings: list[tuple[str, str]] = field(default_factory=list)  # Warning Events seen
+    now: float = 0.0  # the last `advance`: when actions are carried out
+    sunkd_reasons: set[str] = field(default_factory=set)  # every reason sunkd wrote
 
     @classmethod
     def of(cls, count: int) -> World:
@@ -240,8 +270,12 @@ class World:
             if foreign and live:
                 return failed("refused: foreign drain", False)
             changed = "DRAIN" not in node.flags or node.reason != args["reason"]
+            if changed:  # Slurm keeps the reason time when the same reason is set again
+                node.reason_time = self.now
             node.flags.add("DRAIN")
             node.reason = args["reason"]
+            node.drain_by_sunkd = True
+            self.sunkd_reasons.add(args["reason"])
         elif action.verb == "resume":  # UNDRAIN: clears DRAIN only (DOWN, FAIL stay)
             if "DRAIN" not in node.flags:
                 changed = False
@@ -249,9 +283,12 @@ class World:
                 return failed("refused: foreign drain", False)
             elif args.get("expect_reason") and args["expect_reason"] != node.reason:
                 return failed("refused: reason changed since the decision", False)
+            elif (args.get("expect_reason_time") and node.reason_time is not None
+                  and abs(float(args["expect_reason_time"]) - node.reason_time) > 1.0):
+                return failed("refused: reason set again since the decision", False)
             else:
                 node.flags.discard("DRAIN")
-                node.reason = None
+                node.reason, node.reason_time, node.drain_by_sunkd = None, None, False
         elif action.verb == "warn":
             self.warnings.append((action.node, args.get("message", "")))
         elif action.verb == "lock":
@@ -262,10 +299,10 @@ class World:
             node.tainted = False
         elif action.verb == "cordon":  # sunkd's hold taint; spec.unschedulable is never touched
             changed = not node.hold_tainted
-            node.hold_tainted = True
+            node.hold_tainted = node.hold_by_sunkd = True
         elif action.verb == "uncordon":
             changed = node.hold_tainted
-            node.hold_tainted = False
+            node.hold_tainted = node.hold_by_sunkd = False
         elif action.verb == "evict":
             if chaos and rng is not None and rng.random() < 0.3:
                 return failed("429: disruption budget", True)
@@ -285,6 +322,7 @@ class World:
 
     def advance(self, now: float, rng: random.Random) -> None:
         """Jobs end, new jobs and pods get scheduled where the schedulers allow."""
+        self.now = now
         for node in self.nodes.values():
             if node.job_ends_at is not None and now >= node.job_ends_at:
                 node.job_ends_at = None

@@ -1,18 +1,20 @@
 """The policy in a hostile world: adversaries act at random times, and four invariants are
 checked at every step (docs/safety.md).
 
-Adversaries: admins who drain, down, fail, resume and edit reasons in Slurm; operators
-who cordon, uncordon, taint and untaint; Kubernetes Nodes deleted and re-created under the
-same name (untainted and NotReady, as a kubelet registers); Slurm nodes removed and added
-back; a daemon clock a few seconds off; leadership changing mid-action (a new term whose
-sources have not reported yet, with the old term's actions still open); pods that belong
-to no pool and tolerate every taint.
+Adversaries: admins who drain, down, fail, resume and edit reasons in Slurm, and who copy
+sunkd's exact reason onto a node or put it back by hand; operators who cordon, uncordon,
+taint and untaint, and who copy sunkd's hold taint onto a node; Kubernetes Nodes deleted
+and re-created under the same name (untainted and NotReady, as a kubelet registers); Slurm
+nodes removed and added back; a daemon clock a few seconds off; leadership changing
+mid-action (a new term whose sources have not reported yet, with the old term's actions
+still open); pods that belong to no pool and tolerate every taint.
 
 Invariants, every step:
   I1  a Slurm job and a non-DaemonSet pod on one node are, within one decision round of
       being observed, a HELD node with a conflict and a Warning Event requested;
   I2  sunkd never asks to overwrite or remove a drain, DOWN, FAIL, cordon or taint it did
-      not make (the actuators refuse too, but the policy must not even ask);
+      not make (the actuators refuse too, but the policy must not even ask), judged by
+      the world's truth of who wrote what, which the policy only knows from its log;
   I3  no decision while a source has not reported in the current leadership term;
   I4  once the world calms down, every transition ends and the outbox empties.
 
@@ -39,7 +41,7 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
-from sunkd.domain.ownership import assess, has_hold_taint, is_ours
+from sunkd.domain.ownership import assess, has_hold_taint
 from sunkd.domain.policy import (
     Decision,
     PoolSpec,
@@ -101,6 +103,8 @@ class HostileSimulation(Simulation):
         self.epoch = 1
         self.skew = 0.0
         self.reported_epoch: dict[str, int] = {}
+        # Per node, at the last decision: (drain by sunkd, hold taint by sunkd).
+        self.truth: dict[str, tuple[bool, bool]] = {}
 
     def add(self, payload: object, subject: str = "") -> None:
         self.log.add(payload, self.now, subject=subject, epoch=self.epoch)  # type: ignore[arg-type]
@@ -176,6 +180,8 @@ class HostileSimulation(Simulation):
         self.world.advance(self.now, rng)
         self.observe()
         state = self.refold()
+        self.truth = {n.name: (n.drain_by_sunkd, n.hold_by_sunkd)
+                      for n in self.world.nodes.values()}
         decisions = decide(state, self.pools, self.now + self.skew)
         self.rounds.append((state, self.now, decisions))
         for decision in decisions:
@@ -212,9 +218,13 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
         world.pod_counter += 1
         world.pending_pods.append(f"pod-{world.pod_counter}")
         return "pods"
+    # An admin's write comes a moment after anything sunkd wrote: Slurm's reason times
+    # have whole seconds, and a copy within sunkd's own second is the documented limit.
+    written = sim.now + 2.0
     if roll < 0.46:  # admin: drain, down or fail with a reason of their own
         what = rng.choice(["drain", "down", "fail"])
         node.reason = rng.choice(["bad DIMM", "admin: maintenance", "ticket 42"])
+        node.reason_time, node.drain_by_sunkd = written, False
         if what == "drain":
             node.flags.add("DRAIN")
         elif what == "down":
@@ -227,11 +237,12 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
         node.flags -= {"DRAIN", "FAIL"}
         if node.slurm_state == "DOWN":
             node.slurm_state = "IDLE"
-        node.reason = None
+        node.reason, node.reason_time, node.drain_by_sunkd = None, None, False
         return "admin resume"
     if roll < 0.55:  # admin edits the reason (ours or not) in place
         if node.reason:
             node.reason = rng.choice(["sunkd: keep", "edited by admin", node.reason + "!"])
+            node.reason_time, node.drain_by_sunkd = written, False
         return "admin edit"
     if roll < 0.61:  # operator: kubectl cordon / uncordon
         node.unschedulable = not node.unschedulable
@@ -247,7 +258,7 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
         else:
             node.k8s_present = True
             node.tainted = False  # a new Node object has only the kubelet's taints
-            node.hold_tainted = False
+            node.hold_tainted = node.hold_by_sunkd = False
             node.unschedulable = False
             node.ready = False
         return "node recreated"
@@ -258,6 +269,7 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
         else:
             node.slurm_present = True
             node.slurm_state, node.flags, node.reason = "IDLE", set(), None
+            node.reason_time, node.drain_by_sunkd = None, False
         return "slurm node removed"
     if roll < 0.74:
         node.ready = not node.ready
@@ -293,6 +305,55 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
             world.pod_counter += 1
             node.others.append(f"bound-{world.pod_counter}")
         return "pod by nodeName"
+    return _copier(sim, node, rng, written) or _pin(sim, node, rng)
+
+
+def _open(sim: HostileSimulation, node: str, verb: str) -> bool:
+    """sunkd's write of that mark is in flight: requested, or failed in a way that may have
+    landed and not seen since (the documented limit: a copy then is taken for sunkd's)."""
+    state = sim.state.nodes.get(node)
+    if state is None:
+        return False
+    mark = state.drain_mark if verb == "drain" else state.hold_mark
+    return (any(a.verb == verb for a in state.open_actions.values())
+            or (mark is not None and not mark.seen))
+
+
+def _copier(sim: HostileSimulation, node: HostileNode, rng: random.Random,
+            written: float) -> str:
+    """Copies of sunkd's exact marks, never while sunkd's own write of that mark on the
+    node is in flight (an exact copy between decision and write is the documented limit)."""
+    world = sim.world
+    roll = rng.random()
+    if roll < 0.3 and not _open(sim, node.name, "drain"):
+        # An admin drains with a reason sunkd wrote somewhere (or its mirror text).
+        node.flags.add("DRAIN")
+        node.reason = rng.choice(sorted(world.sunkd_reasons | {"sunkd: k8s NotReady"}))
+        node.reason_time, node.drain_by_sunkd = written, False
+        return "admin copies sunkd's reason"
+    if roll < 0.5 and "DRAIN" in node.flags and node.reason and not _open(
+            sim, node.name, "drain"):
+        # An admin undrains and drains again with the same text between two looks.
+        node.reason_time, node.drain_by_sunkd = written, False
+        return "admin puts sunkd's reason back by hand"
+    if roll < 0.8 and not node.hold_tainted and not _open(sim, node.name, "cordon") and (
+            not _seen_holding(sim, node.name)):
+        node.hold_tainted, node.hold_by_sunkd = True, False
+        return "operator copies sunkd's hold taint"
+    if roll < 0.9 and node.hold_tainted:
+        node.hold_tainted = node.hold_by_sunkd = False
+        return "operator removes the hold taint"
+    return ""
+
+
+def _seen_holding(sim: HostileSimulation, node: str) -> bool:
+    """sunkd last saw a hold taint on the node: taints carry no time, so one removed and
+    put back by hand before sunkd looks again is the documented limit, not played here."""
+    state = sim.state.nodes.get(node)
+    return state is not None and has_hold_taint(state.k8s)
+
+
+def _pin(sim: HostileSimulation, node: HostileNode, rng: random.Random) -> str:
     # An invalid pin (the pool mode's spelling, a stray blank) must move nothing either.
     to = rng.choice(["slurm", "kubernetes", "auto", "auto", "Slurm", "kubernetes "])
     sim.add(OperatorPinned(node=node.name, to=to, who="op", why="adversary"))
@@ -302,14 +363,15 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
 # ----------------------------------------------------------------------------- invariants
 
 
-def _foreign_word(node_state: object) -> bool:
+def _foreign_word(node_state: object, by_sunkd: bool) -> bool:
     slurm = getattr(node_state, "slurm", None)
-    if slurm is None or not slurm.reason or is_ours(slurm.reason):
+    if slurm is None or not slurm.reason or by_sunkd:
         return False
     return "DRAIN" in slurm.flags or slurm_unhealthy(slurm)
 
 
-def _check_decisions(state: ClusterState, decisions: list[Decision]) -> None:
+def _check_decisions(state: ClusterState, decisions: list[Decision],
+                     truth: dict[str, tuple[bool, bool]]) -> None:
     # I3: nothing at all while a source has not reported in this term.
     if decisions:
         for source in ("slurm", "kubernetes"):
@@ -318,18 +380,19 @@ def _check_decisions(state: ClusterState, decisions: list[Decision]) -> None:
         if not isinstance(decision, RequestAction):
             continue
         node = state.nodes[decision.node]
-        # I2: never over someone else's word.
+        drained_by_sunkd, held_by_sunkd = truth[decision.node]
+        # I2: never over someone else's word, nor lifting a copy of sunkd's own.
         if decision.verb == "drain":
-            assert not _foreign_word(node), (decision, node.slurm)
+            assert not _foreign_word(node, drained_by_sunkd), (decision, node.slurm)
         if decision.verb == "resume":
             # Unknown is not none: the policy saw this node's pods, and none ran.
             assert node.pods is not None, decision
             assert not [p for p in node.pods if p.phase not in ("Succeeded", "Failed")], (
                 decision, node.pods)
-            assert node.slurm is not None and is_ours(node.slurm.reason), decision
+            assert node.slurm is not None and drained_by_sunkd, (decision, node.slurm)
             assert not slurm_unhealthy(node.slurm), (decision, node.slurm)
         if decision.verb == "uncordon":
-            assert has_hold_taint(node.k8s), decision
+            assert has_hold_taint(node.k8s) and held_by_sunkd, (decision, node.k8s)
 
 
 def _check_conflicts(sim: HostileSimulation, state: ClusterState,
@@ -386,7 +449,7 @@ def test_the_policy_keeps_its_invariants_against_adversaries(
         for _ in range(rng.randint(0, 2)):
             _adversary(sim, rng)
         state, decisions = sim.step_hostile(rng, rng.choice([1.0, 5.0, 15.0, 40.0]))
-        _check_decisions(state, decisions)
+        _check_decisions(state, decisions, sim.truth)
         _check_conflicts(sim, state, decisions)
 
     # I4: the adversaries stop and undo what they did; every transition ends.
@@ -401,15 +464,17 @@ def test_the_policy_keeps_its_invariants_against_adversaries(
         node.rival = "fixed" if node.rival else ""
         node.others.clear()
         node.flags.discard("FAIL")  # the admin's FAIL goes, whatever they wrote as reason
-        if not is_ours(node.reason):
+        if not node.drain_by_sunkd:
             node.flags.discard("DRAIN")
-            node.reason = None
+            node.reason, node.reason_time = None, None
+        if not node.hold_by_sunkd:
+            node.hold_tainted = False
         if node.slurm_state == "DOWN":
             node.slurm_state = "IDLE"
         sim.add(OperatorPinned(node=node.name, to="auto", who="op", why="calm"))
     for _ in range(300):
         state, decisions = sim.step_hostile(rng, 30.0)
-        _check_decisions(state, decisions)
+        _check_decisions(state, decisions, sim.truth)
         settled = all(n.transition is None for n in sim.state.nodes.values())
         if settled and not sim.state.pending_actions() and not decisions:
             break

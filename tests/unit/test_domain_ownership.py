@@ -23,7 +23,7 @@ from sunkd.domain.ownership import (
     slurm_usable,
 )
 from sunkd.domain.state import Phase
-from tests.unit.domain_world import Log, k8s_obs, slurm_obs
+from tests.unit.domain_world import Log, k8s_obs, slurm_obs, sunkd_drained, sunkd_held
 
 
 def _fresh_log() -> Log:
@@ -109,6 +109,7 @@ def test_down_is_held_after_grace_with_its_reason() -> None:
 def test_foreign_drain_holds_at_once_our_drain_does_not() -> None:
     log = _fresh_log()
     log.add(k8s_obs("n1"), 1.0)
+    sunkd_drained(log, "n1", "sunkd: lent to kubernetes", 1.0)
     log.add(slurm_obs("n1", flags=("DRAIN",), reason="sunkd: lent to kubernetes"), 1.0)
     assert not _assess(log, 1.0).held
     log.add(slurm_obs("n1", flags=("DRAIN",), reason="admin: bad dimm"), 2.0)
@@ -120,6 +121,7 @@ def test_foreign_drain_holds_at_once_our_drain_does_not() -> None:
 def test_kubernetes_not_ready_and_any_cordon_hold_our_hold_taint_does_not() -> None:
     log = _fresh_log()
     log.add(slurm_obs("n1"), 1.0)
+    sunkd_held(log, "n1", 1.0)
     log.add(k8s_obs("n1", hold_tainted=True), 1.0)
     assert not _assess(log, 1.0).held
     # A cordon is always an operator's, even with sunkd's old annotation left behind.

@@ -39,7 +39,15 @@ from sunkd.domain.policy import (
     membership,
     retry_backoff,
 )
-from tests.unit.domain_world import PARTITION, POOL, Log, k8s_obs, pool_spec, slurm_obs
+from tests.unit.domain_world import (
+    PARTITION,
+    POOL,
+    Log,
+    k8s_obs,
+    pool_spec,
+    slurm_obs,
+    sunkd_drained,
+)
 
 T0 = 100_000.0
 D = TypeVar("D", StartTransition, CompleteTransition, AbortTransition, RequestAction)
@@ -55,6 +63,7 @@ def _cluster(nodes: int = 3, kubernetes: tuple[str, ...] = ()) -> Log:
         name = f"n{i}"
         lent = name in kubernetes
         if lent:
+            sunkd_drained(log, name, LEND_DRAIN, 1.0)
             log.add(slurm_obs(name, flags=("DRAIN",), reason=LEND_DRAIN), 1.0)
         else:
             log.add(slurm_obs(name), 1.0)
@@ -156,6 +165,7 @@ def test_adoption_recognises_a_node_already_lent() -> None:
     log = Log()
     log.add(SourceHealth(source="slurm", status="fresh"), 0.0, subject="slurm")
     log.add(SourceHealth(source="kubernetes", status="fresh"), 0.0, subject="kubernetes")
+    sunkd_drained(log, "n1", LEND_DRAIN, 1.0)  # sunkd's, as its log proves
     log.add(slurm_obs("n1", flags=("DRAIN",), reason=LEND_DRAIN), 1.0)
     log.add(k8s_obs("n1", tainted=False), 1.0)
     decisions = _decide(log, 2.0)
@@ -451,6 +461,7 @@ def test_a_hold_aborts_an_open_transition_without_acting() -> None:
 
 def test_pool_pods_on_a_slurm_owned_node_are_evicted_before_resume() -> None:
     log = _cluster(1)
+    sunkd_drained(log, "n1", LEND_DRAIN, 5.0)
     log.add(slurm_obs("n1", flags=("DRAIN",), reason=LEND_DRAIN), 5.0)  # an aborted lend
     log.add(K8sWorkloadObserved(node="n1", pool=POOL, pods=(PodRef("s", "web", "Running"),)),
             5.0)

@@ -32,7 +32,7 @@ from sunkd.domain.policy import (
     membership,
 )
 from sunkd.domain.state import Phase
-from tests.unit.domain_world import POOL, Log, k8s_obs, slurm_obs
+from tests.unit.domain_world import POOL, Log, k8s_obs, slurm_obs, sunkd_held
 from tests.unit.test_domain_policy import (
     T0,
     _actions,
@@ -105,6 +105,7 @@ def test_s2_any_cordon_is_foreign_and_never_lifted() -> None:
 def test_s2_sunkd_removes_only_its_own_hold_taint() -> None:
     """A Slurm hold mirrored as sunkd's hold taint is removed when the hold clears."""
     log = _cluster(1, kubernetes=("n1",))
+    sunkd_held(log, "n1", 5.0)
     log.add(_hold_tainted("n1", tainted=False), 5.0)
     assert ("n1", "kubernetes", "uncordon") in _actions(_decide(log, T0))
 

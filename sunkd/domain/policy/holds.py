@@ -22,6 +22,8 @@ from sunkd.domain.ownership import (
     has_owner_taint,
     is_mirror_drain,
     is_ours,
+    our_drain,
+    our_hold_taint,
     slurm_state_text,
 )
 from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
@@ -52,7 +54,7 @@ def _mirror_holds(
         elif (
             not assessment.slurm_holds
             and not assessment.slurm_unhealthy
-            and has_hold_taint(k8s)
+            and our_hold_taint(node)
         ):
             planner.ensure(
                 node, OWNER_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"
@@ -82,6 +84,7 @@ def _mirror_holds(
             not assessment.k8s_holds
             and "DRAIN" in slurm.flags
             and is_mirror_drain(slurm.reason)
+            and our_drain(node)
             and node.owner == OWNER_SLURM
             and node.transition is None
             and not assessment.slurm_unhealthy

@@ -17,7 +17,7 @@ from sunkd.domain.ownership import (
     foreign_word,
     has_hold_taint,
     has_owner_taint,
-    is_ours,
+    our_drain,
     slurm_busy,
     slurm_drained,
 )
@@ -47,7 +47,7 @@ def _abort_lend(
     if (
         slurm is not None
         and "DRAIN" in slurm.flags
-        and is_ours(slurm.reason)
+        and our_drain(node)
         and _may_resume(node)
     ):
         planner.ensure(
@@ -77,11 +77,11 @@ def _advance_to_kubernetes(
     k8s = node.k8s
     assert slurm is not None and k8s is not None
     tx = transition.transition_id
-    if "DRAIN" not in slurm.flags or not is_ours(slurm.reason):
+    if "DRAIN" not in slurm.flags or not our_drain(node):
         if adopt:
             planner.abort(node, transition, "adoption as lent no longer matches: not drained")
             return
-        if foreign_word(slurm):
+        if foreign_word(slurm, node.drain_mark):
             _abort_lend(planner, node, transition,
                         f"Slurm reports {slurm.state.upper()} with someone else's reason "
                         f"{slurm.reason!r}: not draining over it")

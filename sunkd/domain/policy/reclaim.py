@@ -9,7 +9,7 @@ once Slurm reports the node usable. Adoption for Slurm reuses the same steps
 from __future__ import annotations
 
 from sunkd.domain.events import OwnershipSpec
-from sunkd.domain.ownership import Assessment, has_owner_taint, is_ours, slurm_usable
+from sunkd.domain.ownership import Assessment, has_owner_taint, our_drain, slurm_usable
 from sunkd.domain.policy.model import VERB_EVICT, VERB_LOCK, VERB_RESUME, PoolSpec
 from sunkd.domain.policy.planner import (
     _FAILED,
@@ -89,7 +89,7 @@ def _advance_to_slurm(
                 planner.abort(node, transition, "evicting pool pods failed")
         return
     if "DRAIN" in slurm.flags:
-        if is_ours(slurm.reason):
+        if our_drain(node):
             result = planner.ensure(
                 node,
                 OWNER_SLURM,
@@ -119,7 +119,7 @@ def _can_reclaim(planner: _Planner, node: NodeState, assessment: Assessment) -> 
         and not node.open_actions
         and slurm is not None
         and "DRAIN" in slurm.flags
-        and is_ours(slurm.reason)
+        and our_drain(node)
         and assessment.pin != OWNER_KUBERNETES
     )
 

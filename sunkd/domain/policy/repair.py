@@ -16,7 +16,7 @@ from sunkd.domain.ownership import (
     foreign_word,
     has_owner_taint,
     is_lend_drain,
-    is_ours,
+    our_drain,
     slurm_drained,
 )
 from sunkd.domain.policy.model import (
@@ -145,7 +145,8 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
                 f"repair: {len(pods)} pool pod(s) on a Slurm-owned node",
                 _evict_args(node),
             )
-        if "DRAIN" in slurm.flags and is_lend_drain(slurm.reason) and _may_resume(node):
+        if ("DRAIN" in slurm.flags and is_lend_drain(slurm.reason) and our_drain(node)
+                and _may_resume(node)):
             planner.ensure(
                 node,
                 OWNER_SLURM,
@@ -154,7 +155,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
                 _expected_drain(slurm),
             )
     elif assessment.phase == Phase.KUBERNETES:
-        if "DRAIN" not in slurm.flags and not foreign_word(slurm):
+        if "DRAIN" not in slurm.flags and not foreign_word(slurm, node.drain_mark):
             planner.ensure(
                 node,
                 OWNER_SLURM,
@@ -162,7 +163,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
                 "repair: node lent to kubernetes was resumed in Slurm; drain it again",
                 (Label("reason", lend_reason(None)),),
             )
-        elif has_owner_taint(k8s) and slurm_drained(slurm) and is_ours(slurm.reason):
+        elif has_owner_taint(k8s) and slurm_drained(slurm) and our_drain(node):
             planner.ensure(
                 node,
                 OWNER_KUBERNETES,
