@@ -22,10 +22,11 @@ from sunkd.domain.events import (
     Event,
     K8sNodeObserved,
     K8sNodesetObserved,
+    K8sWorkloadObserved,
     Payload,
     SourceHealth,
 )
-from sunkd.kubernetes.client import NODES, KubeClient, ResourceType
+from sunkd.kubernetes.client import NODES, PODS, KubeClient, ResourceType
 from sunkd.kubernetes.source import KubernetesSource
 from sunkd.store.eventlog import EventLog, StaleLeaderError
 from sunkd.testbed.kubeapi import KubeAPIEmulator
@@ -37,6 +38,7 @@ from .kube_helpers import (
     ensure_namespace,
     install_crd,
     nodeset_body,
+    pod_body,
     running_emulator,
 )
 
@@ -213,6 +215,43 @@ async def test_one_unappendable_observation_never_stops_the_kube_source(
         assert not task.done()
         assert source.rejected_observations() == ["poison"]
         assert health(sink.payloads())[-1].status == "fresh"
+
+
+class PodRefusingSink(ListSink):
+    """A log that refuses any pod report naming one pod (its text, say, is too long)."""
+
+    def __init__(self, pod: str) -> None:
+        super().__init__()
+        self.pod = pod
+
+    async def __call__(self, batch: Sequence[Event]) -> None:
+        if any(isinstance(e.payload, K8sWorkloadObserved)
+               and any(p.name == self.pod for p in e.payload.pods) for e in batch):
+            raise RuntimeError("append refused: simulated database error")
+        await super().__call__(batch)
+
+
+async def test_a_refused_pod_report_makes_the_nodes_pods_unknown_not_stale(
+        kube: tuple[KubeAPIEmulator, KubeClient, ResourceType]) -> None:
+    """Unknown is not none: when the log refuses a Node's pod report, the Node's last
+    recorded list (empty here) must not stand as current; the source records the pods
+    as unknown (a report with `complete=False`), which the fold reads as UNKNOWN."""
+    _emulator, client, rt = kube
+    sink = PodRefusingSink("refused")
+    async with running_source(client, rt, sink) as (source, task):
+        await source.wait_synced(15)
+        await source.wait_idle(10)
+        await client.create(PODS, pod_body("ml", "refused", {"app": "serve"}, node="k1"), "ml")
+
+        def reports() -> list[K8sWorkloadObserved]:
+            return [p for p in sink.payloads(K8sWorkloadObserved)
+                    if isinstance(p, K8sWorkloadObserved) and p.node == "k1"]
+
+        await eventually(lambda: not reports()[-1].complete, what="pods unknown on k1")
+        assert reports()[0].complete and reports()[0].pods == ()
+        await asyncio.sleep(1.0)  # the refused report waits for its retry: no churn
+        assert sum(1 for r in reports() if not r.complete) == 1
+        assert not task.done()
 
 
 async def test_a_fenced_append_still_ends_the_kube_source(

@@ -222,3 +222,17 @@ def test_an_operator_pin_does_not_make_unknown_pods_known() -> None:
     log.add(OperatorPinned(node="n1", to="slurm", who="op", why="test"), 3.0)
     decisions = _decide(log, T0)
     assert all(getattr(d, "node", "") != "n1" for d in decisions), decisions
+
+
+def test_a_report_the_source_could_not_record_makes_the_pods_unknown() -> None:
+    """The log refused a Node's pod report: the source records them as unknown
+    (`complete=False`), which must never leave the last list standing."""
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(K8sWorkloadObserved(node="n1", pods=()), 3.0)
+    log.add(K8sWorkloadObserved(node="n1", complete=False), 4.0)
+    state = log.state()
+    assert state.nodes["n1"].pods is None and "n1" not in state.pod_reports
+    assert assess(state, state.nodes["n1"], T0).phase == Phase.UNKNOWN
+    assert state_from_json(state_to_json(state)) == state
+    log.add(K8sWorkloadObserved(node="n1", pods=(POD,)), 5.0)
+    assert running_pods(log.state().nodes["n1"]) == ["serving/p1"]
