@@ -226,6 +226,9 @@ class K8sWorkloadObserved(Payload):
     node: str = ""
     pool: str = ""
     pods: tuple[PodRef, ...] = ()
+    # False: the source could not record the Node's pods (the log refused its report):
+    # they are unknown until a complete report, never "none".
+    complete: bool = True
 
 
 @dataclass(frozen=True, slots=True)

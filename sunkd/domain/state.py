@@ -689,7 +689,13 @@ def _on_workload(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     is the node's claimant: a rival's report never touches the claimed node's pods."""
     observation: K8sWorkloadObserved = p
     k8s_name = observation.node or event.subject
-    b.writable_reports()[k8s_name] = observation.pods
+    pods: tuple[PodRef, ...] | None = observation.pods
+    if observation.complete:
+        b.writable_reports()[k8s_name] = observation.pods
+    else:  # the source could not record them: unknown, not none
+        pods = None
+        if k8s_name in b.reports():
+            del b.writable_reports()[k8s_name]
     name = b.slurm_name_of(k8s_name)
     d = b.drafts.get(name)
     if d is None:
@@ -697,7 +703,7 @@ def _on_workload(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
             return  # no node claims it yet: its report waits in `pod_reports`
         d = b.quiet_draft(name)
     if d.k8s_name == k8s_name and d.k8s is not None:
-        d.pods = observation.pods
+        d.pods = pods
 
 
 def _on_slurm_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:

@@ -296,7 +296,11 @@ class Utilization:
             # A report is the Node's whole pod list (older logs also named a pool); it
             # counts for the node its Node claims, as in the fold (`state._on_workload`).
             k8s_name = p.node or subject
-            running = self._reports[k8s_name] = pool_pods_running(p.pods)
+            running = pool_pods_running(p.pods) and p.complete
+            if p.complete:
+                self._reports[k8s_name] = running
+            else:
+                self._reports.pop(k8s_name, None)
             name = self._k8s_names.get(k8s_name, k8s_name)
             found = self._nodes.get(name)
             if found is not None and found.k8s and found.k8s_name == k8s_name:

@@ -783,7 +783,9 @@ class KubernetesSource:
         for event in accepted:
             family = _family(event.payload)
             assert family is not None
-            self._rejected.pop(family, None)
+            payload = event.payload
+            if not (isinstance(payload, K8sWorkloadObserved) and not payload.complete):
+                self._rejected.pop(family, None)  # the refused report waits for its retry
             if isinstance(event.payload, K8sNodeVanished) and family[1] not in self.nodes:
                 # Reported gone, and its pod report with it (the fold drops both): nothing
                 # left to compare with, so forget both (memory follows the live cluster),
@@ -824,6 +826,21 @@ class KubernetesSource:
         await self._append_halves(events, accepted)
         return accepted
 
+    async def _mark_unknown(self, node: str, accepted: list[Event]) -> None:
+        """The log refused a Node's pod report: what the fold holds for the Node is stale,
+        so say its pods are unknown (a small report the log takes) rather than leave the
+        old list standing as if it were current."""
+        marker = Event(subject=node, payload=K8sWorkloadObserved(node=node, complete=False))
+        try:
+            await self.sink([marker])
+        except self.fatal_errors:
+            raise
+        except Exception as error:
+            log.error("kubernetes.pods_unknown_unrecorded", subject=clean_text(node),
+                      cause=clean_text(f"{type(error).__name__}: {error}")[:300])
+            return
+        accepted.append(marker)
+
     async def _append_halves(self, events: list[Event], accepted: list[Event]) -> None:
         """Bisect a refused batch: O(k log n) appends find the k events the log refuses."""
         if len(events) == 1:
@@ -841,6 +858,9 @@ class KubernetesSource:
                           subject=clean_text(event.subject),
                           cause=clean_text(f"{type(error).__name__}: {error}")[:300],
                           retry_in=REJECTED_RETRY_SECONDS)
+                payload = event.payload
+                if isinstance(payload, K8sWorkloadObserved) and payload.complete:
+                    await self._mark_unknown(payload.node, accepted)
                 return
             accepted.append(event)
             return
