@@ -86,7 +86,7 @@ def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
     async def run() -> list[projections.Interval]:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="read")
         try:
             return await history(event_log.engine, args.node, since)
         finally:
@@ -200,7 +200,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
     async def run() -> dict[str, Any]:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="read")
         try:
             return await audit_report(event_log, since, until,
                                       [pool_spec(pool) for pool in settings.pools])

@@ -94,7 +94,7 @@ def cmd_status(args: Any, settings: Settings) -> int:
     corrupt: list[CorruptRow] = []
 
     async def run() -> ClusterState:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="read")
         try:
             return (await load_state(event_log, on_corrupt=corrupt.append))[0]
         finally:
@@ -133,7 +133,7 @@ def cmd_pin(args: Any, settings: Settings) -> int:
     who = args.who or getpass.getuser()
 
     async def run() -> int:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="write")
         try:
             state, _ = await load_state(event_log, on_corrupt=lambda _row: None)
             known = state.nodes.get(state.k8s_names.get(args.node, args.node))
@@ -279,7 +279,8 @@ async def _snapshot_state(event_log: EventLog, seq: int) -> ClusterState | None:
 
 def cmd_replay(args: Any, settings: Settings) -> int:
     async def run() -> int:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(
+            settings.database_url, access="write" if getattr(args, "rebuild", False) else "read")
         try:
             if getattr(args, "rebuild", False):
                 from sunkd.store import projections

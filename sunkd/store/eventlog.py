@@ -35,7 +35,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from pathlib import Path
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import orjson
 import structlog
@@ -54,7 +55,7 @@ from sunkd.domain.events import (
 )
 from sunkd.store.backend import Backend, EventRow, as_utc
 from sunkd.store.migrate_apart import migrate_in_child
-from sunkd.store.migrations_api import at_head, ensure_schema
+from sunkd.store.migrations_api import NotASunkdLog, at_head, ensure_schema, require_log
 from sunkd.store.models import LEADERSHIP_ROW, events, leadership, snapshots
 from sunkd.store.postgres import NOTIFY_CHANNEL, PostgresBackend
 from sunkd.store.recent import RecentAppends
@@ -63,9 +64,11 @@ from sunkd.store.writegate import WriteGate
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "Access",
     "EventLog",
     "LeaderInfo",
     "Lease",
+    "NotASunkdLog",
     "StaleLeaderError",
     "backend_class",
     "create_engine",
@@ -116,6 +119,10 @@ def backend_class(dialect: str) -> type[Backend]:
 # Snapshots kept after each save (issue 15: they were never pruned).
 SNAPSHOTS_KEPT = 3
 
+
+# How a command opens the log: "create" may create and migrate it (run, demo, migrate);
+# "write" appends to an existing one (pin, log archive/restore); "read" only reads.
+Access = Literal["create", "write", "read"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -189,7 +196,7 @@ class LeaderInfo:
 class EventLog:
     """The event log on one database (PostgreSQL or SQLite)."""
 
-    def __init__(self, engine: AsyncEngine, url: str) -> None:
+    def __init__(self, engine: AsyncEngine, url: str, *, access: Access = "create") -> None:
         self.engine = engine
         self.url = url
         self.dialect = engine.dialect.name
@@ -201,7 +208,9 @@ class EventLog:
         # exists once per connection pool, so it keeps the one engine.
         self._gate = WriteGate()
         self._writes: set[asyncio.Future[Any]] = set()  # writes in progress
-        self._lease_engine = engine if _in_memory(url) else create_engine(url)
+        self.access: Access = access
+        self._lease_engine = engine if _in_memory(url) or access == "read" else \
+            create_engine(url, create=access == "create")
         self.wall_clock: Callable[[], float] = time.time  # this host's clock (tests skew it)
         # What this process appended lately: a read of it shares the objects (recent.py).
         self.recent = RecentAppends()
@@ -210,11 +219,19 @@ class EventLog:
 
     @classmethod
     async def open(cls, url: str, *, migrate: bool | None = None,
-                   migrate_apart: bool = False) -> EventLog:
-        """Open the log. Migrations run automatically on SQLite (the embedded default)
-        or when `migrate=True`; otherwise the schema must already be at head.
-        `migrate_apart`: a SQLite file is migrated in a child process, so this one never
-        imports Alembic (`sunkd run`: store/migrate_apart.py)."""
+                   migrate_apart: bool = False, access: Access = "create") -> EventLog:
+        """Open the log. `access="create"` (`sunkd run`, `demo`, tests): migrations run
+        automatically on SQLite (the embedded default) or when `migrate=True`; otherwise
+        the schema must already be at head. `migrate_apart`: a SQLite file is migrated in
+        a child process, so this one never imports Alembic (`sunkd run`:
+        store/migrate_apart.py).
+
+        `access="read"` (status, events, audit, ...) and `access="write"` (pin, log
+        archive, ...) never create, migrate or change anything to open: the database must
+        already hold a sunkd log at head (else `NotASunkdLog` / `SchemaError`), checked
+        through a read-only engine; a "read" log keeps that engine, so it cannot write."""
+        if access != "create":
+            return await cls._open_existing(url, access)
         engine = create_engine(url)
         if migrate is None:
             migrate = backend_class(engine.dialect.name).migrate_by_default
@@ -230,6 +247,29 @@ class EventLog:
             await engine.dispose()
             raise
         return cls(engine, url)
+
+    @classmethod
+    async def _open_existing(cls, url: str, access: Access) -> EventLog:
+        where = _where(url)
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite" and not _in_memory(url) \
+                and not Path(parsed.database or "").is_file():
+            raise NotASunkdLog(where, "no such file")
+        engine = create_engine(url, read_only=True)
+        try:
+            try:
+                await require_log(engine, where)
+            except DBAPIError as error:
+                if parsed.get_backend_name() != "sqlite":
+                    raise  # PostgreSQL unreachable, refused...: says nothing of the data
+                raise NotASunkdLog(where, str(error.orig)) from None  # not a database file
+        except BaseException:
+            await engine.dispose()
+            raise
+        if access == "read":
+            return cls(engine, url, access=access)
+        await engine.dispose()
+        return cls(create_engine(url, create=False), url, access=access)
 
     async def close(self) -> None:
         self._closed = True
@@ -588,9 +628,18 @@ def dumps_json(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"))
 
 
-def create_engine(url: str) -> AsyncEngine:
-    """An async engine with the settings sunkd relies on for each backend."""
+def create_engine(url: str, *, read_only: bool = False, create: bool = True) -> AsyncEngine:
+    """An async engine with the settings sunkd relies on for each backend (`read_only`:
+    one that cannot write; `create=False`: one that never creates a SQLite file)."""
     # Reads keep the stdlib parser: orjson turns integers beyond 64 bits into floats,
     # and a payload from a newer writer must come back exactly as it was written.
     return backend_class(make_url(url).get_backend_name()).create_engine(
-        url, json_serializer=dumps_json)
+        url, json_serializer=dumps_json, read_only=read_only, create=create)
+
+
+def _where(url: str) -> str:
+    """The database, as a refusal names it: a SQLite path, or the URL without password."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.database or ":memory:"
+    return parsed.render_as_string(hide_password=True)
