@@ -207,3 +207,34 @@ async def test_aiohttp_client_still_gets_a_body_limit_413(client: TestClient[Any
     """Bodies over 8 MiB stay refused by size (unchanged)."""
     response = await client.post("/scheduler/filter", data=b"x" * (9 * 1024 * 1024))
     assert response.status == 413
+
+
+async def test_an_integer_over_python_digit_limit_is_a_400(client: TestClient[Any, Any]) -> None:
+    """An integer literal longer than Python's int max str digits (4,300) made json.loads
+    raise a plain ValueError, answered as a 500."""
+    body = (b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["n1"], "Priority": '
+            + b"7" * 5000 + b"}")
+    for verb in ("filter", "prioritize"):
+        response = await client.post(f"/scheduler/{verb}", data=body,
+                                     headers={"Content-Type": "application/json"})
+        assert response.status == 400, (verb, response.status, await response.text())
+        assert "digits" in (await response.json())["Error"]
+
+
+async def test_a_gzip_body_that_is_not_gzip_is_a_400(client: TestClient[Any, Any]) -> None:
+    """`Content-Encoding: gzip` on a body that is not gzip: aiohttp's decoding error
+    escaped the handler, a 500 in plain text."""
+    import gzip
+
+    for verb in ("filter", "prioritize"):
+        response = await client.post(f"/scheduler/{verb}", data=names_body(3),
+                                     headers={"Content-Type": "application/json",
+                                              "Content-Encoding": "gzip"})
+        assert response.status == 400, (verb, response.status, await response.text())
+        assert response.content_type == "application/json"
+        assert "gzip" in (await response.json())["Error"]
+    # A body that is gzip is decoded and answered.
+    response = await client.post("/scheduler/filter", data=gzip.compress(names_body(3)),
+                                 headers={"Content-Type": "application/json",
+                                          "Content-Encoding": "gzip"})
+    assert response.status == 200, await response.text()
