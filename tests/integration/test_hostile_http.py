@@ -238,3 +238,40 @@ async def test_a_gzip_body_that_is_not_gzip_is_a_400(client: TestClient[Any, Any
                                  headers={"Content-Type": "application/json",
                                           "Content-Encoding": "gzip"})
     assert response.status == 200, await response.text()
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET / HTTP/1.1 extra\r\n\r\n",  # a malformed request line
+    b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",  # a header without a colon
+    b"POST /scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+    b"Content-Length: 9\r\n\r\nnot gzip!",  # a body that does not decode
+], ids=["request-line", "header", "gzip"])
+async def test_protocol_errors_are_logged_as_one_json_object_per_line(
+        client: TestClient[Any, Any], request_bytes: bytes) -> None:
+    """aiohttp's protocol errors went to the stdlib logger as multi-line plain-text
+    tracebacks, in the middle of the JSON-lines log: any client could write them."""
+    import io
+    import logging
+
+    from sunkd.runtime.logs import configure_logging
+
+    stream = io.StringIO()
+    configure_logging("info", "json", stream=stream)
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    try:
+        writer.write(request_bytes)
+        await writer.drain()
+        async with asyncio.timeout(5):
+            status_line = await reader.readline()
+        assert b" 400 " in status_line, status_line
+        await asyncio.sleep(0.2)  # the server logs after answering
+    finally:
+        writer.close()
+    logging.getLogger("aiohttp.server").error("probe", exc_info=ValueError("a\nb"))
+    lines = stream.getvalue().splitlines()
+    assert lines, "the probe at least is logged"
+    for line in lines:
+        record = json.loads(line)  # every line is one JSON object
+        assert isinstance(record, dict) and "event" in record and "level" in record, line
+    assert "Traceback" not in stream.getvalue().split('"probe"')[0], \
+        "a client's protocol error is not a traceback"
