@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from sunkd.cli.text import printable
+from sunkd.cli.text import printable, shortened
 from sunkd.domain.events import Event, OperatorPinned, RecordedEvent
 from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership
@@ -139,14 +139,14 @@ def cmd_pin(args: Any, settings: Settings) -> int:
             known = state.nodes.get(state.k8s_names.get(args.node, args.node))
             if known is None or not observed(known):
                 if not args.force:
-                    print(printable(
-                        f"sunkd pin: no node {args.node!r} has been observed, by that Slurm "
-                        "or Kubernetes name; check the name with `sunkd status`, or pin it "
-                        "anyway with --force (the pin then applies once the node is "
-                        "observed)"), file=sys.stderr)
+                    name = shortened(args.node, quote="'")
+                    print(f"sunkd pin: no node {name} has been "
+                          "observed, by that Slurm or Kubernetes name; check the name with "
+                          "`sunkd status`, or pin it anyway with --force (the pin then "
+                          "applies once the node is observed)", file=sys.stderr)
                     return 2
-                print(printable(f"sunkd: warning: {args.node} has not been observed yet; the "
-                                "pin is recorded and applies once it is"), file=sys.stderr)
+                print(f"sunkd: warning: {shortened(args.node)} has not been observed yet; "
+                      "the pin is recorded and applies once it is", file=sys.stderr)
             node = state.k8s_names.get(args.node, args.node)
             seqs = await event_log.append_unfenced([Event(subject=node, payload=OperatorPinned(
                 node=node, to=args.to, who=who, why=args.reason))])

@@ -341,8 +341,19 @@ class EventLog:
         engine = self._lease_engine if lease else self.engine
         async with self._gate.hold(urgent=lease), engine.connect() as connection:
             await self._backend.prepare_write(connection)
-            async with connection.begin():
-                yield connection
+            try:
+                async with connection.begin():
+                    yield connection
+            except TimeoutError as error:
+                # The driver's statement timeout (asyncpg's `command_timeout`) raises a
+                # TimeoutError without a message; an outer deadline would cancel instead.
+                if str(error):
+                    raise
+                raise TimeoutError(
+                    "a write to the event log waited longer than the database's statement "
+                    "timeout, most likely for the leadership row, which another transaction "
+                    "holds (a migration, `sunkd log archive`, a session left open: "
+                    "PostgreSQL's pg_locks shows which); nothing was written") from None
             if big_values and not _in_memory(self.url):  # its only connection: the data
                 await connection.invalidate()  # the pool opens a fresh one when needed
 
