@@ -142,7 +142,7 @@ async def test_a_second_archive_chains_onto_the_first(database_url: str,
         assert first is not None and first.upto_seq == SIZE
         second = await archive.archive(log, tmp_path, upto_seq=latest - 5)
         assert second is not None and second.from_seq == SIZE + 1
-        found, problems = archive.verify([tmp_path])
+        found, problems = await archive.verify_against_log(log.engine, [tmp_path])
         assert problems == [] and [m.from_seq for m in found] == [1, SIZE + 1]
         assert await log.archive_base_seq() == second.upto_seq
         assert await replay_check(log, archives=[tmp_path]) == []
@@ -356,3 +356,124 @@ async def test_migration_0003_keeps_the_rows_and_the_views(database_url: str) ->
                 await connection.execute(text("DELETE FROM events"))
     finally:
         await log.close()
+
+
+# ------------------------------------------- verification against what the log recorded
+
+
+def _rewrite_file(path: Path, lines: list[str]) -> None:
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+
+
+def _recompute_manifest(manifest_path: Path) -> None:
+    """What a forger does after editing a file: make the manifest beside it agree."""
+    body = json.loads(manifest_path.read_text())
+    for entry in body["files"]:
+        data = (manifest_path.parent / entry["name"]).read_bytes()
+        entry["sha256"] = hashlib.sha256(data).hexdigest()
+        entry["bytes"] = len(data)
+        entry["content_sha256"] = hashlib.sha256(gzip.decompress(data)).hexdigest()
+        entry["events"] = len(gzip.decompress(data).splitlines())
+    manifest_path.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+
+
+async def _refused(log: EventLog, directory: Path, *needles: str) -> list[str]:
+    problems = await replay_check(log, archives=[directory])
+    assert problems, "the forged archive passed replay --check"
+    text_of = "\n".join(problems)
+    for needle in needles:
+        assert needle in text_of, (needle, problems)
+    with pytest.raises(archive.ArchiveError, match="does not verify") as caught:
+        await archive.restore(log.engine, [directory])
+    for needle in needles:
+        assert needle in str(caught.value), (needle, str(caught.value))
+    assert await archive.restored_range(log.engine) == (0, 0, 0), "nothing restored"
+    return problems
+
+
+async def test_an_edited_event_with_recomputed_manifest_checksums_is_refused(
+        database_url: str, tmp_path: Path) -> None:
+    """The manifest beside the files is no authority: `log.archived` recorded every file's
+    and the manifest's sha256 when they were written."""
+    log = await seeded(database_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        name = result.files[0]["name"]
+        path = tmp_path / name
+        lines = gzip.open(path, "rt").read().splitlines()
+        body = json.loads(lines[1])
+        body["subject"] = "someone-else"
+        lines[1] = json.dumps(body)
+        _rewrite_file(path, lines)
+        _recompute_manifest(result.manifest)
+        await _refused(log, tmp_path, name, "log.archived")
+    finally:
+        await log.close()
+
+
+async def test_a_seq_replaced_by_a_copy_of_its_neighbour_is_refused_naming_it(
+        database_url: str, tmp_path: Path) -> None:
+    """Line count, first and last seq all agree; seq 5 is simply not there."""
+    log = await seeded(database_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        name = result.files[0]["name"]
+        path = tmp_path / name
+        lines = gzip.open(path, "rt").read().splitlines()
+        assert json.loads(lines[4])["seq"] == 5
+        lines[4] = lines[3]  # seq 4 twice, seq 5 gone
+        _rewrite_file(path, lines)
+        _recompute_manifest(result.manifest)
+        await _refused(log, tmp_path, name, "seq 5 is missing")
+    finally:
+        await log.close()
+
+
+async def test_earlier_archives_are_verified_through_the_records_archived_after_them(
+        database_url: str, tmp_path: Path) -> None:
+    """The first run's `log.archived` event is itself archived by the second run: the
+    first manifest is then checked against that record, read from the verified second
+    archive."""
+    from sunkd.domain.events import SourceHealth
+
+    log = await seeded(database_url)
+    try:
+        first = await archive.archive(log, tmp_path, upto_seq=SIZE)
+        assert first is not None and first.upto_seq == SIZE
+        await log.append_unfenced([Event("slurm", SourceHealth(source="slurm", status="fresh"))
+                                   for _ in range(3 * SIZE)])
+        second = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert second is not None and second.upto_seq > first.event_seq, \
+            "the first run's record is archived by the second"
+        assert await replay_check(log, archives=[tmp_path]) == []
+        path = tmp_path / first.files[0]["name"]
+        lines = gzip.open(path, "rt").read().splitlines()
+        body = json.loads(lines[2])
+        body["subject"] = "forged"
+        lines[2] = json.dumps(body)
+        _rewrite_file(path, lines)
+        _recompute_manifest(first.manifest)
+        await _refused(log, tmp_path, first.files[0]["name"], "log.archived")
+    finally:
+        await log.close()
+
+
+async def test_an_archive_the_log_never_recorded_is_refused(
+        database_url: str, tmp_path: Path) -> None:
+    """An archive of another log (or one made up) is not this log's history."""
+    log = await seeded(database_url)
+    other = await seeded(database_url.replace("events.db", "other.db")) \
+        if log.dialect == "sqlite" else None
+    try:
+        if other is None:
+            pytest.skip("one PostgreSQL database per test")
+        made = await archive.archive(other, tmp_path / "other", upto_seq=10)
+        assert made is not None
+        problems = await replay_check(log, archives=[tmp_path / "other"])
+        assert any("no log.archived event" in p for p in problems), problems
+    finally:
+        await log.close()
+        if other is not None:
+            await other.close()
