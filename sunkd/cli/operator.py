@@ -199,7 +199,8 @@ async def replay_check(event_log: EventLog, *, archives: Sequence[Path] = (),
     base_seq = await event_log.archive_base_seq()
     start = EMPTY
     if archives:
-        found, archive_problems = await asyncio.to_thread(archive.verify, list(archives))
+        found, archive_problems = await archive.verify_against_log(event_log.engine,
+                                                                   list(archives))
         problems += [f"archive: {p}" for p in archive_problems]
         archived_upto = found[-1].upto_seq if found else 0
         if found and archived_upto + 1 != live_first:
