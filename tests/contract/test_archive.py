@@ -477,3 +477,91 @@ async def test_an_archive_the_log_never_recorded_is_refused(
         await log.close()
         if other is not None:
             await other.close()
+
+
+# ------------------------------------------------------------ malformed archives
+
+
+async def _problems_of(log: EventLog, directory: Path) -> str:
+    """replay --check's problems and restore's refusal, as one text (no raw exception)."""
+    problems = await replay_check(log, archives=[directory])
+    assert problems
+    with pytest.raises(archive.ArchiveError) as caught:
+        await archive.restore(log.engine, [directory])
+    assert await archive.restored_range(log.engine) == (0, 0, 0)
+    return "\n".join(problems) + "\n" + str(caught.value)
+
+
+async def test_a_manifest_that_is_not_json_is_named(database_url: str, tmp_path: Path) -> None:
+    log = await seeded(database_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        result.manifest.write_text('{"format": "sunkd-archive/1", "from_seq": 1,\n  oops\n')
+        said = await _problems_of(log, tmp_path)
+        assert f"{result.manifest.name}: line 2" in said and "not JSON" in said, said
+    finally:
+        await log.close()
+
+
+@pytest.mark.parametrize("files", [["a string"], [{"name": 7}], "nothing", [{}]])
+async def test_a_manifest_of_the_wrong_shape_is_named(database_url: str, tmp_path: Path,
+                                                      files: Any) -> None:
+    log = await seeded(database_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        body = json.loads(result.manifest.read_text())
+        body["files"] = files
+        result.manifest.write_text(json.dumps(body))
+        said = await _problems_of(log, tmp_path)
+        assert result.manifest.name in said, said
+    finally:
+        await log.close()
+
+
+async def test_a_file_name_that_leaves_the_archive_directory_is_refused(
+        database_url: str, tmp_path: Path) -> None:
+    log = await seeded(database_url)
+    try:
+        directory = tmp_path / "archive"
+        result = await archive.archive(log, directory, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        body = json.loads(result.manifest.read_text())
+        name = body["files"][0]["name"]
+        (directory / name).rename(tmp_path / name)  # now outside the directory
+        body["files"][0]["name"] = f"../{name}"
+        result.manifest.write_text(json.dumps(body))
+        said = await _problems_of(log, directory)
+        assert f"../{name}" in said and "outside the archive directory" in said, said
+    finally:
+        await log.close()
+
+
+async def test_an_over_long_line_is_refused_in_bounded_memory(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """One 300 MiB line took 930 MB; lines are now read at most MAX_LINE_BYTES at a time."""
+    import tracemalloc
+
+    log = await seeded(sqlite_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        name = result.files[0]["name"]
+        path = tmp_path / name
+        with gzip.open(path, "wb", compresslevel=1) as stream:
+            stream.write(b'{"seq":1,"payload":"')
+            chunk = b"x" * (1 << 20)
+            for _ in range(100):  # 100 MiB on one line
+                stream.write(chunk)
+            stream.write(b'"}\n')
+        tracemalloc.start()
+        try:
+            said = await _problems_of(log, tmp_path)
+            _current, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert f"{name}: line 1" in said and "longer than" in said, said
+        assert peak < 80 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    finally:
+        await log.close()
