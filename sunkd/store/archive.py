@@ -58,6 +58,7 @@ from sunkd.store.archive_read import (
     ArchivedRow,
     ArchiveError,
     Manifest,
+    lines,
     manifests,
     read_file,
     read_rows,
@@ -321,7 +322,7 @@ def _verify_file(path: Path, entry: dict[str, Any]) -> list[str]:
     problems = []
     sha = hashlib.sha256()
     content = hashlib.sha256()
-    lines = 0
+    count = 0
     first: bytes | None = None
     last = b""
     try:
@@ -329,20 +330,22 @@ def _verify_file(path: Path, entry: dict[str, Any]) -> list[str]:
             while chunk := raw.read(1 << 20):
                 sha.update(chunk)
         with gzip.open(path, "rb") as stream:
-            for line in stream:
+            for _number, line in lines(stream, path):
                 content.update(line)
-                lines += 1
+                count += 1
                 if first is None:
                     first = line
                 last = line
+    except ArchiveError as error:  # a line longer than MAX_LINE_BYTES
+        return [str(error)]
     except (OSError, EOFError, gzip.BadGzipFile) as error:
         return [f"{path.name}: unreadable: {error}"]
     if sha.hexdigest() != entry["sha256"]:
         problems.append(f"{path.name}: sha256 {sha.hexdigest()} != manifest {entry['sha256']}")
     if content.hexdigest() != entry["content_sha256"]:
         problems.append(f"{path.name}: content sha256 differs from the manifest")
-    if lines != entry["events"]:
-        problems.append(f"{path.name}: {lines} lines, the manifest says {entry['events']}")
+    if count != entry["events"]:
+        problems.append(f"{path.name}: {count} lines, the manifest says {entry['events']}")
     if first is not None and (json.loads(first)["seq"] != entry["from_seq"]
                               or json.loads(last)["seq"] != entry["upto_seq"]):
         problems.append(f"{path.name}: seqs {json.loads(first)['seq']}.."

@@ -24,11 +24,12 @@ import gzip
 import hashlib
 import json
 import re
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -40,6 +41,12 @@ from sunkd.store.models import events
 FORMAT = "sunkd-archive/1"
 # Problems listed per file before the rest are counted only.
 _MAX_PROBLEMS_PER_FILE = 10
+# The longest line read (`sunkd log archive` refuses to write a longer one, so a longer
+# line is not sunkd's): lines are read at most this many bytes at a time, so a hostile
+# file cannot make a reader hold more. Events are far smaller (normalized, bounded fields).
+MAX_LINE_BYTES = 16 * 1024 * 1024
+# The largest manifest read (a manifest lists one file per 1,000,000 seqs: kilobytes).
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 # The head of an archive line: sunkd writes `{"seq":1,` (orjson) or `{"seq" : 1, `
 # (PostgreSQL's json_build_object).
 _SEQ_HEAD = re.compile(rb'^\{\s*"seq"\s*:\s*(\d{1,19})\s*,')
@@ -68,16 +75,85 @@ class Manifest:
         return list(self.body["files"])
 
 
-def manifests(directories: Sequence[Path]) -> list[Manifest]:
-    """Every manifest in the directories, by range."""
+class LineTooLong(ArchiveError):
+    """A line longer than MAX_LINE_BYTES."""
+
+
+class LineReader(Protocol):
+    def readline(self, size: int, /) -> bytes: ...
+
+
+def lines(stream: LineReader, path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a binary stream, each read at most MAX_LINE_BYTES at a
+    time; a longer line raises `LineTooLong` naming the file and the line."""
+    number = 0
+    while line := stream.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise LineTooLong(f"{path.name}: line {number} is longer than {MAX_LINE_BYTES} "
+                              "bytes: not a line sunkd writes")
+        yield number, line
+
+
+def confined(directory: Path, name: object, where: str) -> Path:
+    """`directory / name` when `name` is a plain file name in it; else ArchiveError: a
+    manifest names files beside it, never a path elsewhere (`../`, `/etc/...`)."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name
+            or "\\" in name or "\x00" in name):
+        raise ArchiveError(f"{where}: file name {name!r} is outside the archive directory")
+    return directory / name
+
+
+_FILE_KEYS = {"name": str, "from_seq": int, "upto_seq": int, "events": int, "sha256": str}
+
+
+def load_manifest(path: Path) -> Manifest:
+    """One manifest, its shape checked; ArchiveError naming the file (and the line)."""
+    name = path.name
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as error:
+        raise ArchiveError(f"{name}: unreadable: {error}") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ArchiveError(f"{name}: larger than {MAX_MANIFEST_BYTES} bytes: not a manifest")
+    try:
+        body = json.loads(data)
+    except json.JSONDecodeError as error:
+        raise ArchiveError(f"{name}: line {error.lineno}: not JSON: {error.msg}") from None
+    except ValueError as error:  # bytes that are not UTF-8, an integer of 5,000 digits
+        raise ArchiveError(f"{name}: not JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise ArchiveError(f"{name}: not a JSON object")
+    if body.get("format") != FORMAT:
+        raise ArchiveError(f"{name}: format {str(body.get('format'))[:40]!r}, not {FORMAT}")
+    for key in ("from_seq", "upto_seq"):
+        if type(body.get(key)) is not int:
+            raise ArchiveError(f"{name}: {key} is not an integer")
+    files = body.get("files")
+    if not isinstance(files, list):
+        raise ArchiveError(f"{name}: files is not a list")
+    for index, entry in enumerate(files):
+        if not isinstance(entry, dict) or any(
+                type(entry.get(key)) is not kind for key, kind in _FILE_KEYS.items()):
+            raise ArchiveError(f"{name}: files[{index}] is not an object with "
+                               f"{', '.join(_FILE_KEYS)}")
+        confined(path.parent, entry["name"], f"{name}: files[{index}]")
+    return Manifest(path, body)
+
+
+def manifests(directories: Sequence[Path]) -> tuple[list[Manifest], list[str]]:
+    """Every manifest in the directories, by range, and the problems of those that
+    could not be read."""
     found = []
+    problems = []
     for directory in directories:
         for path in sorted(Path(directory).glob("manifest-*.json")):
-            body = json.loads(path.read_text())
-            if body.get("format") != FORMAT:
-                raise ArchiveError(f"{path}: format {body.get('format')!r}, not {FORMAT}")
-            found.append(Manifest(path, body))
-    return sorted(found, key=lambda m: m.from_seq)
+            try:
+                found.append(load_manifest(path))
+            except ArchiveError as error:
+                problems.append(str(error))
+    return sorted(found, key=lambda m: m.from_seq), problems
 
 
 # ------------------------------------------------------------------ the log's records
@@ -168,7 +244,7 @@ def _scan(path: Path, first: int, last: int) -> _Scan:
                 scan.problems.append(f"{path.name}: {problem}")
 
         with gzip.open(path, "rb") as stream:
-            for number, line in enumerate(stream, start=1):
+            for number, line in lines(stream, path):
                 scan.lines = number
                 match = _SEQ_HEAD.match(line)
                 if match is None:
@@ -201,7 +277,9 @@ def _scan(path: Path, first: int, last: int) -> _Scan:
         if noted > _MAX_PROBLEMS_PER_FILE:
             scan.problems.append(f"{path.name}: {noted - _MAX_PROBLEMS_PER_FILE} more "
                                  "problem(s)")
-    except (OSError, EOFError, gzip.BadGzipFile) as error:
+    except LineTooLong as error:
+        scan.problems.append(str(error))
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as error:
         scan.problems.append(f"{path.name}: unreadable: {error}")
     return scan
 
@@ -233,7 +311,11 @@ def _check_manifest(manifest: Manifest, record: Record) -> tuple[list[str], list
                             f"{entry.name}: starts at seq {entry.from_seq}, expected "
                             f"{position} (an overlap)")
         position = entry.upto_seq + 1
-        path = manifest.path.parent / entry.name
+        try:
+            path = confined(manifest.path.parent, entry.name, f"{name}: {record.where}")
+        except ArchiveError as error:
+            problems.append(str(error))
+            continue
         if not path.is_file():
             problems.append(f"{entry.name}: missing: seqs {entry.from_seq}-{entry.upto_seq}"
                             " are not in the archive")
@@ -259,8 +341,7 @@ def verify(directories: Sequence[Path], records: Sequence[Record]
     """Check every manifest and file against the log's `records` (module docstring):
     sha256 of the manifest and of each file as recorded, every seq of each file once and
     in order, files and manifests chaining from seq 1. Returns (manifests, problems)."""
-    found = manifests(directories)
-    problems: list[str] = []
+    found, problems = manifests(directories)
     trusted = {(r.payload.from_seq, r.payload.upto_seq): r for r in records}
     # Newest first: a run's record is live, or in the files of a later run.
     checked: dict[Path, list[str]] = {}
@@ -288,7 +369,7 @@ def verify(directories: Sequence[Path], records: Sequence[Record]
                             f"expected {expected} (an overlap in the archive)")
         problems += checked[manifest.path]
         expected = manifest.upto_seq + 1
-    if not found:
+    if not found and not problems:
         problems.append("no archive manifest found")
     return found, problems
 
@@ -320,16 +401,23 @@ class ArchivedRow:
 
 
 def read_file(path: Path, after: int = 0, upto: int | None = None) -> Iterator[ArchivedRow]:
-    with gzip.open(path, "rt", encoding="utf-8") as stream:
-        for line in stream:
-            body = json.loads(line)
-            seq = int(body["seq"])
-            if seq <= after or (upto is not None and seq > upto):
-                continue
-            yield ArchivedRow(seq, as_utc(datetime.fromisoformat(body["recorded_at"])),
-                              body["kind"], body["subject"], int(body["epoch"]),
-                              body["causation_seq"], body.get("payload"),
-                              body.get("payload_raw"))
+    """The rows of one archive file (after..upto); ArchiveError naming the file and the
+    line for one that is not an archive line."""
+    with gzip.open(path, "rb") as stream:
+        for number, line in lines(stream, path):
+            try:
+                body = json.loads(line)
+                seq = int(body["seq"])
+                if seq <= after or (upto is not None and seq > upto):
+                    continue
+                row = ArchivedRow(seq, as_utc(datetime.fromisoformat(body["recorded_at"])),
+                                  str(body["kind"]), str(body["subject"]), int(body["epoch"]),
+                                  body["causation_seq"], body.get("payload"),
+                                  body.get("payload_raw"))
+            except (ValueError, KeyError, TypeError) as error:
+                raise ArchiveError(f"{path.name}: line {number}: not an archive line: "
+                                   f"{type(error).__name__}: {str(error)[:200]}") from None
+            yield row
 
 
 def read_rows(found: Sequence[Manifest], after: int = 0,
@@ -339,4 +427,5 @@ def read_rows(found: Sequence[Manifest], after: int = 0,
         for entry in manifest.files:
             if entry["upto_seq"] <= after or (upto is not None and entry["from_seq"] > upto):
                 continue
-            yield from read_file(manifest.path.parent / entry["name"], after, upto)
+            yield from read_file(confined(manifest.path.parent, entry["name"],
+                                          manifest.path.name), after, upto)
