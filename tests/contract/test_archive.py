@@ -565,3 +565,52 @@ async def test_an_over_long_line_is_refused_in_bounded_memory(
         assert peak < 80 * 2**20, f"peak {peak / 2**20:.0f} MiB"
     finally:
         await log.close()
+
+
+# ------------------------------------------------- appending to a chain in a directory
+
+
+async def test_archive_refuses_to_append_to_a_chain_that_does_not_verify(
+        database_url: str, tmp_path: Path) -> None:
+    from sunkd.domain.events import SourceHealth
+
+    log = await seeded(database_url)
+    try:
+        first = await archive.archive(log, tmp_path, upto_seq=SIZE)
+        assert first is not None
+        await log.append_unfenced([Event("slurm", SourceHealth(source="slurm", status="fresh"))
+                                   for _ in range(2 * SIZE)])
+        name = first.files[0]["name"]
+        path = tmp_path / name
+        lines = gzip.open(path, "rt").read().splitlines()
+        lines[3] = lines[2]  # a seq lost in the files already there
+        _rewrite_file(path, lines)
+        live = await archive.live_range(log.engine)
+        manifests_before = sorted(p.name for p in tmp_path.glob("manifest-*"))
+        with pytest.raises(archive.ArchiveError) as caught:
+            await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        said = str(caught.value)
+        assert "nothing was archived" in said and name in said and "seq 4 is missing" in said
+        assert await archive.live_range(log.engine) == live
+        assert sorted(p.name for p in tmp_path.glob("manifest-*")) == manifests_before
+    finally:
+        await log.close()
+
+
+async def test_archive_refuses_a_gap_in_the_chain_of_its_directory(
+        database_url: str, tmp_path: Path) -> None:
+    from sunkd.domain.events import SourceHealth
+
+    log = await seeded(database_url)
+    try:
+        assert await archive.archive(log, tmp_path / "a", upto_seq=SIZE) is not None
+        await log.append_unfenced([Event("slurm", SourceHealth(source="slurm", status="fresh"))
+                                   for _ in range(3 * SIZE)])
+        middle = await archive.archive(log, tmp_path / "b", upto_seq=2 * SIZE)
+        assert middle is not None and middle.from_seq == SIZE + 1
+        with pytest.raises(archive.ArchiveError, match=f"ends at seq {SIZE}") as caught:
+            await archive.archive(log, tmp_path / "a", upto_seq=await log.latest_seq() - 5)
+        assert "nothing was archived" in str(caught.value)
+        assert (await archive.live_range(log.engine) or (0, 0))[0] == middle.upto_seq + 1
+    finally:
+        await log.close()
