@@ -493,6 +493,7 @@ async def archive(event_log: EventLog, directory: Path, *, upto_seq: int,
         first = max(first, dropped[0].lower)
     if last < first:
         return None
+    await _check_chain(engine, directory, first)
     directory.mkdir(parents=True, exist_ok=True)
     origin = await log_origin(engine)
     clock = time.perf_counter()
@@ -537,6 +538,25 @@ async def archive(event_log: EventLog, directory: Path, *, upto_seq: int,
     return ArchiveResult(first, last, count, directory / manifest_name, files,
                          sum(entry["bytes"] for entry in files), removed,
                          [part.name for part in dropped], event_seq, seconds)
+
+
+async def _check_chain(engine: AsyncEngine, directory: Path, first: int) -> None:
+    """An archive already in `directory` must verify against this log and end right
+    before `first`, or this run would extend a chain that cannot be trusted or has a
+    gap: ArchiveError, before anything is written."""
+    if not directory.is_dir() or not any(directory.glob("manifest-*.json")):
+        return
+    found, problems = await verify_against_log(engine, [directory], start=None)
+    if problems:
+        raise ArchiveError(f"the archive already in {directory} does not verify, nothing was "
+                           "archived: " + "; ".join(problems[:10])
+                           + (f"; and {len(problems) - 10} more" if len(problems) > 10 else ""))
+    end = found[-1].upto_seq
+    if end + 1 != first:
+        raise ArchiveError(
+            f"the archive in {directory} ends at seq {end}, this run starts at seq {first}, "
+            "nothing was archived: archive into the directory that holds the seqs in "
+            "between, or into a new one")
 
 
 async def _remove(engine: AsyncEngine, first: int, last: int, expected: int,

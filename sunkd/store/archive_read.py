@@ -182,13 +182,13 @@ async def recorded_archives(engine: AsyncEngine) -> list[Record]:
     return found
 
 
-async def verify_against_log(engine: AsyncEngine, directories: Sequence[Path]
-                             ) -> tuple[list[Manifest], list[str]]:
+async def verify_against_log(engine: AsyncEngine, directories: Sequence[Path], *,
+                             start: int | None = 1) -> tuple[list[Manifest], list[str]]:
     """`verify` with the records of the log on `engine`."""
     import asyncio
 
     records = await recorded_archives(engine)
-    return await asyncio.to_thread(verify, directories, records)
+    return await asyncio.to_thread(verify, directories, records, start=start)
 
 
 # ------------------------------------------------------------------ verification
@@ -336,11 +336,13 @@ def _check_manifest(manifest: Manifest, record: Record) -> tuple[list[str], list
     return problems, vouched
 
 
-def verify(directories: Sequence[Path], records: Sequence[Record]
-           ) -> tuple[list[Manifest], list[str]]:
+def verify(directories: Sequence[Path], records: Sequence[Record], *,
+           start: int | None = 1) -> tuple[list[Manifest], list[str]]:
     """Check every manifest and file against the log's `records` (module docstring):
     sha256 of the manifest and of each file as recorded, every seq of each file once and
-    in order, files and manifests chaining from seq 1. Returns (manifests, problems)."""
+    in order, files and manifests chaining from seq `start` (None: from the first
+    manifest's, for one directory of a chain spread over several). Returns (manifests,
+    problems)."""
     found, problems = manifests(directories)
     trusted = {(r.payload.from_seq, r.payload.upto_seq): r for r in records}
     # Newest first: a run's record is live, or in the files of a later run.
@@ -358,7 +360,7 @@ def verify(directories: Sequence[Path], records: Sequence[Record]
         for found_record in vouched:
             key = (found_record.payload.from_seq, found_record.payload.upto_seq)
             trusted.setdefault(key, found_record)
-    expected = 1
+    expected = start if start is not None else found[0].from_seq if found else 1
     for manifest in found:
         if manifest.from_seq > expected:
             problems.append(f"{manifest.path.name}: starts at seq {manifest.from_seq}, "
