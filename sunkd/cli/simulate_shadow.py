@@ -39,7 +39,7 @@ async def read_events(url: str, page: int = 5000) -> list[RecordedEvent]:
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         if not Path(parsed.database).is_file():  # read only: never create an empty log
             raise FileNotFoundError(f"no SQLite event log at {parsed.database}")
-    log = await EventLog.open(url, migrate=False)
+    log = await EventLog.open(url, access="read")  # never creates, migrates or changes it
     try:
         events: list[RecordedEvent] = []
         after = 0
