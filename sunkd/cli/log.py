@@ -235,11 +235,10 @@ def cmd_log_partitions(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_log_grants(args: argparse.Namespace, settings: Settings) -> int:
     """`sunkd log grants`: the SQL of the daemon and maintenance roles."""
-    from sqlalchemy.engine import make_url
-
     from sunkd.store.archive import grants_sql
+    from sunkd.store.eventlog import database_name
 
-    database = args.database or make_url(settings.database_url).database or "sunkd"
+    database = args.database or database_name(settings.database_url) or "sunkd"
     try:
         setup, after = grants_sql(database, args.daemon_role, args.maintenance_role)
     except ValueError as error:

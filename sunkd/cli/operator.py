@@ -16,8 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from sunkd.cli.text import printable, shortened
 from sunkd.domain.events import Event, OperatorPinned, RecordedEvent
 from sunkd.domain.ownership import assess, explain, slurm_state_text
@@ -28,7 +26,6 @@ from sunkd.runtime.config import Settings, pool_spec
 from sunkd.runtime.engine import ArchivedLogError, load_state
 from sunkd.store import archive, projections
 from sunkd.store.eventlog import EventLog
-from sunkd.store.models import snapshots
 from sunkd.store.projections import CorruptRow, observed
 
 
@@ -272,10 +269,8 @@ def _fold_archive(found: Sequence[archive.Manifest]) -> ClusterState:
 
 
 async def _snapshot_state(event_log: EventLog, seq: int) -> ClusterState | None:
-    async with event_log.engine.connect() as connection:
-        row = (await connection.execute(
-            select(snapshots.c.state).where(snapshots.c.seq == seq))).first()
-    return None if row is None else state_from_json(dict(row.state))
+    body = await event_log.snapshot_at(seq)
+    return None if body is None else state_from_json(body)
 
 
 def cmd_replay(args: Any, settings: Settings) -> int:

@@ -72,7 +72,9 @@ __all__ = [
     "StaleLeaderError",
     "backend_class",
     "create_engine",
+    "database_name",
     "dumps_json",
+    "sqlite_path",
 ]
 
 log = structlog.get_logger(__name__)
@@ -571,6 +573,13 @@ class EventLog:
             rows = await connection.execute(select(snapshots.c.seq).order_by(snapshots.c.seq))
             return [int(row.seq) for row in rows]
 
+    async def snapshot_at(self, seq: int) -> dict[str, Any] | None:
+        """The body of the snapshot saved at exactly `seq`, if there is one."""
+        async with self.engine.connect() as connection:
+            row = (await connection.execute(
+                select(snapshots.c.state).where(snapshots.c.seq == seq))).first()
+        return None if row is None else dict(row.state)
+
     async def latest_snapshot(self) -> tuple[int, dict[str, Any]] | None:
         async with self.engine.connect() as connection:
             row = (await connection.execute(
@@ -646,6 +655,19 @@ def create_engine(url: str, *, read_only: bool = False, create: bool = True) -> 
     # and a payload from a newer writer must come back exactly as it was written.
     return backend_class(make_url(url).get_backend_name()).create_engine(
         url, json_serializer=dumps_json, read_only=read_only, create=create)
+
+
+def database_name(url: str) -> str | None:
+    """The database a URL names (PostgreSQL: its name; SQLite: the file's path)."""
+    return make_url(url).database or None
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL; None for PostgreSQL or an in-memory database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or _in_memory(url):
+        return None
+    return parsed.database
 
 
 def _where(url: str) -> str:
