@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from sunkd.api.extender import ApiPool, BadRequest, Extender, TooLarge
 from sunkd.api.hooks import HookEndpoint
@@ -396,6 +397,15 @@ async def _extender_call(request: web.Request, verb: str) -> web.Response:
                 body = await request.read()  # aiohttp answers 413 beyond client_max_size
         except TimeoutError:
             return refuse(408, "bad_request", f"body not received within {BODY_TIMEOUT:g} s")
+        except (web.RequestPayloadError, BadHttpMessage) as error:
+            # e.g. `Content-Encoding: gzip` on a body that is not gzip
+            encoding = request.headers.get("Content-Encoding", "none")[:40]
+            reason = error.message if isinstance(error, BadHttpMessage) else \
+                str(error).split("message:", 1)[-1].strip()
+            response = refuse(400, "bad_request", f"body cannot be read (Content-Encoding "
+                                                  f"{encoding}): {reason[:200]}")
+            response.force_close()  # the rest of this connection's bytes cannot be parsed
+            return response
         work = extender.filter_bytes if verb == "filter" else extender.prioritize_bytes
         try:
             # Off the event loop: a big answer must not delay health checks, metrics or

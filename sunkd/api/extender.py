@@ -282,6 +282,8 @@ class Extender:
             raise BadRequest(f"body is not JSON: {error}") from error
         except RecursionError:
             raise BadRequest("body is JSON nested too deeply") from None
+        except ValueError as error:  # an integer over `sys.get_int_max_str_digits()` digits
+            raise BadRequest(f"body is not JSON sunkd reads: {error}") from None
         if not isinstance(args, dict):
             raise BadRequest("ExtenderArgs must be a JSON object")
         pod = _get(args, "Pod")

@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from sunkd.cli.text import printable
 from sunkd.domain.policy import PoolSpec
 from sunkd.runtime.config import Settings, pool_spec
@@ -71,9 +69,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) ->
 # ----------------------------------------------------------------------- history
 
 
-async def history(engine: AsyncEngine, node: str, since: datetime | None
+async def history(event_log: EventLog, node: str, since: datetime | None
                   ) -> list[projections.Interval]:
-    return await projections.intervals(engine, node=node, since=since, limit=100_000)
+    return await projections.intervals(event_log.engine, node=node, since=since,
+                                       limit=100_000)
 
 
 def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -86,9 +85,9 @@ def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
     async def run() -> list[projections.Interval]:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="read")
         try:
-            return await history(event_log.engine, args.node, since)
+            return await history(event_log, args.node, since)
         finally:
             await event_log.close()
 
@@ -130,7 +129,7 @@ async def node_hours(event_log: EventLog, since: datetime, until: datetime,
 async def audit_report(event_log: EventLog, since: datetime, until: datetime,
                        pools: Sequence[PoolSpec] = ()) -> dict[str, Any]:
     """The audit of [since, until) as plain data (what `--json` prints)."""
-    engine: AsyncEngine = event_log.engine
+    engine = event_log.engine
     dialect = engine.dialect.name
     params = {"since": projections.bind_time(dialect, since),
               "until": projections.bind_time(dialect, until)}
@@ -200,7 +199,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
     async def run() -> dict[str, Any]:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="read")
         try:
             return await audit_report(event_log, since, until,
                                       [pool_spec(pool) for pool in settings.pools])

@@ -82,7 +82,7 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     out: TextIO = sys.stdout
 
     async def run() -> None:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="read")
         try:
             position, remaining = args.after, args.limit
             while args.follow or remaining > 0:
@@ -135,7 +135,7 @@ def cmd_log_archive(args: argparse.Namespace, settings: Settings) -> int:
     from sunkd.store.eventlog import EventLog
 
     async def run() -> tuple[archive.ArchiveResult | None, int]:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="write")
         try:
             upto = args.upto_seq if args.upto_seq is not None else \
                 await archive.cutoff_seq(event_log.engine, args.older_than)
@@ -179,7 +179,7 @@ def cmd_log_restore(args: argparse.Namespace, settings: Settings) -> int:
     first, last = args.range if args.range else (1, None)
 
     async def run() -> archive.RestoreResult:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="write")
         try:
             return await archive.restore(event_log.engine, args.source, from_seq=first,
                                          upto_seq=last)
@@ -209,7 +209,7 @@ def cmd_log_partitions(args: argparse.Namespace, settings: Settings) -> int:
     from sunkd.store.eventlog import EventLog
 
     async def run() -> tuple[int, list[archive.Partition], tuple[int, int] | None]:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="write")
         try:
             created = await archive.extend_partitions(event_log.engine, args.ahead)
             return (created, await archive.partitions(event_log.engine),
@@ -235,11 +235,10 @@ def cmd_log_partitions(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_log_grants(args: argparse.Namespace, settings: Settings) -> int:
     """`sunkd log grants`: the SQL of the daemon and maintenance roles."""
-    from sqlalchemy.engine import make_url
-
     from sunkd.store.archive import grants_sql
+    from sunkd.store.eventlog import database_name
 
-    database = args.database or make_url(settings.database_url).database or "sunkd"
+    database = args.database or database_name(settings.database_url) or "sunkd"
     try:
         setup, after = grants_sql(database, args.daemon_role, args.maintenance_role)
     except ValueError as error:

@@ -273,8 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as error:
-        from sunkd.store.migrations_api import SchemaError
+        from sunkd.store.migrations_api import NotASunkdLog, SchemaError
 
+        if isinstance(error, NotASunkdLog):  # a mistyped path, another application's data
+            print(f"sunkd: {error}", file=sys.stderr)
+            return 2
         if isinstance(error, SchemaError):
             print(f"sunkd: {error}", file=sys.stderr)
             return 1

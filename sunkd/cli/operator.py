@@ -16,9 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
-from sunkd.cli.text import printable
+from sunkd.cli.text import printable, shortened
 from sunkd.domain.events import Event, OperatorPinned, RecordedEvent
 from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership, unpooled_marks
@@ -28,7 +26,6 @@ from sunkd.runtime.config import Settings, pool_spec
 from sunkd.runtime.engine import ArchivedLogError, load_state
 from sunkd.store import archive, projections
 from sunkd.store.eventlog import EventLog
-from sunkd.store.models import snapshots
 from sunkd.store.projections import CorruptRow, observed
 
 
@@ -105,7 +102,7 @@ def cmd_status(args: Any, settings: Settings) -> int:
     corrupt: list[CorruptRow] = []
 
     async def run() -> ClusterState:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="read")
         try:
             return (await load_state(event_log, on_corrupt=corrupt.append))[0]
         finally:
@@ -144,20 +141,20 @@ def cmd_pin(args: Any, settings: Settings) -> int:
     who = args.who or getpass.getuser()
 
     async def run() -> int:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(settings.database_url, access="write")
         try:
             state, _ = await load_state(event_log, on_corrupt=lambda _row: None)
             known = state.nodes.get(state.k8s_names.get(args.node, args.node))
             if known is None or not observed(known):
                 if not args.force:
-                    print(printable(
-                        f"sunkd pin: no node {args.node!r} has been observed, by that Slurm "
-                        "or Kubernetes name; check the name with `sunkd status`, or pin it "
-                        "anyway with --force (the pin then applies once the node is "
-                        "observed)"), file=sys.stderr)
+                    name = shortened(args.node, quote="'")
+                    print(f"sunkd pin: no node {name} has been "
+                          "observed, by that Slurm or Kubernetes name; check the name with "
+                          "`sunkd status`, or pin it anyway with --force (the pin then "
+                          "applies once the node is observed)", file=sys.stderr)
                     return 2
-                print(printable(f"sunkd: warning: {args.node} has not been observed yet; the "
-                                "pin is recorded and applies once it is"), file=sys.stderr)
+                print(f"sunkd: warning: {shortened(args.node)} has not been observed yet; "
+                      "the pin is recorded and applies once it is", file=sys.stderr)
             node = state.k8s_names.get(args.node, args.node)
             seqs = await event_log.append_unfenced([Event(subject=node, payload=OperatorPinned(
                 node=node, to=args.to, who=who, why=args.reason))])
@@ -210,7 +207,8 @@ async def replay_check(event_log: EventLog, *, archives: Sequence[Path] = (),
     base_seq = await event_log.archive_base_seq()
     start = EMPTY
     if archives:
-        found, archive_problems = await asyncio.to_thread(archive.verify, list(archives))
+        found, archive_problems = await archive.verify_against_log(event_log.engine,
+                                                                   list(archives))
         problems += [f"archive: {p}" for p in archive_problems]
         archived_upto = found[-1].upto_seq if found else 0
         if found and archived_upto + 1 != live_first:
@@ -282,15 +280,14 @@ def _fold_archive(found: Sequence[archive.Manifest]) -> ClusterState:
 
 
 async def _snapshot_state(event_log: EventLog, seq: int) -> ClusterState | None:
-    async with event_log.engine.connect() as connection:
-        row = (await connection.execute(
-            select(snapshots.c.state).where(snapshots.c.seq == seq))).first()
-    return None if row is None else state_from_json(dict(row.state))
+    body = await event_log.snapshot_at(seq)
+    return None if body is None else state_from_json(body)
 
 
 def cmd_replay(args: Any, settings: Settings) -> int:
     async def run() -> int:
-        event_log = await EventLog.open(settings.database_url)
+        event_log = await EventLog.open(
+            settings.database_url, access="write" if getattr(args, "rebuild", False) else "read")
         try:
             if getattr(args, "rebuild", False):
                 from sunkd.store import projections

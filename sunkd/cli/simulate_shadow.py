@@ -31,15 +31,12 @@ from sunkd.simulate.shadow import (
 
 async def read_events(url: str, page: int = 5000) -> list[RecordedEvent]:
     """Every event of the log at `url`, in seq order (the schema must be at head)."""
-    from sqlalchemy.engine import make_url
+    from sunkd.store.eventlog import EventLog, sqlite_path
 
-    from sunkd.store.eventlog import EventLog
-
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        if not Path(parsed.database).is_file():  # read only: never create an empty log
-            raise FileNotFoundError(f"no SQLite event log at {parsed.database}")
-    log = await EventLog.open(url, migrate=False)
+    path = sqlite_path(url)
+    if path is not None and not Path(path).is_file():  # said before opening it
+        raise FileNotFoundError(f"no SQLite event log at {path}")
+    log = await EventLog.open(url, access="read")  # never creates, migrates or changes it
     try:
         events: list[RecordedEvent] = []
         after = 0

@@ -23,3 +23,13 @@ def printable(value: object) -> str:
     if _UNPRINTABLE.search(text) is None:
         return text
     return _UNPRINTABLE.sub(_escape, text)
+
+
+def shortened(value: object, limit: int = 80, *, quote: str = "") -> str:
+    """`value` as `printable` shows it (between `quote`s), cut to `limit` characters with
+    an ellipsis and its length when longer: an operator's typo of 10,000 characters is
+    not echoed back."""
+    text = str(value)
+    if len(text) <= limit:
+        return f"{quote}{printable(text)}{quote}"
+    return f"{quote}{printable(text[:limit])}…{quote} ({len(text)} characters)"

@@ -218,9 +218,33 @@ def _validate(settings: Settings) -> None:
     url = settings.slurm.url
     if url is not None and not url.startswith(("http://", "https://", "unix:")):
         raise ConfigError("slurm.url", "must start with http://, https:// or unix:")
+    _check_name("identity", settings.identity)
+    for index, pool in enumerate(settings.pools):
+        _check_name(f"pools[{index}].name", pool.name)
+        if pool.max_kubernetes is not None and pool.min_kubernetes > pool.max_kubernetes:
+            raise ConfigError(f"pools[{index}].min_kubernetes",
+                              f"{pool.min_kubernetes} is above max_kubernetes "
+                              f"{pool.max_kubernetes}: no node count satisfies both")
     names = [pool.name for pool in settings.pools]
     if len(set(names)) != len(names):
         raise ConfigError("pools", "pool names must be unique")
+
+
+# Names sunkd writes into its log and shows people (the leader's identity in the shared
+# leadership row, a pool's name in every decision): as long as a DNS name (RFC 1123), and
+# printable, so a row or a table line stays one readable line.
+MAX_NAME_LENGTH = 253
+
+
+def _check_name(key: str, value: str) -> None:
+    if not value.strip():
+        raise ConfigError(key, "must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise ConfigError(key, f"must be at most {MAX_NAME_LENGTH} characters, got "
+                               f"{len(value)}: {value[:40]!r}...")
+    if not value.isprintable():
+        raise ConfigError(key, f"must be printable (no NUL, newline or control "
+                               f"character), got {value!r}")
 
 
 def _check_listen(key: str, value: str) -> None:

@@ -20,7 +20,9 @@ with `zcat` and `jq`, no sunkd needed:
   base snapshot's seq, the log's origin, and per file its range, count, size, `sha256`
   of the file's bytes and `content_sha256` of the decompressed lines.
 
-Successive archives may share a directory: their manifests chain from seq 1.
+Successive archives may share a directory: their manifests chain from seq 1. Reading an
+archive back verifies it against the checksums the log recorded in its `log.archived`
+events, not against the manifest beside the files (sunkd/store/archive_read.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -47,18 +49,34 @@ from sunkd.domain.events import (
     ArchiveFile,
     Event,
     LogArchived,
-    RecordedEvent,
     decode_payload,
 )
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import EMPTY, ClusterState, fold
+from sunkd.store.archive_read import (
+    FORMAT,
+    ArchivedRow,
+    ArchiveError,
+    Manifest,
+    lines,
+    manifests,
+    read_file,
+    read_rows,
+    recorded_archives,
+    verify,
+    verify_against_log,
+)
 from sunkd.store.backend import as_utc
 from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog
 from sunkd.store.models import events, snapshots
 
+__all__ = [  # reading and verifying live in archive_read; callers find them here too
+    "FORMAT", "ArchiveError", "ArchivedRow", "Manifest", "manifests", "read_file", "read_rows",
+    "recorded_archives", "verify", "verify_against_log",
+]
+
 log = structlog.get_logger(__name__)
 
-FORMAT = "sunkd-archive/1"
 # Seqs per PostgreSQL partition (the default of `sunkd_partitioning`, migration 0003)
 # and per SQLite archive file.
 PARTITION_SIZE = 1_000_000
@@ -67,10 +85,6 @@ PAGE = 20_000
 # gzip level 3: as small as 6 on log lines (measured: within 1 %), twice as fast.
 COMPRESSLEVEL = 3
 LINE_FIELDS = ("seq", "recorded_at", "kind", "subject", "epoch", "causation_seq", "payload")
-
-
-class ArchiveError(RuntimeError):
-    """The archive cannot be written, read or trusted; nothing was removed."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +322,7 @@ def _verify_file(path: Path, entry: dict[str, Any]) -> list[str]:
     problems = []
     sha = hashlib.sha256()
     content = hashlib.sha256()
-    lines = 0
+    count = 0
     first: bytes | None = None
     last = b""
     try:
@@ -316,20 +330,22 @@ def _verify_file(path: Path, entry: dict[str, Any]) -> list[str]:
             while chunk := raw.read(1 << 20):
                 sha.update(chunk)
         with gzip.open(path, "rb") as stream:
-            for line in stream:
+            for _number, line in lines(stream, path):
                 content.update(line)
-                lines += 1
+                count += 1
                 if first is None:
                     first = line
                 last = line
+    except ArchiveError as error:  # a line longer than MAX_LINE_BYTES
+        return [str(error)]
     except (OSError, EOFError, gzip.BadGzipFile) as error:
         return [f"{path.name}: unreadable: {error}"]
     if sha.hexdigest() != entry["sha256"]:
         problems.append(f"{path.name}: sha256 {sha.hexdigest()} != manifest {entry['sha256']}")
     if content.hexdigest() != entry["content_sha256"]:
         problems.append(f"{path.name}: content sha256 differs from the manifest")
-    if lines != entry["events"]:
-        problems.append(f"{path.name}: {lines} lines, the manifest says {entry['events']}")
+    if count != entry["events"]:
+        problems.append(f"{path.name}: {count} lines, the manifest says {entry['events']}")
     if first is not None and (json.loads(first)["seq"] != entry["from_seq"]
                               or json.loads(last)["seq"] != entry["upto_seq"]):
         problems.append(f"{path.name}: seqs {json.loads(first)['seq']}.."
@@ -477,6 +493,7 @@ async def archive(event_log: EventLog, directory: Path, *, upto_seq: int,
         first = max(first, dropped[0].lower)
     if last < first:
         return None
+    await _check_chain(engine, directory, first)
     directory.mkdir(parents=True, exist_ok=True)
     origin = await log_origin(engine)
     clock = time.perf_counter()
@@ -523,6 +540,25 @@ async def archive(event_log: EventLog, directory: Path, *, upto_seq: int,
                          [part.name for part in dropped], event_seq, seconds)
 
 
+async def _check_chain(engine: AsyncEngine, directory: Path, first: int) -> None:
+    """An archive already in `directory` must verify against this log and end right
+    before `first`, or this run would extend a chain that cannot be trusted or has a
+    gap: ArchiveError, before anything is written."""
+    if not directory.is_dir() or not any(directory.glob("manifest-*.json")):
+        return
+    found, problems = await verify_against_log(engine, [directory], start=None)
+    if problems:
+        raise ArchiveError(f"the archive already in {directory} does not verify, nothing was "
+                           "archived: " + "; ".join(problems[:10])
+                           + (f"; and {len(problems) - 10} more" if len(problems) > 10 else ""))
+    end = found[-1].upto_seq
+    if end + 1 != first:
+        raise ArchiveError(
+            f"the archive in {directory} ends at seq {end}, this run starts at seq {first}, "
+            "nothing was archived: archive into the directory that holds the seqs in "
+            "between, or into a new one")
+
+
 async def _remove(engine: AsyncEngine, first: int, last: int, expected: int,
                   dropped: Sequence[Partition]) -> int:
     count_query = select(func.count()).select_from(events).where(
@@ -556,111 +592,6 @@ async def _remove(engine: AsyncEngine, first: int, last: int, expected: int,
     return present
 
 
-# ------------------------------------------------------------------ reading archives
-
-
-@dataclass(frozen=True)
-class Manifest:
-    path: Path
-    body: dict[str, Any]
-
-    @property
-    def from_seq(self) -> int:
-        return int(self.body["from_seq"])
-
-    @property
-    def upto_seq(self) -> int:
-        return int(self.body["upto_seq"])
-
-    @property
-    def files(self) -> list[dict[str, Any]]:
-        return list(self.body["files"])
-
-
-def manifests(directories: Sequence[Path]) -> list[Manifest]:
-    """Every manifest in the directories, by range."""
-    found = []
-    for directory in directories:
-        for path in sorted(Path(directory).glob("manifest-*.json")):
-            body = json.loads(path.read_text())
-            if body.get("format") != FORMAT:
-                raise ArchiveError(f"{path}: format {body.get('format')!r}, not {FORMAT}")
-            found.append(Manifest(path, body))
-    return sorted(found, key=lambda m: m.from_seq)
-
-
-def verify(directories: Sequence[Path]) -> tuple[list[Manifest], list[str]]:
-    """Check every file of every manifest (checksums, counts, seqs) and that the
-    manifests chain without gap or overlap from seq 1. Returns (manifests, problems)."""
-    found = manifests(directories)
-    problems: list[str] = []
-    expected = 1
-    for manifest in found:
-        if manifest.from_seq != expected:
-            problems.append(f"{manifest.path.name}: starts at seq {manifest.from_seq}, "
-                            f"expected {expected} (a gap or an overlap in the archive)")
-        position = manifest.from_seq
-        for entry in manifest.files:
-            if entry["from_seq"] != position:
-                problems.append(f"{entry['name']}: starts at {entry['from_seq']}, "
-                                f"expected {position}")
-            problems += _verify_file(manifest.path.parent / entry["name"], entry)
-            position = int(entry["upto_seq"]) + 1
-        if position != manifest.upto_seq + 1:
-            problems.append(f"{manifest.path.name}: files end at {position - 1}, the "
-                            f"manifest at {manifest.upto_seq}")
-        expected = manifest.upto_seq + 1
-    if not found:
-        problems.append("no archive manifest found")
-    return found, problems
-
-
-@dataclass(frozen=True)
-class ArchivedRow:
-    """One line of an archive file, as stored."""
-
-    seq: int
-    recorded_at: datetime
-    kind: str
-    subject: str
-    epoch: int
-    causation_seq: int | None
-    payload: dict[str, Any] | None  # None: not JSON (see raw)
-    raw: str | None = None
-
-    def recorded(self) -> RecordedEvent:
-        if self.payload is None:
-            raise ArchiveError(f"archived row seq {self.seq} ({self.kind}) has a payload "
-                               f"that is not JSON: {self.raw!r}")
-        return RecordedEvent(seq=self.seq, recorded_at=self.recorded_at, epoch=self.epoch,
-                             subject=self.subject,
-                             payload=decode_payload(self.kind, self.payload),
-                             causation_seq=self.causation_seq)
-
-
-def read_file(path: Path, after: int = 0, upto: int | None = None) -> Iterator[ArchivedRow]:
-    with gzip.open(path, "rt", encoding="utf-8") as stream:
-        for line in stream:
-            body = json.loads(line)
-            seq = int(body["seq"])
-            if seq <= after or (upto is not None and seq > upto):
-                continue
-            yield ArchivedRow(seq, as_utc(datetime.fromisoformat(body["recorded_at"])),
-                              body["kind"], body["subject"], int(body["epoch"]),
-                              body["causation_seq"], body.get("payload"),
-                              body.get("payload_raw"))
-
-
-def read_rows(found: Sequence[Manifest], after: int = 0,
-              upto: int | None = None) -> Iterator[ArchivedRow]:
-    """The archived rows after..upto of the manifests, in seq order."""
-    for manifest in found:
-        for entry in manifest.files:
-            if entry["upto_seq"] <= after or (upto is not None and entry["from_seq"] > upto):
-                continue
-            yield from read_file(manifest.path.parent / entry["name"], after, upto)
-
-
 # ------------------------------------------------------------------ restore
 
 
@@ -681,11 +612,13 @@ async def restore(engine: AsyncEngine, directories: Sequence[Path], *,
                   from_seq: int = 1, upto_seq: int | None = None) -> RestoreResult:
     """Copy archived events from_seq..upto_seq into `events_restored`, where the audit
     views (through `sunkd_event_history`) read them and the fold never does. Every file
-    is verified first; rows still live in `events` are not copied."""
-    found, problems = await asyncio.to_thread(verify, directories)
+    is verified first, against the checksums this log recorded (archive_read.py); rows
+    still live in `events` are not copied."""
+    found, problems = await verify_against_log(engine, directories)
     if problems:
         raise ArchiveError("the archive does not verify, nothing restored: "
-                           + "; ".join(problems[:10]))
+                           + "; ".join(problems[:20])
+                           + (f"; and {len(problems) - 20} more" if len(problems) > 20 else ""))
     live = await live_range(engine)
     live_first = live[0] if live is not None else None
     postgres = engine.dialect.name == "postgresql"

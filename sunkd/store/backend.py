@@ -7,7 +7,8 @@ one test case: tests/contract/test_eventlog.py runs unchanged on both).
 SQL of reads, leases and snapshots, the epoch check, seq assignment, the subscription
 loop. A `Backend` owns only what differs, each piece a method:
 
-* engine settings (`create_engine`) and whether `EventLog.open` migrates by default;
+* engine settings (`create_engine`: read-only or not, creating a database or not) and
+  whether `EventLog.open` migrates by default;
 * taking the write lock: the connection options before BEGIN, and locking the
   leadership row (`lock_for_append`, `for_update`);
 * inserting rows (`recorded_at` is the value the driver wants for the timestamp column,
@@ -96,8 +97,11 @@ class Backend(ABC):
 
     @classmethod
     @abstractmethod
-    def create_engine(cls, url: str, *, json_serializer: Any) -> AsyncEngine:
-        """An async engine with the settings sunkd relies on for this database."""
+    def create_engine(cls, url: str, *, json_serializer: Any, read_only: bool = False,
+                      create: bool = True) -> AsyncEngine:
+        """An async engine with the settings sunkd relies on for this database.
+        `read_only`: the engine can change nothing (not even a file's journal mode);
+        `create=False`: it never creates the database (a SQLite file) either."""
 
     # ------------------------------------------------------------------ writes
 

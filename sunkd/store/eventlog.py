@@ -35,7 +35,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from pathlib import Path
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import orjson
 import structlog
@@ -54,7 +55,7 @@ from sunkd.domain.events import (
 )
 from sunkd.store.backend import Backend, EventRow, as_utc
 from sunkd.store.migrate_apart import migrate_in_child
-from sunkd.store.migrations_api import at_head, ensure_schema
+from sunkd.store.migrations_api import NotASunkdLog, at_head, ensure_schema, require_log
 from sunkd.store.models import LEADERSHIP_ROW, events, leadership, snapshots
 from sunkd.store.postgres import NOTIFY_CHANNEL, PostgresBackend
 from sunkd.store.recent import RecentAppends
@@ -63,13 +64,17 @@ from sunkd.store.writegate import WriteGate
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "Access",
     "EventLog",
     "LeaderInfo",
     "Lease",
+    "NotASunkdLog",
     "StaleLeaderError",
     "backend_class",
     "create_engine",
+    "database_name",
     "dumps_json",
+    "sqlite_path",
 ]
 
 log = structlog.get_logger(__name__)
@@ -116,6 +121,10 @@ def backend_class(dialect: str) -> type[Backend]:
 # Snapshots kept after each save (issue 15: they were never pruned).
 SNAPSHOTS_KEPT = 3
 
+
+# How a command opens the log: "create" may create and migrate it (run, demo, migrate);
+# "write" appends to an existing one (pin, log archive/restore); "read" only reads.
+Access = Literal["create", "write", "read"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -189,7 +198,7 @@ class LeaderInfo:
 class EventLog:
     """The event log on one database (PostgreSQL or SQLite)."""
 
-    def __init__(self, engine: AsyncEngine, url: str) -> None:
+    def __init__(self, engine: AsyncEngine, url: str, *, access: Access = "create") -> None:
         self.engine = engine
         self.url = url
         self.dialect = engine.dialect.name
@@ -201,7 +210,9 @@ class EventLog:
         # exists once per connection pool, so it keeps the one engine.
         self._gate = WriteGate()
         self._writes: set[asyncio.Future[Any]] = set()  # writes in progress
-        self._lease_engine = engine if _in_memory(url) else create_engine(url)
+        self.access: Access = access
+        self._lease_engine = engine if _in_memory(url) or access == "read" else \
+            create_engine(url, create=access == "create")
         self.wall_clock: Callable[[], float] = time.time  # this host's clock (tests skew it)
         # What this process appended lately: a read of it shares the objects (recent.py).
         self.recent = RecentAppends()
@@ -210,11 +221,19 @@ class EventLog:
 
     @classmethod
     async def open(cls, url: str, *, migrate: bool | None = None,
-                   migrate_apart: bool = False) -> EventLog:
-        """Open the log. Migrations run automatically on SQLite (the embedded default)
-        or when `migrate=True`; otherwise the schema must already be at head.
-        `migrate_apart`: a SQLite file is migrated in a child process, so this one never
-        imports Alembic (`sunkd run`: store/migrate_apart.py)."""
+                   migrate_apart: bool = False, access: Access = "create") -> EventLog:
+        """Open the log. `access="create"` (`sunkd run`, `demo`, tests): migrations run
+        automatically on SQLite (the embedded default) or when `migrate=True`; otherwise
+        the schema must already be at head. `migrate_apart`: a SQLite file is migrated in
+        a child process, so this one never imports Alembic (`sunkd run`:
+        store/migrate_apart.py).
+
+        `access="read"` (status, events, audit, ...) and `access="write"` (pin, log
+        archive, ...) never create, migrate or change anything to open: the database must
+        already hold a sunkd log at head (else `NotASunkdLog` / `SchemaError`), checked
+        through a read-only engine; a "read" log keeps that engine, so it cannot write."""
+        if access != "create":
+            return await cls._open_existing(url, access)
         engine = create_engine(url)
         if migrate is None:
             migrate = backend_class(engine.dialect.name).migrate_by_default
@@ -230,6 +249,29 @@ class EventLog:
             await engine.dispose()
             raise
         return cls(engine, url)
+
+    @classmethod
+    async def _open_existing(cls, url: str, access: Access) -> EventLog:
+        where = _where(url)
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite" and not _in_memory(url) \
+                and not Path(parsed.database or "").is_file():
+            raise NotASunkdLog(where, "no such file")
+        engine = create_engine(url, read_only=True)
+        try:
+            try:
+                await require_log(engine, where)
+            except DBAPIError as error:
+                if parsed.get_backend_name() != "sqlite":
+                    raise  # PostgreSQL unreachable, refused...: says nothing of the data
+                raise NotASunkdLog(where, str(error.orig)) from None  # not a database file
+        except BaseException:
+            await engine.dispose()
+            raise
+        if access == "read":
+            return cls(engine, url, access=access)
+        await engine.dispose()
+        return cls(create_engine(url, create=False), url, access=access)
 
     async def close(self) -> None:
         self._closed = True
@@ -301,8 +343,19 @@ class EventLog:
         engine = self._lease_engine if lease else self.engine
         async with self._gate.hold(urgent=lease), engine.connect() as connection:
             await self._backend.prepare_write(connection)
-            async with connection.begin():
-                yield connection
+            try:
+                async with connection.begin():
+                    yield connection
+            except TimeoutError as error:
+                # The driver's statement timeout (asyncpg's `command_timeout`) raises a
+                # TimeoutError without a message; an outer deadline would cancel instead.
+                if str(error):
+                    raise
+                raise TimeoutError(
+                    "a write to the event log waited longer than the database's statement "
+                    "timeout, most likely for the leadership row, which another transaction "
+                    "holds (a migration, `sunkd log archive`, a session left open: "
+                    "PostgreSQL's pg_locks shows which); nothing was written") from None
             if big_values and not _in_memory(self.url):  # its only connection: the data
                 await connection.invalidate()  # the pool opens a fresh one when needed
 
@@ -520,6 +573,13 @@ class EventLog:
             rows = await connection.execute(select(snapshots.c.seq).order_by(snapshots.c.seq))
             return [int(row.seq) for row in rows]
 
+    async def snapshot_at(self, seq: int) -> dict[str, Any] | None:
+        """The body of the snapshot saved at exactly `seq`, if there is one."""
+        async with self.engine.connect() as connection:
+            row = (await connection.execute(
+                select(snapshots.c.state).where(snapshots.c.seq == seq))).first()
+        return None if row is None else dict(row.state)
+
     async def latest_snapshot(self) -> tuple[int, dict[str, Any]] | None:
         async with self.engine.connect() as connection:
             row = (await connection.execute(
@@ -588,9 +648,31 @@ def dumps_json(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"))
 
 
-def create_engine(url: str) -> AsyncEngine:
-    """An async engine with the settings sunkd relies on for each backend."""
+def create_engine(url: str, *, read_only: bool = False, create: bool = True) -> AsyncEngine:
+    """An async engine with the settings sunkd relies on for each backend (`read_only`:
+    one that cannot write; `create=False`: one that never creates a SQLite file)."""
     # Reads keep the stdlib parser: orjson turns integers beyond 64 bits into floats,
     # and a payload from a newer writer must come back exactly as it was written.
     return backend_class(make_url(url).get_backend_name()).create_engine(
-        url, json_serializer=dumps_json)
+        url, json_serializer=dumps_json, read_only=read_only, create=create)
+
+
+def database_name(url: str) -> str | None:
+    """The database a URL names (PostgreSQL: its name; SQLite: the file's path)."""
+    return make_url(url).database or None
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL; None for PostgreSQL or an in-memory database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or _in_memory(url):
+        return None
+    return parsed.database
+
+
+def _where(url: str) -> str:
+    """The database, as a refusal names it: a SQLite path, or the URL without password."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.database or ":memory:"
+    return parsed.render_as_string(hide_password=True)

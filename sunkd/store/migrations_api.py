@@ -36,6 +36,23 @@ class SchemaError(RuntimeError):
     """The database schema is not at the revision this sunkd needs."""
 
 
+class NotASunkdLog(SchemaError):
+    """The database holds no sunkd event log (a mistyped path, another application's
+    database): commands that only read or append refuse it and create nothing."""
+
+    def __init__(self, where: str, why: str = "") -> None:
+        self.where = where
+        super().__init__(f"not a sunkd log at {where}{f' ({why})' if why else ''}: "
+                         "run `sunkd migrate` to create one")
+
+
+def sunkd_revisions() -> frozenset[str]:
+    """The revisions of the scripts in migrations/versions (`NNNN_name.py`), read from
+    the file names so that no Alembic import is needed."""
+    return frozenset(path.name.split("_", 1)[0]
+                     for path in (MIGRATIONS_DIR / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
+
+
 def alembic_config() -> Config:
     from alembic.config import Config
 
@@ -112,6 +129,26 @@ async def at_head(engine: AsyncEngine) -> bool:
     async with engine.connect() as connection:
         rows = await connection.run_sync(_version_rows)
     return rows == [SCHEMA_HEAD]
+
+
+def _log_tables(connection: Connection) -> tuple[list[str] | None, bool]:
+    """(the `alembic_version` rows, whether sunkd's own tables are there)."""
+    inspector = inspect(connection)
+    tables = set(inspector.get_table_names())
+    return _version_rows(connection), {"events", "leadership", "snapshots"} <= tables
+
+
+async def require_log(engine: AsyncEngine, where: str) -> None:
+    """Raise `NotASunkdLog` unless the database holds a sunkd log (sunkd's revision in
+    `alembic_version` and its tables), `SchemaError` unless that log is at `SCHEMA_HEAD`.
+    Reads only: nothing is created or changed (the caller's engine may be read-only)."""
+    async with engine.connect() as connection:
+        rows, tables = await connection.run_sync(_log_tables)
+    if not rows or len(rows) != 1 or rows[0] not in sunkd_revisions() or not tables:
+        raise NotASunkdLog(where)
+    if rows != [SCHEMA_HEAD]:
+        raise SchemaError(f"database schema is at {rows[0]}, this sunkd needs {SCHEMA_HEAD}: "
+                          "run `sunkd migrate` first")
 
 
 async def ensure_schema(engine: AsyncEngine, *, migrate: bool) -> None:

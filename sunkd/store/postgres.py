@@ -46,10 +46,15 @@ class PostgresBackend(Backend):
         self._closed = False
 
     @classmethod
-    def create_engine(cls, url: str, *, json_serializer: Any) -> AsyncEngine:
+    def create_engine(cls, url: str, *, json_serializer: Any, read_only: bool = False,
+                      create: bool = True) -> AsyncEngine:
+        # PostgreSQL never creates a database on connect; a read-only engine's
+        # transactions are READ ONLY, so the server refuses any write it might attempt.
+        connect_args: dict[str, Any] = {"timeout": 10, "command_timeout": 60}
+        if read_only:
+            connect_args["server_settings"] = {"default_transaction_read_only": "on"}
         return create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                                   connect_args={"timeout": 10, "command_timeout": 60},
-                                   json_serializer=json_serializer)
+                                   connect_args=connect_args, json_serializer=json_serializer)
 
     # ------------------------------------------------------------------ writes
 

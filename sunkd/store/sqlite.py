@@ -1,5 +1,7 @@
 """The event log's SQLite backend (aiosqlite): the `Backend` of sunkd.store.backend for
-the embedded default (one file, WAL mode, migrated automatically on open).
+the embedded default (one file, WAL mode, migrated automatically on open by the commands
+that may create a log; the others open it with a `mode=ro` or `mode=rw` URI, which never
+creates a file).
 
 * Write lock: `BEGIN IMMEDIATE` takes the database's write lock up front, which covers
   the leadership row too, so nothing needs `FOR UPDATE` (SQLite has none).
@@ -13,10 +15,12 @@ the embedded default (one file, WAL mode, migrated automatically on open).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Select, text
 from sqlalchemy import event as sa_event
@@ -38,6 +42,11 @@ def _timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
+def _writable(path: Path) -> bool:
+    """Whether this process may write the file and create its -wal beside it."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
 class SqliteBackend(Backend):
     dialect = "sqlite"
     migrate_by_default = True  # the embedded default: a new file just works
@@ -49,18 +58,36 @@ class SqliteBackend(Backend):
         self.fallback_interval = 1.0
 
     @classmethod
-    def create_engine(cls, url: str, *, json_serializer: Any) -> AsyncEngine:
-        engine = create_async_engine(url, connect_args={"timeout": 30},
+    def create_engine(cls, url: str, *, json_serializer: Any, read_only: bool = False,
+                      create: bool = True) -> AsyncEngine:
+        parsed = make_url(url)
+        connect_args: dict[str, Any] = {"timeout": 30}
+        if (read_only or not create) and parsed.database not in (None, "", ":memory:") \
+                and not parsed.query:
+            # SQLite's URI filenames: `mode=rw` opens read-write, `mode=ro` read-only; neither
+            # creates a missing file (https://www.sqlite.org/uri.html). A read-only engine
+            # still opens the file read-write when it may: a `mode=ro` connection cannot
+            # read a WAL database whose -wal file is absent (after a clean shutdown), since
+            # it may not create it; `PRAGMA query_only` below then refuses every change.
+            path = Path(parsed.database or "").absolute()
+            mode = "ro" if read_only and not _writable(path) else "rw"
+            parsed = parsed.set(database=f"file:{quote(str(path))}",
+                                query={"mode": mode, "uri": "true"})
+        engine = create_async_engine(parsed, connect_args=connect_args,
                                      json_serializer=json_serializer)
 
         @sa_event.listens_for(engine.sync_engine, "connect")
         def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
             # Let us issue BEGIN ourselves (pysqlite's implicit transactions would
-            # defeat BEGIN IMMEDIATE), and use WAL so readers never block the writer.
+            # defeat BEGIN IMMEDIATE), and use WAL so readers never block the writer
+            # (a read-only engine leaves the file's journal mode as it is).
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")
+            if read_only:
+                cursor.execute("PRAGMA query_only=ON")
+            else:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=FULL")
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
 

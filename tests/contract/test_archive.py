@@ -142,7 +142,7 @@ async def test_a_second_archive_chains_onto_the_first(database_url: str,
         assert first is not None and first.upto_seq == SIZE
         second = await archive.archive(log, tmp_path, upto_seq=latest - 5)
         assert second is not None and second.from_seq == SIZE + 1
-        found, problems = archive.verify([tmp_path])
+        found, problems = await archive.verify_against_log(log.engine, [tmp_path])
         assert problems == [] and [m.from_seq for m in found] == [1, SIZE + 1]
         assert await log.archive_base_seq() == second.upto_seq
         assert await replay_check(log, archives=[tmp_path]) == []
@@ -354,5 +354,261 @@ async def test_migration_0003_keeps_the_rows_and_the_views(database_url: str) ->
         with pytest.raises(DBAPIError, match="append-only"):
             async with log.engine.begin() as connection:
                 await connection.execute(text("DELETE FROM events"))
+    finally:
+        await log.close()
+
+
+# ------------------------------------------- verification against what the log recorded
+
+
+def _rewrite_file(path: Path, lines: list[str]) -> None:
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+
+
+def _recompute_manifest(manifest_path: Path) -> None:
+    """What a forger does after editing a file: make the manifest beside it agree."""
+    body = json.loads(manifest_path.read_text())
+    for entry in body["files"]:
+        data = (manifest_path.parent / entry["name"]).read_bytes()
+        entry["sha256"] = hashlib.sha256(data).hexdigest()
+        entry["bytes"] = len(data)
+        entry["content_sha256"] = hashlib.sha256(gzip.decompress(data)).hexdigest()
+        entry["events"] = len(gzip.decompress(data).splitlines())
+    manifest_path.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+
+
+async def _refused(log: EventLog, directory: Path, *needles: str) -> list[str]:
+    problems = await replay_check(log, archives=[directory])
+    assert problems, "the forged archive passed replay --check"
+    text_of = "\n".join(problems)
+    for needle in needles:
+        assert needle in text_of, (needle, problems)
+    with pytest.raises(archive.ArchiveError, match="does not verify") as caught:
+        await archive.restore(log.engine, [directory])
+    for needle in needles:
+        assert needle in str(caught.value), (needle, str(caught.value))
+    assert await archive.restored_range(log.engine) == (0, 0, 0), "nothing restored"
+    return problems
+
+
+async def test_an_edited_event_with_recomputed_manifest_checksums_is_refused(
+        database_url: str, tmp_path: Path) -> None:
+    """The manifest beside the files is no authority: `log.archived` recorded every file's
+    and the manifest's sha256 when they were written."""
+    log = await seeded(database_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        name = result.files[0]["name"]
+        path = tmp_path / name
+        lines = gzip.open(path, "rt").read().splitlines()
+        body = json.loads(lines[1])
+        body["subject"] = "someone-else"
+        lines[1] = json.dumps(body)
+        _rewrite_file(path, lines)
+        _recompute_manifest(result.manifest)
+        await _refused(log, tmp_path, name, "log.archived")
+    finally:
+        await log.close()
+
+
+async def test_a_seq_replaced_by_a_copy_of_its_neighbour_is_refused_naming_it(
+        database_url: str, tmp_path: Path) -> None:
+    """Line count, first and last seq all agree; seq 5 is simply not there."""
+    log = await seeded(database_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        name = result.files[0]["name"]
+        path = tmp_path / name
+        lines = gzip.open(path, "rt").read().splitlines()
+        assert json.loads(lines[4])["seq"] == 5
+        lines[4] = lines[3]  # seq 4 twice, seq 5 gone
+        _rewrite_file(path, lines)
+        _recompute_manifest(result.manifest)
+        await _refused(log, tmp_path, name, "seq 5 is missing")
+    finally:
+        await log.close()
+
+
+async def test_earlier_archives_are_verified_through_the_records_archived_after_them(
+        database_url: str, tmp_path: Path) -> None:
+    """The first run's `log.archived` event is itself archived by the second run: the
+    first manifest is then checked against that record, read from the verified second
+    archive."""
+    from sunkd.domain.events import SourceHealth
+
+    log = await seeded(database_url)
+    try:
+        first = await archive.archive(log, tmp_path, upto_seq=SIZE)
+        assert first is not None and first.upto_seq == SIZE
+        await log.append_unfenced([Event("slurm", SourceHealth(source="slurm", status="fresh"))
+                                   for _ in range(3 * SIZE)])
+        second = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert second is not None and second.upto_seq > first.event_seq, \
+            "the first run's record is archived by the second"
+        assert await replay_check(log, archives=[tmp_path]) == []
+        path = tmp_path / first.files[0]["name"]
+        lines = gzip.open(path, "rt").read().splitlines()
+        body = json.loads(lines[2])
+        body["subject"] = "forged"
+        lines[2] = json.dumps(body)
+        _rewrite_file(path, lines)
+        _recompute_manifest(first.manifest)
+        await _refused(log, tmp_path, first.files[0]["name"], "log.archived")
+    finally:
+        await log.close()
+
+
+async def test_an_archive_the_log_never_recorded_is_refused(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """An archive of another log (whole and self-consistent) is not this log's history."""
+    log = await seeded(sqlite_url)
+    other = await seeded(sqlite_url.replace("events.db", "other.db"))
+    try:
+        made = await archive.archive(other, tmp_path / "other", upto_seq=10)
+        assert made is not None
+        problems = await replay_check(log, archives=[tmp_path / "other"])
+        assert any("no log.archived event" in p for p in problems), problems
+        with pytest.raises(archive.ArchiveError, match=r"no log\.archived event"):
+            await archive.restore(log.engine, [tmp_path / "other"])
+    finally:
+        await log.close()
+        await other.close()
+
+
+# ------------------------------------------------------------ malformed archives
+
+
+async def _problems_of(log: EventLog, directory: Path) -> str:
+    """replay --check's problems and restore's refusal, as one text (no raw exception)."""
+    problems = await replay_check(log, archives=[directory])
+    assert problems
+    with pytest.raises(archive.ArchiveError) as caught:
+        await archive.restore(log.engine, [directory])
+    assert await archive.restored_range(log.engine) == (0, 0, 0)
+    return "\n".join(problems) + "\n" + str(caught.value)
+
+
+async def test_a_manifest_that_is_not_json_is_named(database_url: str, tmp_path: Path) -> None:
+    log = await seeded(database_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        result.manifest.write_text('{"format": "sunkd-archive/1", "from_seq": 1,\n  oops\n')
+        said = await _problems_of(log, tmp_path)
+        assert f"{result.manifest.name}: line 2" in said and "not JSON" in said, said
+    finally:
+        await log.close()
+
+
+@pytest.mark.parametrize("files", [["a string"], [{"name": 7}], "nothing", [{}]])
+async def test_a_manifest_of_the_wrong_shape_is_named(database_url: str, tmp_path: Path,
+                                                      files: Any) -> None:
+    log = await seeded(database_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        body = json.loads(result.manifest.read_text())
+        body["files"] = files
+        result.manifest.write_text(json.dumps(body))
+        said = await _problems_of(log, tmp_path)
+        assert result.manifest.name in said, said
+    finally:
+        await log.close()
+
+
+async def test_a_file_name_that_leaves_the_archive_directory_is_refused(
+        database_url: str, tmp_path: Path) -> None:
+    log = await seeded(database_url)
+    try:
+        directory = tmp_path / "archive"
+        result = await archive.archive(log, directory, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        body = json.loads(result.manifest.read_text())
+        name = body["files"][0]["name"]
+        (directory / name).rename(tmp_path / name)  # now outside the directory
+        body["files"][0]["name"] = f"../{name}"
+        result.manifest.write_text(json.dumps(body))
+        said = await _problems_of(log, directory)
+        assert f"../{name}" in said and "outside the archive directory" in said, said
+    finally:
+        await log.close()
+
+
+async def test_an_over_long_line_is_refused_in_bounded_memory(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """One 300 MiB line took 930 MB; lines are now read at most MAX_LINE_BYTES at a time."""
+    import tracemalloc
+
+    log = await seeded(sqlite_url)
+    try:
+        result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        assert result is not None
+        name = result.files[0]["name"]
+        path = tmp_path / name
+        with gzip.open(path, "wb", compresslevel=1) as stream:
+            stream.write(b'{"seq":1,"payload":"')
+            chunk = b"x" * (1 << 20)
+            for _ in range(100):  # 100 MiB on one line
+                stream.write(chunk)
+            stream.write(b'"}\n')
+        tracemalloc.start()
+        try:
+            said = await _problems_of(log, tmp_path)
+            _current, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert f"{name}: line 1" in said and "longer than" in said, said
+        assert peak < 80 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    finally:
+        await log.close()
+
+
+# ------------------------------------------------- appending to a chain in a directory
+
+
+async def test_archive_refuses_to_append_to_a_chain_that_does_not_verify(
+        database_url: str, tmp_path: Path) -> None:
+    from sunkd.domain.events import SourceHealth
+
+    log = await seeded(database_url)
+    try:
+        first = await archive.archive(log, tmp_path, upto_seq=SIZE)
+        assert first is not None
+        await log.append_unfenced([Event("slurm", SourceHealth(source="slurm", status="fresh"))
+                                   for _ in range(2 * SIZE)])
+        name = first.files[0]["name"]
+        path = tmp_path / name
+        lines = gzip.open(path, "rt").read().splitlines()
+        lines[3] = lines[2]  # a seq lost in the files already there
+        _rewrite_file(path, lines)
+        live = await archive.live_range(log.engine)
+        manifests_before = sorted(p.name for p in tmp_path.glob("manifest-*"))
+        with pytest.raises(archive.ArchiveError) as caught:
+            await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
+        said = str(caught.value)
+        assert "nothing was archived" in said and name in said and "seq 4 is missing" in said
+        assert await archive.live_range(log.engine) == live
+        assert sorted(p.name for p in tmp_path.glob("manifest-*")) == manifests_before
+    finally:
+        await log.close()
+
+
+async def test_archive_refuses_a_gap_in_the_chain_of_its_directory(
+        database_url: str, tmp_path: Path) -> None:
+    from sunkd.domain.events import SourceHealth
+
+    log = await seeded(database_url)
+    try:
+        assert await archive.archive(log, tmp_path / "a", upto_seq=SIZE) is not None
+        await log.append_unfenced([Event("slurm", SourceHealth(source="slurm", status="fresh"))
+                                   for _ in range(3 * SIZE)])
+        middle = await archive.archive(log, tmp_path / "b", upto_seq=2 * SIZE)
+        assert middle is not None and middle.from_seq == SIZE + 1
+        with pytest.raises(archive.ArchiveError, match=f"ends at seq {SIZE}") as caught:
+            await archive.archive(log, tmp_path / "a", upto_seq=await log.latest_seq() - 5)
+        assert "nothing was archived" in str(caught.value)
+        assert (await archive.live_range(log.engine) or (0, 0))[0] == middle.upto_seq + 1
     finally:
         await log.close()

@@ -207,3 +207,71 @@ async def test_aiohttp_client_still_gets_a_body_limit_413(client: TestClient[Any
     """Bodies over 8 MiB stay refused by size (unchanged)."""
     response = await client.post("/scheduler/filter", data=b"x" * (9 * 1024 * 1024))
     assert response.status == 413
+
+
+async def test_an_integer_over_python_digit_limit_is_a_400(client: TestClient[Any, Any]) -> None:
+    """An integer literal longer than Python's int max str digits (4,300) made json.loads
+    raise a plain ValueError, answered as a 500."""
+    body = (b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["n1"], "Priority": '
+            + b"7" * 5000 + b"}")
+    for verb in ("filter", "prioritize"):
+        response = await client.post(f"/scheduler/{verb}", data=body,
+                                     headers={"Content-Type": "application/json"})
+        assert response.status == 400, (verb, response.status, await response.text())
+        assert "digits" in (await response.json())["Error"]
+
+
+async def test_a_gzip_body_that_is_not_gzip_is_a_400(client: TestClient[Any, Any]) -> None:
+    """`Content-Encoding: gzip` on a body that is not gzip: aiohttp's decoding error
+    escaped the handler, a 500 in plain text."""
+    import gzip
+
+    for verb in ("filter", "prioritize"):
+        response = await client.post(f"/scheduler/{verb}", data=names_body(3),
+                                     headers={"Content-Type": "application/json",
+                                              "Content-Encoding": "gzip"})
+        assert response.status == 400, (verb, response.status, await response.text())
+        assert response.content_type == "application/json"
+        assert "gzip" in (await response.json())["Error"]
+    # A body that is gzip is decoded and answered.
+    response = await client.post("/scheduler/filter", data=gzip.compress(names_body(3)),
+                                 headers={"Content-Type": "application/json",
+                                          "Content-Encoding": "gzip"})
+    assert response.status == 200, await response.text()
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET / HTTP/1.1 extra\r\n\r\n",  # a malformed request line
+    b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",  # a header without a colon
+    b"POST /scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+    b"Content-Length: 9\r\n\r\nnot gzip!",  # a body that does not decode
+], ids=["request-line", "header", "gzip"])
+async def test_protocol_errors_are_logged_as_one_json_object_per_line(
+        client: TestClient[Any, Any], request_bytes: bytes) -> None:
+    """aiohttp's protocol errors went to the stdlib logger as multi-line plain-text
+    tracebacks, in the middle of the JSON-lines log: any client could write them."""
+    import io
+    import logging
+
+    from sunkd.runtime.logs import configure_logging
+
+    stream = io.StringIO()
+    configure_logging("info", "json", stream=stream)
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    try:
+        writer.write(request_bytes)
+        await writer.drain()
+        async with asyncio.timeout(5):
+            status_line = await reader.readline()
+        assert b" 400 " in status_line, status_line
+        await asyncio.sleep(0.2)  # the server logs after answering
+    finally:
+        writer.close()
+    logging.getLogger("aiohttp.server").error("probe", exc_info=ValueError("a\nb"))
+    lines = stream.getvalue().splitlines()
+    assert lines, "the probe at least is logged"
+    for line in lines:
+        record = json.loads(line)  # every line is one JSON object
+        assert isinstance(record, dict) and "event" in record and "level" in record, line
+    assert "Traceback" not in stream.getvalue().split('"probe"')[0], \
+        "a client's protocol error is not a traceback"

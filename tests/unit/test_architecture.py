@@ -95,3 +95,12 @@ def test_well_known_names_are_spelled_once() -> None:
             if re.search(r"""["']sunkd\.io/""", line):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "cli").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_cli_leaves_the_database_driver_to_the_store(path: Path) -> None:
+    """The commands open logs through sunkd.store (which decides read-only, never
+    creating, ...); SQLAlchemy stays inside sunkd/store/."""
+    for module in _imports(path):
+        assert module.split(".")[0] != "sqlalchemy", f"cli/{path.name} imports {module}"
