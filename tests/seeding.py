@@ -34,6 +34,7 @@ from sunkd.domain.events import (
     Event,
     K8sNodeObserved,
     K8sNodesetObserved,
+    K8sWorkloadObserved,
     Label,
     OperatorPinned,
     Payload,
@@ -113,7 +114,10 @@ async def seed_pool_history(log: ClockedLog, start: datetime = T0) -> int:
              *[(n, SlurmNodeObserved(node=n, state="IDLE", partitions=("gpu",), cpus=64))
                for n in NODES],
              *[(f"k-{n}", _k8s(n)) for n in NODES],
-             ("other-1", _k8s("other-1", pool=False, tainted=False)))
+             ("other-1", _k8s("other-1", pool=False, tainted=False)),
+             # The source reports every Node's pods with the Node (none here).
+             *[(f"k-{n}", K8sWorkloadObserved(node=f"k-{n}")) for n in NODES],
+             ("other-1", K8sWorkloadObserved(node="other-1")))
     for n in NODES:
         await at(m(1), (n, _tx(TransitionStarted, f"adopt-{n}", n, "none", "slurm",
                                "adopt: first seen IDLE in Slurm; nodes start Slurm-owned")),

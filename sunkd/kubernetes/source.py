@@ -611,18 +611,26 @@ class KubernetesSource:
         )
 
     def _report_claimants(self, out: list[Payload], released: set[str],
+                          claims: Mapping[str, str],
                           nodesets: Mapping[str, K8sNodesetObserved]) -> None:
         """A Node stopped claiming a Slurm name (deleted, relabelled): report the pods of
         every other Node still claiming it again, after that change. The fold makes a
         claim that changes hands unknown until the successor's report arrives, and an
         unchanged report would otherwise never be sent again."""
-        for (family, name), last in list(self._last.items()):
-            if (family != "node" or not isinstance(last, K8sNodeObserved)
-                    or last.slurm_node not in released):
+        claimants = []
+        for (family, name), last in self._last.items():
+            if family != "node" or not isinstance(last, K8sNodeObserved):
                 continue
-            node = self.nodes.get(name)
-            if node is None:
-                continue
+            claim = claims.get(name, last.slurm_node)  # what it claims after this flush
+            if claim in released and self.nodes.get(name) is not None:
+                claimants.append(name)
+        if not claimants:
+            return
+        again = set(claimants)
+        # Their report goes after the release (an earlier copy in this flush is dropped).
+        out[:] = [p for p in out if not (isinstance(p, K8sWorkloadObserved) and p.node in again)]
+        for name in sorted(claimants):
+            node = self.nodes[name]
             labels = (node.get("metadata") or {}).get("labels") or {}
             self._last.pop(("workload", name), None)
             out.append(self._workload_payload(name, labels, nodesets))
@@ -704,6 +712,7 @@ class KubernetesSource:
             node_names = set(dirty.nodes)
             pools = set(dirty.pools)
         released: set[str] = set()  # Slurm names a Node stopped claiming
+        claims: dict[str, str] = {}  # Node -> the Slurm name it claims now (this flush)
         for name in sorted(node_names):
             node = self.nodes.get(name)
             last_node = self._last.get(("node", name))
@@ -722,11 +731,12 @@ class KubernetesSource:
                 continue
             out.append(payload)
             out.append(workload)
+            claims[name] = payload.slurm_node
             if isinstance(last_node, K8sNodeObserved) and (
                     last_node.slurm_node != payload.slurm_node):
                 released.add(last_node.slurm_node)
         if released:
-            self._report_claimants(out, released, nodesets)
+            self._report_claimants(out, released, claims, nodesets)
         for pool in sorted(pools):
             nodeset = nodesets.get(pool)
             if nodeset is not None:

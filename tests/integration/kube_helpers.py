@@ -231,7 +231,8 @@ def family(payload: Payload) -> tuple[str, str] | None:
 
 def fold(payloads: Iterable[Payload]) -> dict[tuple[str, str], Payload]:
     """The cluster view the observation events describe: last payload per subject, with
-    vanished nodes, deleted Nodesets and empty workloads/demands removed."""
+    vanished nodes (and their pod reports), deleted Nodesets and empty workloads/demands
+    removed."""
     state: dict[tuple[str, str], Payload] = {}
     for payload in payloads:
         key = family(payload)
@@ -245,6 +246,8 @@ def fold(payloads: Iterable[Payload]) -> dict[tuple[str, str], Payload]:
         )
         if gone:
             state.pop(key, None)
+            if isinstance(payload, K8sNodeVanished):  # its pod report goes with it
+                state.pop(("workload", payload.node), None)
         else:
             state[key] = payload
     return state

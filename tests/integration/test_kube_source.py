@@ -116,12 +116,14 @@ async def test_initial_observations(cluster: Cluster) -> None:
         assert nodes["k-gpu-2"].ready is False and nodes["k-gpu-2"].slurm_node == "k-gpu-2"
         assert nodes["k-cpu-1"].slurm_node == "cpu1"  # sunkd.io/slurm-node-name
 
-        # Every non-DaemonSet pod on a pool node, with its uid; pool_pod marks the pool's.
-        workloads = [(p.node, p.pool, pods(p)) for p in sink.payloads(K8sWorkloadObserved)
-                     if isinstance(p, K8sWorkloadObserved)]
+        # Every non-DaemonSet pod on every Node (in a pool or not), with its uid; pool_pod
+        # marks the pods of the Nodeset that selects the Node.
+        workloads = sorted((p.node, p.pool, pods(p)) for p in sink.payloads(K8sWorkloadObserved)
+                           if isinstance(p, K8sWorkloadObserved))
         assert workloads == [
-            ("k-gpu-1", "ml/gpu", (("other", "Running", False), ("serve-a", "Running", True))),
-            ("k-gpu-2", "ml/gpu", ())]
+            ("k-cpu-1", "", ()),
+            ("k-gpu-1", "", (("other", "Running", False), ("serve-a", "Running", True))),
+            ("k-gpu-2", "", ())]
         assert all(ref.uid for p in sink.payloads(K8sWorkloadObserved)
                    if isinstance(p, K8sWorkloadObserved) for ref in p.pods)
         assert sink.payloads(K8sDemandObserved) == [K8sDemandObserved(
