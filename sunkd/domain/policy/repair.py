@@ -72,11 +72,19 @@ def _repair_while_held(planner: _Planner, node: NodeState, assessment: Assessmen
             _repair(planner, node, dataclasses.replace(assessment, phase=node.phase))
 
 
+def _warned_lately(planner: _Planner, node: NodeState) -> bool:
+    """The last Warning Event on the node was written less than
+    CONFLICT_WARN_EVERY_SECONDS ago. One the API server did not take was never said: it is
+    asked again as any failed action is (`ensure`'s backoff), not after the long pause."""
+    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
+    return (outcome is not None and outcome.succeeded
+            and planner.now - outcome.at < CONFLICT_WARN_EVERY_SECONDS)
+
+
 def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
     """A Warning Event on the node, first thing in the node's round (nothing of this round
     may hold it back), then again every CONFLICT_WARN_EVERY_SECONDS while it lasts."""
-    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
-    if outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS:
+    if not _warned_lately(planner, node):
         event = wk.EVENT_IDENTITY_CONFLICT if assessment.identity_conflict else wk.EVENT_CONFLICT
         planner.ensure(
             node, OWNER_KUBERNETES, VERB_WARN, "; ".join(assessment.conflicts),
@@ -91,10 +99,7 @@ def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, .
     state = planner.state
     if not (state.source_fresh(OWNER_SLURM) and state.source_fresh(OWNER_KUBERNETES)):
         return
-    if node.k8s is None:
-        return
-    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
-    if outcome is not None and planner.now - outcome.at < CONFLICT_WARN_EVERY_SECONDS:
+    if node.k8s is None or _warned_lately(planner, node):
         return
     why = (f"pool conflict: selected by {', '.join(claimed_by)}; no pool drives it until "
            "one Nodeset stops selecting it")
