@@ -27,14 +27,13 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.policy import AbortTransition, RequestAction, stale_action
 from sunkd.domain.state import fold
-from tests.unit.domain_world import POOL, k8s_obs, pool_spec, slurm_obs
+from tests.unit.domain_world import POOL, k8s_obs, pool_spec
 from tests.unit.test_domain_policy import (
     T0,
     _actions,
     _cluster,
     _decide,
     _jobs,
-    _pods,
     _record,
     _succeed,
 )
@@ -154,23 +153,3 @@ def test_a_pin_back_to_kubernetes_stops_the_reclaim_and_its_eviction() -> None:
                          side="kubernetes", verb="evict", node="n1", error=why), T0 + 124)
     assert _actions(_decide(log, T0 + 125)) == [("n1", "kubernetes", "unlock")]
 
-
-def test_the_resume_of_an_aborted_lend_is_not_stale() -> None:
-    """Aborting a lend gives our drain back to Slurm: that resume is asked *after* the
-    transition ended, on its behalf, and must run."""
-    log = _cluster(1)
-    _pods(log, 1)
-    spec = pool_spec(drain_timeout_seconds=600)
-    first = _decide(log, T0, spec)
-    _record(log, first, T0)
-    drain = first[1]
-    assert isinstance(drain, RequestAction)
-    _succeed(log, drain, T0 + 1)
-    log.add(slurm_obs("n1", "ALLOCATED", ("DRAIN",), drain.arg("reason")), T0 + 2)
-    aborted = _decide(log, T0 + 600, spec)
-    assert isinstance(aborted[0], AbortTransition)
-    _record(log, aborted, T0 + 600)
-    node = log.state().nodes["n1"]
-    [resume] = node.open_actions.values()
-    assert resume.verb == "resume" and drain.transition_id in resume.reason
-    assert stale_action(resume, node) is None
