@@ -17,6 +17,7 @@ from sunkd.domain.events import (
     ActionRequested,
     ActionSucceeded,
     K8sWorkloadObserved,
+    Label,
     OperatorPinned,
     Payload,
     PodRef,
@@ -25,17 +26,15 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.policy import AbortTransition, RequestAction, stale_action
-from sunkd.domain.state import fold
-from tests.unit.domain_world import POOL, k8s_obs, pool_spec
+from sunkd.domain.policy import AbortTransition, stale_action
+from sunkd.domain.state import OpenAction, fold
+from tests.unit.domain_world import POOL, Log, k8s_obs
 from tests.unit.test_domain_policy import (
     T0,
     _actions,
     _cluster,
     _decide,
-    _jobs,
     _record,
-    _succeed,
 )
 
 NODES = ("n0", "n1")
@@ -116,30 +115,26 @@ def test_an_open_action_is_stale_exactly_when_its_transition_has_ended(
             assert action.transition_id is not None and action.transition_id in why
 
 
-def _reclaim_with_an_eviction_requested() -> tuple[Any, RequestAction]:
-    """A lent node Slurm wants back, its pods past reclaim_grace: the eviction is asked."""
+def _reclaim_with_an_eviction_requested() -> tuple[Log, OpenAction]:
+    """A lent node being reclaimed: tainted, its pod past reclaim_grace, the eviction
+    asked for and not run yet."""
     log = _cluster(1, kubernetes=("n1",))
     log.add(K8sWorkloadObserved(node="n1", pool=POOL, pods=(PodRef("serving", "web-1",
                                                                    "Running"),)), 3.0)
-    _jobs(log, 1)
-    spec = pool_spec(reclaim_grace_seconds=120)
-    first = _decide(log, T0, spec)
-    _record(log, first, T0)
-    _succeed(log, first[1], T0 + 1)  # type: ignore[arg-type]
+    log.add(TransitionStarted(transition_id="tx-r", node="n1", pool=POOL,
+                              from_owner="kubernetes", to_owner="slurm"), T0)
+    log.add(ActionSucceeded(action_id="lock", transition_id="tx-r", side="kubernetes",
+                            verb="lock", node="n1"), T0 + 1)
     log.add(k8s_obs("n1", tainted=True), T0 + 2)
-    evict_round = _decide(log, T0 + 121, spec)
-    assert _actions(evict_round) == [("n1", "kubernetes", "evict")]
-    _record(log, evict_round, T0 + 121)
-    evict = evict_round[0]
-    assert isinstance(evict, RequestAction)
-    return log, evict
+    log.add(ActionRequested(action_id="evict", transition_id="tx-r", side="kubernetes",
+                            verb="evict", node="n1", args=(Label("pod", "serving/web-1"),)),
+            T0 + 121)
+    return log, log.state().nodes["n1"].open_actions["evict"]
 
 
 def test_a_pin_back_to_kubernetes_stops_the_reclaim_and_its_eviction() -> None:
     log, evict = _reclaim_with_an_eviction_requested()
-    state = log.state()
-    assert stale_action(state.nodes["n1"].open_actions[evict.action_id],
-                        state.nodes["n1"]) is None  # while the reclaim is open, it may run
+    assert stale_action(evict, log.state().nodes["n1"]) is None  # the reclaim is open
     log.add(OperatorPinned(node="n1", to="kubernetes", who="alice", why="debug"), T0 + 122)
     aborted = _decide(log, T0 + 123)
     assert isinstance(aborted[0], AbortTransition) and "pinned" in aborted[0].reason
