@@ -58,7 +58,7 @@ from sunkd.kubernetes.client import (
     nodesets,
 )
 from sunkd.kubernetes.listwatch import ListWatch, Relisted
-from sunkd.kubernetes.normalize import slim_pod
+from sunkd.kubernetes.normalize import pod_version, slim_pod
 from sunkd.kubernetes.source import KubernetesSource
 from sunkd.testbed.kubeapi import KubeAPIEmulator
 from sunkd.testbed.kubernetes import KubeControlPlane
@@ -330,7 +330,8 @@ async def client_side_relist(client: KubeClient, target: Target) -> tuple[float,
             if not token:
                 break
     best_raw = best_ours = float("inf")
-    lw = ListWatch(client, PODS, page_size=target.page, transform=slim_pod)
+    lw = ListWatch(client, PODS, page_size=target.page, transform=slim_pod,
+                   version=pod_version)
     warm: list[Any] = []
     for raw in pages:
         warm.extend(map(lw._admit, json.loads(raw)["items"]))
@@ -355,7 +356,7 @@ async def client_side_relist(client: KubeClient, target: Target) -> tuple[float,
 
 
 async def sunkd_relist(client: KubeClient, page: int) -> tuple[float, int]:
-    lw = ListWatch(client, PODS, page_size=page, transform=slim_pod)
+    lw = ListWatch(client, PODS, page_size=page, transform=slim_pod, version=pod_version)
     # Warm cache (as after a first sync), so the relist also pays for the diff.
     items, rv = await client.list_mapped(PODS, lw._admit, page_size=page)
     lw._reconcile(items, rv, True)

@@ -330,9 +330,11 @@ class ClusterState:
     # non-empty pending lists (absent while nothing is pending). How long Kubernetes'
     # demand has waited: the policy's starvation bound reads it (policy/fairness.py).
     k8s_pending_since: Mapping[str, float] = field(default_factory=dict)
-    # Per partition: recorded_at of the first slurm.demand.observed naming the current
-    # head job (`head_job`); absent while none is reported. How long Slurm's next job has
-    # waited: the policy's reservation bound reads it (policy/fairness.py).
+    # Per partition: recorded_at of the first slurm.demand.observed reporting a head job
+    # (`head_job`) since jobs last stopped waiting for nodes (any head job: it runs on
+    # when one head job starts and the next takes its place; absent once no job waits for
+    # nodes, `head_job` and `pending_nodes` 0). How long the partition has waited without
+    # a break: the policy's reservation bound reads it (policy/fairness.py).
     slurm_head_since: Mapping[str, float] = field(default_factory=dict)
     leader_epoch: int = 0
     leader_identity: str = ""
@@ -711,15 +713,18 @@ def _on_slurm_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> Non
     if b.slurm_demand is None:
         b.slurm_demand = dict(b.base.slurm_demand)
     partition = p.partition or subject
-    previous = b.slurm_demand.get(partition)
     b.slurm_demand[partition] = p
+    # The reservation clock: it starts with the first head job reported and runs, across
+    # head jobs, while anything waits for nodes. A new head job is the previous one
+    # started (it gathered its nodes) and the next in line: the partition has waited
+    # all along (counted per job, heads changing more often than the bound would never
+    # reach it).
     since = b.slurm_head_since if b.slurm_head_since is not None else b.base.slurm_head_since
-    same_head = (p.head_job > 0 and partition in since and previous is not None
-                 and previous.head_job == p.head_job)
-    if not same_head and (p.head_job > 0 or partition in since):
+    waiting = p.head_job > 0 or p.pending_nodes > 0
+    if (p.head_job > 0 and partition not in since) or (not waiting and partition in since):
         if b.slurm_head_since is None:
             b.slurm_head_since = dict(b.base.slurm_head_since)
-        if p.head_job > 0:
+        if waiting:
             b.slurm_head_since[partition] = _at(event)
         else:
             del b.slurm_head_since[partition]

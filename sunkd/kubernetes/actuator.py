@@ -18,7 +18,9 @@ Concurrency rules, with the Kubernetes behaviour they guard against:
   from a PDB is a retryable failure, not something to force.
 
 Every mutating action also records a core/v1 Event on the Node so `kubectl describe node`
-tells the story. Event writes are best effort: a failed Event never fails the action.
+tells the story. Those Event writes are best effort: a failed Event never fails the action.
+The one exception is `post_event`, the `warn` action itself: the Event *is* its effect,
+so an Event the API server refused or never got fails the action.
 """
 
 from __future__ import annotations
@@ -433,63 +435,82 @@ class KubernetesActuator:
         kubelet uses)."""
         return await self._record(node, reason, message, type)
 
+    async def post_event(
+        self, node: str, reason: str, message: str, type: str = "Warning"
+    ) -> bool:
+        """The `warn` action: an Event on the Node that must be written. Raises
+        `ActionError` when it was not (403/422: not retryable; an outage, 5xx, 429:
+        retryable), so the outbox records a failure and the policy asks again."""
+        what = f"post {type} Event {reason} on node {node}"
+        self._check_leader(what)
+        try:
+            await self._write_event(node, reason, message, type)
+        except _TRANSIENT as error:
+            raise _translate(error, what) from error
+        return True
+
     async def _record(
         self, node: str, reason: str, message: str, type: str = "Normal", *, uid: str | None = None
     ) -> bool:
-        now = format_time(utcnow())
-        correlation = (node, reason, message)
-        previous = self._recent_events.get(correlation)
         try:
-            if previous is not None:
-                name, count = previous
-                try:
-                    await self.client.merge_patch(
-                        EVENTS,
-                        name,
-                        {"count": count + 1, "lastTimestamp": now},
-                        self.event_namespace,
-                    )
-                    self._recent_events[correlation] = (name, count + 1)
-                    return True
-                except KubeApiError as error:
-                    if error.status != 404:
-                        raise
-            if not uid:
-                uid = node
-                try:
-                    uid = _uid(await self.client.get(NODES, node)) or node
-                except KubeApiError:
-                    pass
-            name = f"{node}.{secrets.token_hex(8)}"
-            body = {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": name, "namespace": self.event_namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": node,
-                    "uid": uid,
-                    "namespace": "",
-                },
-                "reason": reason,
-                "message": message[:1024],
-                "type": type,
-                "source": {"component": EVENT_SOURCE_COMPONENT},
-                "reportingComponent": REPORTING_COMPONENT,
-                "reportingInstance": self.instance,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            }
-            await self.client.create(EVENTS, body, self.event_namespace)
-            if len(self._recent_events) > 4096:
-                self._recent_events.clear()
-            self._recent_events[correlation] = (name, 1)
-            return True
+            await self._write_event(node, reason, message, type, uid=uid)
         except _TRANSIENT as error:
             log.warning("could not record event", node=node, reason=reason, error=str(error))
             return False
+        return True
+
+    async def _write_event(
+        self, node: str, reason: str, message: str, type: str, *, uid: str | None = None
+    ) -> None:
+        now = format_time(utcnow())
+        correlation = (node, reason, message)
+        previous = self._recent_events.get(correlation)
+        if previous is not None:
+            name, count = previous
+            try:
+                await self.client.merge_patch(
+                    EVENTS,
+                    name,
+                    {"count": count + 1, "lastTimestamp": now},
+                    self.event_namespace,
+                )
+                self._recent_events[correlation] = (name, count + 1)
+                return
+            except KubeApiError as error:
+                if error.status != 404:
+                    raise
+        if not uid:
+            uid = node
+            try:
+                uid = _uid(await self.client.get(NODES, node)) or node
+            except KubeApiError:
+                pass
+        name = f"{node}.{secrets.token_hex(8)}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": self.event_namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": node,
+                "uid": uid,
+                "namespace": "",
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type,
+            "source": {"component": EVENT_SOURCE_COMPONENT},
+            "reportingComponent": REPORTING_COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self.client.create(EVENTS, body, self.event_namespace)
+        if len(self._recent_events) > 4096:
+            self._recent_events.clear()
+        self._recent_events[correlation] = (name, 1)
 
 
 def _uid(obj: Mapping[str, Any]) -> str | None:

@@ -37,7 +37,13 @@ from sunkd.domain.events import (
     PoolsConfigured,
     RecordedEvent,
 )
-from sunkd.domain.policy import PoolSpec, decide, decision_to_event, effective_pools
+from sunkd.domain.policy import (
+    PoolSpec,
+    decide,
+    decision_to_event,
+    effective_pools,
+    stale_action,
+)
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
 from sunkd.domain.state import (
@@ -365,22 +371,33 @@ class Engine:
                 error=error, retryable=retryable)
 
         outcome: ActionSucceeded | ActionFailed
-        try:
-            changed = await executor.execute(action, node)
-            outcome = ActionSucceeded(
-                action_id=action.action_id, transition_id=action.transition_id,
-                side=action.side, verb=action.verb, node=action.node, attempt=action.attempt,
-                changed=changed)
-            result = "succeeded"
-        except ActionError as error:
-            outcome = failed(str(error), error.retryable)
-            result = "refused" if isinstance(error, RefusedError) else "failed"
-            log.warning("engine.action_failed", action=action.action_id, verb=action.verb,
-                        node=action.node, error=str(error), retryable=error.retryable)
-        except Exception as error:  # an adapter bug must not kill the outbox
-            outcome = failed(f"unexpected {type(error).__name__}: {error}", True)
-            result = "failed"
-            log.exception("engine.action_crashed", action=action.action_id)
+        # Right before running, on the latest fold (as `may_act` above): an action whose
+        # transition ended since it was asked for (a pin aborting a reclaim) never runs.
+        # It is closed in the log instead, not retried, and the policy decides afresh.
+        stale = stale_action(action, node)
+        if stale is not None:
+            outcome = failed(stale, False)
+            result = "stale"
+            log.warning("engine.action_stale", action=action.action_id, verb=action.verb,
+                        node=action.node, error=stale)
+        else:
+            try:
+                changed = await executor.execute(action, node)
+                outcome = ActionSucceeded(
+                    action_id=action.action_id, transition_id=action.transition_id,
+                    side=action.side, verb=action.verb, node=action.node,
+                    attempt=action.attempt, changed=changed)
+                result = "succeeded"
+            except ActionError as error:
+                outcome = failed(str(error), error.retryable)
+                result = "refused" if isinstance(error, RefusedError) else "failed"
+                log.warning("engine.action_failed", action=action.action_id,
+                            verb=action.verb, node=action.node, error=str(error),
+                            retryable=error.retryable)
+            except Exception as error:  # an adapter bug must not kill the outbox
+                outcome = failed(f"unexpected {type(error).__name__}: {error}", True)
+                result = "failed"
+                log.exception("engine.action_crashed", action=action.action_id)
         log.info("engine.action_done", action=action.action_id, verb=action.verb,
                  node=action.node, result=result,
                  seconds=round(time.perf_counter() - started, 3))

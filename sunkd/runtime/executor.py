@@ -52,8 +52,8 @@ class KubernetesActions(Protocol):
     async def annotate(self, node: str, values: dict[str, str | None]) -> bool: ...
     async def evict(self, namespace: str, pod: str, *, uid: str | None = None,
                     node: str | None = None) -> bool: ...
-    async def record_event(self, node: str, reason: str, message: str,
-                           type: str = "Normal") -> bool: ...
+    async def post_event(self, node: str, reason: str, message: str,
+                         type: str = "Warning") -> bool: ...
 
 
 def _args(action: OpenAction, key: str) -> list[str]:
@@ -137,11 +137,12 @@ class ActuatorExecutor:
             return uncordoned or cleared
         if action.verb == VERB_WARN:
             # The policy's "say why": a Warning Event on the node (kubectl describe node).
+            # The Event is the whole effect: one the API server did not take fails the
+            # action (ActionError), so the policy asks again instead of waiting as if said.
             log.warning("executor.warn", node=node, reason=action.reason)
-            await actuator.record_event(
+            return await actuator.post_event(
                 node, _arg(action, "event_reason") or wk.EVENT_CONFLICT,
                 _arg(action, "message") or action.reason, type="Warning")
-            return True
         if action.verb == VERB_EVICT:
             changed = False
             # "pod_uid" args are "<namespace>/<name>=<uid>": evict exactly the pod decided

@@ -5,13 +5,15 @@ nodes and sorts what is open. During a first sync at 10,000 nodes (10,000 locks 
 once, dozens of folds a second) that scan was 16 % of the event loop's samples
 (docs/performance.md, "Scale"), and it slowed the adoption it was dispatching.
 
-An action is open from its `action.requested` until the fold closes it (an outcome, an
-aborted transition, a forgotten node). So the queue learns requests from the batches the
-engine folds, in seq order (which is request order), and forgets an action when it finds
-the fold has closed it. It never decides what is open: `runnable` hands out only actions
-the given state holds open, so a stale entry is skipped, never run. A queue that does not
-know the state it is asked about (a freshly loaded or replaced state) rebuilds itself
-from that state's full scan first.
+An action is open from its `action.requested` until the fold closes it (an outcome, a
+forgotten node). So the queue learns requests from the batches the engine folds, in seq
+order (which is request order), and forgets an action when it finds the fold has closed
+it. It never decides what is open: `runnable` hands out only actions the given state holds
+open, so an entry the fold closed is skipped, never run. An action whose transition ended
+before it ran is still open (nothing closed it yet): it is handed out, and the engine
+closes it with an `action.failed` instead of running it (`policy.stale_action`). A queue
+that does not know the state it is asked about (a freshly loaded or replaced state)
+rebuilds itself from that state's full scan first.
 """
 
 from __future__ import annotations

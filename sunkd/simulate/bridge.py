@@ -58,6 +58,7 @@ from sunkd.domain.policy import (
     decision_to_event,
     reclaim_grace_started_at,
     retry_backoff,
+    stale_action,
 )
 from sunkd.domain.state import EMPTY, OWNER_NONE, OWNER_SLURM, ClusterState, OpenAction, fold
 from sunkd.simulate.actuate import carry_out
@@ -393,6 +394,14 @@ class SunkdController:
         node = self.by_name[action.node]
         args = {label.key: label.value for label in action.args}
         self.dispatched.discard(action.action_id)
+        stale = stale_action(action, self.state.nodes.get(action.node))
+        if stale is not None:  # its transition ended meanwhile: closed, never run
+            self._append(ActionFailed(
+                action_id=action.action_id, transition_id=action.transition_id,
+                side=action.side, verb=action.verb, node=action.node,
+                attempt=action.attempt, error=stale), action.node, t)
+            self.timers_dirty = True
+            return
         self.stats.actions[action.verb] += 1
         error, retryable, changed = carry_out(world, node, action, args, t,
                                               self.latencies.pod_termination)

@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 
+from sunkd.domain.events import Label
 from sunkd.domain.ports import ActionError
+from sunkd.domain.state import OpenAction
 from sunkd.kubernetes.actuator import API_CALLS, KubernetesActuator
 from sunkd.kubernetes.client import EVENTS, NODES, PDBS, PODS, KubeApiError, KubeClient
+from sunkd.runtime.executor import ActuatorExecutor
 
 from ..conftest import require
 from .kube_backends import Kube
@@ -331,3 +334,45 @@ async def test_kubectl_describe_node_tells_the_story(kube: Kube, tmp_path: Path)
     assert "SunkdLocked" in text and "SunkdCordoned" in text
     assert "lent to kubernetes [tx 42]" in text
     assert "sunkd.io/owner=slurm:NoSchedule" in text
+
+
+def _warn_action(action_id: str) -> OpenAction:
+    return OpenAction(
+        action_id=action_id, transition_id=None, side="kubernetes", verb="warn", node="n1",
+        attempt=1, reason="conflict: Slurm job beside pods",
+        args=(Label("event_reason", "SunkdConflict"),
+              Label("message", f"conflict: Slurm job beside pods ({action_id})")),
+        requested_at=0.0, seq=1)
+
+
+@pytest.mark.emulator_only("the API server refusing or failing the Event's POST")
+@pytest.mark.parametrize(("status", "retryable"), [(403, False), (422, False),
+                                                   (429, True), (503, True)])
+async def test_a_warning_the_api_server_refused_fails_the_warn_action(
+        kube: Kube, status: int, retryable: bool) -> None:
+    """A `warn` is the policy's "say why": an Event that was never written is a failed
+    action (retried as its error deserves), never a success that silences the warning."""
+    emulator, client = kube.faults, kube.client
+    await create_node(client, "n1")
+    executor = ActuatorExecutor(None, KubernetesActuator(client))
+    emulator.fail_next(1, status, method="POST", path_contains="/events")
+    with pytest.raises(ActionError) as caught:
+        await executor.execute(_warn_action("a1"), None)
+    assert caught.value.retryable is retryable
+    assert [e for e in await node_events(client, "n1") if e["reason"] == "SunkdConflict"] == []
+    assert await executor.execute(_warn_action("a1"), None) is True  # the retry posts it
+    [event] = [e for e in await node_events(client, "n1") if e["reason"] == "SunkdConflict"]
+    assert event["type"] == "Warning" and "(a1)" in event["message"]
+
+
+@pytest.mark.emulator_only("the API server failing the Event's PATCH")
+async def test_a_repeated_warning_whose_count_bump_failed_fails_the_warn_action(
+        kube: Kube) -> None:
+    emulator, client = kube.faults, kube.client
+    await create_node(client, "n1")
+    executor = ActuatorExecutor(None, KubernetesActuator(client))
+    assert await executor.execute(_warn_action("a1"), None) is True
+    emulator.fail_next(1, 500, method="PATCH", path_contains="/events")
+    with pytest.raises(ActionError) as caught:
+        await executor.execute(_warn_action("a1"), None)
+    assert caught.value.retryable

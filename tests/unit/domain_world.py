@@ -35,7 +35,7 @@ from sunkd.domain.events import (
     Taint,
 )
 from sunkd.domain.ownership import OWNER_TAINT_KEY, is_ours
-from sunkd.domain.policy import Decision, PoolSpec, decide, decision_to_event
+from sunkd.domain.policy import Decision, PoolSpec, decide, decision_to_event, stale_action
 from sunkd.domain.state import EMPTY, ClusterState, OpenAction, fold
 
 POOL = "default/gpu"
@@ -409,6 +409,13 @@ class Simulation:
         for action in state.pending_actions():
             if chaos and rng.random() < 0.3:
                 continue  # the outbox is slow: leave it open for a while
+            stale = stale_action(action, state.nodes.get(action.node))
+            if stale is not None:  # closed, never run, as the engine does
+                self.log.add(ActionFailed(
+                    action_id=action.action_id, transition_id=action.transition_id,
+                    side=action.side, verb=action.verb, node=action.node,
+                    attempt=action.attempt, error=stale), self.now)
+                continue
             self.log.add(self.world.execute(action, rng, chaos), self.now)
         self.observe()
         self.refold()

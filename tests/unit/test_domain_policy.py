@@ -38,6 +38,7 @@ from sunkd.domain.policy import (
     effective_pools,
     membership,
     retry_backoff,
+    stale_action,
 )
 from tests.unit.domain_world import (
     PARTITION,
@@ -274,6 +275,12 @@ def test_lend_aborts_after_drain_timeout_and_resumes_our_drain() -> None:
     assert isinstance(resume, RequestAction) and resume.verb == "resume"
     assert resume.arg("expect_reason") == drain.arg("reason")
     assert _actions(aborted) == [("n1", "slurm", "resume")]  # the taint stays
+    # The resume is asked after the lend ended, on its behalf: it belongs to no
+    # transition, so the outbox runs it (an ended transition's own actions never run).
+    _record(log, aborted, T0 + 600)
+    node = log.state().nodes["n1"]
+    assert resume.transition_id is None and drain.transition_id in resume.reason
+    assert stale_action(node.open_actions[resume.action_id], node) is None
 
 
 def test_lend_that_demand_no_longer_needs_is_aborted() -> None:

@@ -260,10 +260,40 @@ def test_a_head_job_waiting_past_the_bound_reserves_nodes_under_prefer_kubernete
         ("n1", "kubernetes")]
     # Past it, lending stops and the head job gets the node it lacks (n3: fewest pods).
     assert _starts(log, T0 + SLURM_HEAD_WAIT_BOUND_SECONDS, spec) == [("n3", "slurm")]
-    # Another job at the head (the first one started or left): its own clock.
+    # Another job at the head (the first one started or left): the partition has still
+    # waited without a break, so the reservation holds.
     _queue(log, 3, head=3, now=T0 + 10, job=8)
-    assert _starts(log, T0 + SLURM_HEAD_WAIT_BOUND_SECONDS, spec) == [("n1", "kubernetes")]
-    assert _starts(log, T0 + 10 + SLURM_HEAD_WAIT_BOUND_SECONDS, spec) == [("n3", "slurm")]
+    assert _starts(log, T0 + SLURM_HEAD_WAIT_BOUND_SECONDS, spec) == [("n3", "slurm")]
+
+
+def test_a_head_job_changing_every_hour_still_gets_the_reservation() -> None:
+    """Under `prefer: Kubernetes`, a partition whose head job changes more often than
+    the bound (each wide job starts on what it gathered, the next one becomes head) used
+    to wait forever: the clock restarted with every job. It counts how long something
+    has waited for nodes without a break."""
+    log = _cluster(4, kubernetes=("n3", "n4"))
+    _running(log, "n3", 1)
+    _running(log, "n4", 2)
+    _pending(log, 2, now=T0)
+    spec = pool_spec(prefer="Kubernetes")
+    for hour in range(5):  # a new head job every hour, 4 h in all
+        now = T0 + hour * 3600.0
+        _queue(log, 3, head=3, now=now, job=100 + hour)
+        waited = hour * 3600.0 >= SLURM_HEAD_WAIT_BOUND_SECONDS
+        assert _starts(log, now + 1, spec) == (
+            [("n3", "slurm")] if waited else [("n1", "kubernetes")]), hour
+    # A moment where no head job is reported but jobs still wait for nodes (the next one
+    # not yet marked Resources) does not restart the clock ...
+    log.add(SlurmDemandObserved(partition=PARTITION, pending_jobs=3, pending_nodes=3),
+            T0 + 4 * 3600.0 + 10)
+    _queue(log, 3, head=3, now=T0 + 4 * 3600.0 + 20, job=200)
+    assert _starts(log, T0 + 4 * 3600.0 + 21, spec) == [("n3", "slurm")]
+    # ... nothing waiting for nodes does: the next head job waits its own bound.
+    log.add(SlurmDemandObserved(partition=PARTITION), T0 + 5 * 3600.0)
+    _queue(log, 3, head=3, now=T0 + 5 * 3600.0 + 10, job=300)
+    later = T0 + 5 * 3600.0 + 10 + SLURM_HEAD_WAIT_BOUND_SECONDS
+    assert _starts(log, later - 1, spec) == [("n1", "kubernetes")]
+    assert _starts(log, later, spec) == [("n3", "slurm")]
 
 
 def test_a_reservation_reclaims_only_what_the_head_job_lacks() -> None:

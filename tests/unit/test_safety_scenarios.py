@@ -23,21 +23,26 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import (
+    REFUSED_RETRY_SECONDS,
     AbortTransition,
     CompleteTransition,
+    Decision,
     PoolSpec,
     RequestAction,
     StartTransition,
     decide,
     membership,
+    retry_backoff,
 )
 from sunkd.domain.state import Phase
 from tests.unit.domain_world import POOL, Log, k8s_obs, slurm_obs, sunkd_held
 from tests.unit.test_domain_policy import (
+    LEND_DRAIN,
     T0,
     _actions,
     _cluster,
     _decide,
+    _fail,
     _jobs,
     _only,
     _pods,
@@ -289,6 +294,49 @@ def test_h10_a_node_two_pools_select_is_a_reported_conflict_not_a_silent_takeove
     warns = [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
     assert len(warns) == 1 and "other-team/gpu" in warns[0].reason
     assert membership(log.state(), [ours, theirs]) == {}
+
+
+
+# ------------------------------------------- a Warning Event the API server did not take
+
+
+def _warns(decisions: list[Decision]) -> list[RequestAction]:
+    return [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
+
+
+def test_a_conflict_warning_that_failed_is_retried_with_backoff_not_after_600s() -> None:
+    """The Event saying "a job and a pod share this node" was refused (an outage, 429):
+    the warning is asked again after the usual retry backoff, not a standing 600 s."""
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(K8sWorkloadObserved(node="n1", pool=POOL,
+                                pods=(PodRef("serving", "p1", "Running"),)), 5.0)
+    log.add(slurm_obs("n1", "ALLOCATED", flags=("DRAIN",), reason=LEND_DRAIN,
+                      alloc_cpus=8), 6.0)
+    first = _decide(log, T0)
+    _record(log, first, T0)
+    [warn] = _warns(first)
+    _fail(log, warn, T0 + 1, retryable=True)
+    assert _warns(_decide(log, T0 + 1 + retry_backoff(1) - 0.5)) == []
+    [again] = _warns(_decide(log, T0 + 1 + retry_backoff(1)))
+    assert again.attempt == 2 and again.arg("event_reason") == wk.EVENT_CONFLICT
+    # A refusal (403: sunkd may not post Events) is asked again after the long pause.
+    _record(log, [again], T0 + 10)
+    _fail(log, again, T0 + 11, retryable=False)
+    assert _warns(_decide(log, T0 + 11 + retry_backoff(5))) == []
+    assert len(_warns(_decide(log, T0 + 11 + REFUSED_RETRY_SECONDS))) == 1
+
+
+def test_a_pool_conflict_warning_that_failed_is_retried_with_backoff() -> None:
+    from tests.unit.domain_world import pool_spec
+
+    log = _cluster(1)
+    pools = [pool_spec(), dataclasses.replace(pool_spec(), name="other-team/gpu")]
+    first = decide(log.state(), pools, T0)
+    _record(log, first, T0)
+    [warn] = _warns(first)
+    _fail(log, warn, T0 + 1, retryable=True)
+    [again] = _warns(decide(log.state(), pools, T0 + 1 + retry_backoff(1)))
+    assert again.attempt == 2 and again.arg("event_reason") == wk.EVENT_POOL_CONFLICT
 
 
 # --------------------------------------------------- bounded growth (issue 15, item 4)

@@ -27,7 +27,8 @@ The package is split by concern (each module says why it exists):
 - `lend`, `reclaim`: the two directions of a move, step by step;
 - `fairness`: `prefer` decides contested nodes, within a starvation bound and no
   preemption of waiting or preferred work;
-- `transitions`: driving an open transition (or aborting it), adoption;
+- `transitions`: driving an open transition (or aborting it), adoption, and which
+  queued actions an ended transition leaves stale (`stale_action`);
 - `holds`: mirroring each side's holds to the other; `repair`: undoing tampering;
 - `pool`: one pool's round, as a sequence of named steps.
 Other code imports only from `sunkd.domain.policy` (this module).
@@ -83,6 +84,7 @@ from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.policy.pool import _plan_pool
 from sunkd.domain.policy.reclaim import reclaim_grace_started_at
 from sunkd.domain.policy.repair import _report_overlap
+from sunkd.domain.policy.transitions import stale_action
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
 
 __all__ = [
@@ -125,6 +127,7 @@ __all__ = [
     "reclaim_grace_started_at",
     "retry_backoff",
     "slurm_reserves",
+    "stale_action",
     "unpooled_marks",
 ]
 

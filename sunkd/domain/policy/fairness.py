@@ -21,15 +21,19 @@ day). The bounds below need no new knob:
   (half its members, `FAIR_SHARE`), Kubernetes' demand wins contested nodes against
   `prefer: Slurm`, up to that share and never below Slurm's claim. Above its share
   `prefer: Slurm` holds as before.
-- **Reservation bound.** Under `prefer: Kubernetes`, once Slurm's head job has waited
-  `SLURM_HEAD_WAIT_BOUND_SECONDS` (`head_job` unchanged), Slurm's demand wins contested
-  nodes (lending stops) and may evict pool pods until Slurm holds the nodes that job
-  needs: a wide job no longer waits for pods to happen to leave enough nodes.
+- **Reservation bound.** Under `prefer: Kubernetes`, once the partition has had jobs
+  waiting for nodes for `SLURM_HEAD_WAIT_BOUND_SECONDS` without a break (since a head
+  job was first reported; whichever job is head now, `ClusterState.slurm_head_since`),
+  Slurm's demand wins contested nodes (lending stops) and may evict pool pods until
+  Slurm holds the nodes its current head job needs: a wide job no longer waits for pods
+  to happen to leave enough nodes, and heads that change more often than the bound (one
+  wide job after another) do not restart the wait.
 
 The floors (`min_slurm`), `max_kubernetes`, pins and pool mode still move whatever they
 must: those are the operator's orders, not demand. Everything here is a pure function of
-the state and `now` (the pending clock is folded from `k8s.demand.observed` times,
-`ClusterState.k8s_pending_since`), so decisions stay deterministic and replayable, and
+the state and `now` (the pending clocks are folded from `k8s.demand.observed` and
+`slurm.demand.observed` times, `ClusterState.k8s_pending_since` and `slurm_head_since`),
+so decisions stay deterministic and replayable, and
 nothing bypasses dwell, max_in_flight or holds.
 """
 
@@ -47,12 +51,13 @@ from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, Node
 # pod-pending target is 60 s at p95). Measured: 120 s gave a p95 of 7 min with a Slurm
 # backlog (each burst of pods waits the bound, then a drain).
 KUBERNETES_WAIT_BOUND_SECONDS = 30.0
-# How long the job Slurm schedules next may wait under `prefer: Kubernetes` before its
-# reservation starts: lending stops and Slurm's demand may evict pool pods until Slurm
-# holds the nodes that job needs. Wide jobs come in runs, each waiting for the one
-# before, and a reservation of dozens of nodes takes hours (each reclaim waits
-# `reclaim_grace`), so the bound must be short next to a day-long starvation cap.
-# Measured (`sunkd simulate --knobs prefer=Kubernetes --nodes 179 --split 128,51`):
+# How long a partition's jobs may wait for nodes, without a break and whichever job is
+# at the head, under `prefer: Kubernetes` before the reservation starts: lending stops
+# and Slurm's demand may evict pool pods until Slurm holds the nodes its head job needs.
+# Wide jobs come in runs, each waiting for the one before, and a reservation of dozens
+# of nodes takes hours (each reclaim waits `reclaim_grace`), so the bound must be short
+# next to a day-long starvation cap. Measured while the clock still restarted with each
+# head job (`sunkd simulate --knobs prefer=Kubernetes --nodes 179 --split 128,51`):
 # jobs over 24 h: 63 without a reservation, 54 with 6 h, 0 with 3 h or 1 h (3 h: fewer
 # evictions). Its price is paid where Slurm has a backlog, whose heads wait long
 # anyway: a Slurm-backlogged diurnal pool under `prefer: Kubernetes` then misses its
@@ -121,9 +126,15 @@ def kubernetes_overrides(
 
 
 def slurm_head_waited(state: ClusterState, pool: PoolSpec, now: float) -> bool:
-    """The head job of one of the pool's partitions has waited past the bound."""
-    return any(now - state.slurm_head_since[partition] >= SLURM_HEAD_WAIT_BOUND_SECONDS
-               for partition in pool.partitions if partition in state.slurm_head_since)
+    """One of the pool's partitions has had jobs waiting for nodes past the bound, and
+    reports a head job now (the reservation is for the nodes that job needs)."""
+    for partition in pool.partitions:
+        since = state.slurm_head_since.get(partition)
+        demand = state.slurm_demand.get(partition)
+        if (since is not None and demand is not None and demand.head_job > 0
+                and now - since >= SLURM_HEAD_WAIT_BOUND_SECONDS):
+            return True
+    return False
 
 
 def slurm_reserves(

@@ -41,7 +41,10 @@ from sunkd.domain.state import (
 def _abort_lend(
     planner: _Planner, node: NodeState, transition: OpenTransition, reason: str
 ) -> None:
-    """Abort a lend: resume our drain (if it is ours and in place); the taint stays."""
+    """Abort a lend: resume our drain (if it is ours and in place); the taint stays.
+
+    The resume belongs to no transition: the lend has ended (an action of an ended
+    transition never runs, `transitions.stale_action`); its reason names the lend."""
     planner.abort(node, transition, reason)
     slurm = node.slurm
     if (
@@ -54,9 +57,9 @@ def _abort_lend(
             node,
             OWNER_SLURM,
             VERB_RESUME,
-            f"lend aborted ({reason}): give the node back to Slurm",
+            f"lend {transition.transition_id} aborted ({reason}): give the node back "
+            "to Slurm",
             _expected_drain(slurm),
-            transition.transition_id,
         )
 
 

@@ -73,11 +73,19 @@ def _repair_while_held(planner: _Planner, node: NodeState, assessment: Assessmen
             _repair(planner, node, dataclasses.replace(assessment, phase=node.phase))
 
 
+def _warned_lately(planner: _Planner, node: NodeState) -> bool:
+    """The last Warning Event on the node was written less than
+    CONFLICT_WARN_EVERY_SECONDS ago. One the API server did not take was never said: it is
+    asked again as any failed action is (`ensure`'s backoff), not after the long pause."""
+    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
+    return (outcome is not None and outcome.succeeded
+            and planner.now - outcome.at < CONFLICT_WARN_EVERY_SECONDS)
+
+
 def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
     """A Warning Event on the node, first thing in the node's round (nothing of this round
     may hold it back), then again every CONFLICT_WARN_EVERY_SECONDS while it lasts."""
-    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
-    if outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS:
+    if not _warned_lately(planner, node):
         event = wk.EVENT_IDENTITY_CONFLICT if assessment.identity_conflict else wk.EVENT_CONFLICT
         planner.ensure(
             node, OWNER_KUBERNETES, VERB_WARN, "; ".join(assessment.conflicts),
@@ -89,10 +97,8 @@ def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment)
 def _report_invalid_pin(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
     """An invalid pin is a Warning Event on the node (the operator meant something sunkd
     does not obey), as often as a conflict's."""
-    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
     problem = assessment.pin_problem
-    if problem is not None and (
-            outcome is None or planner.now - outcome.at >= CONFLICT_WARN_EVERY_SECONDS):
+    if problem is not None and not _warned_lately(planner, node):
         planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, problem,
                        (Label("event_reason", wk.EVENT_INVALID_PIN), Label("message", problem)))
 
@@ -119,8 +125,7 @@ def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, .
         if not assessment.identity_conflict:  # which Node is which is unknown: warn only
             _repair_while_held(planner, node, assessment)
         return
-    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
-    if outcome is not None and planner.now - outcome.at < CONFLICT_WARN_EVERY_SECONDS:
+    if _warned_lately(planner, node):
         return
     planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, why,
                    (Label("event_reason", wk.EVENT_POOL_CONFLICT), Label("message", why)))

@@ -4,6 +4,8 @@
 hold, a pin or pool mode to the other side, surplus, drain timeout) and otherwise
 advances it through `lend` or `reclaim`. `_adopt` gives a node sunkd sees for the
 first time an owner, by starting a transition that finishes whatever phase it is in.
+`stale_action` is the outbox's side of a transition's end: what the transition asked
+for and has not run yet never runs after it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,28 @@ from sunkd.domain.policy.lend import _abort_lend, _advance_to_kubernetes, _unloc
 from sunkd.domain.policy.model import MODE_KUBERNETES, MODE_SLURM, PoolSpec
 from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.policy.reclaim import _advance_to_slurm, _resume_started
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, NodeState
+from sunkd.domain.state import (
+    OWNER_KUBERNETES,
+    OWNER_NONE,
+    OWNER_SLURM,
+    NodeState,
+    OpenAction,
+)
+
+
+def stale_action(action: OpenAction, node: NodeState | None) -> str | None:
+    """Why `action` must not run any more, or None: it was asked for by a transition
+    that is no longer the node's open one (aborted, completed, or replaced). A pin back
+    to Kubernetes aborts a reclaim; the eviction that reclaim queued must not follow it.
+    Actions outside any transition (repairs, mirrors, warnings, the resume that gives an
+    aborted lend's drain back) carry no transition and are never stale."""
+    tx = action.transition_id
+    if tx is None:
+        return None
+    current = node.transition if node is not None else None
+    if current is not None and current.transition_id == tx:
+        return None
+    return f"not run: transition {tx} ended before it ran"
 
 
 def _handle_transition(
