@@ -27,7 +27,7 @@ from sunkd.domain.policy import PoolSpec, RequestAction, decide
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import Phase
 from sunkd.slurm.model import SlurmNode
-from tests.unit.domain_world import PARTITION, POOL, Log, k8s_obs, slurm_obs
+from tests.unit.domain_world import PARTITION, POOL, Log, k8s_obs, slurm_obs, sunkd_drained
 from tests.unit.test_domain_policy import (
     LEND_DRAIN,
     T0,
@@ -48,6 +48,7 @@ PARTITION_POOL = PoolSpec(name=POOL, partitions=(PARTITION,))
 
 def _lent_without_pod_report(log: Log, name: str = "n1") -> None:
     """A node lent to Kubernetes whose Node never had its pods reported."""
+    sunkd_drained(log, name, LEND_DRAIN, 0.9)  # the log's proof that the drain is sunkd's
     log.add(slurm_obs(name, flags=("DRAIN",), reason=LEND_DRAIN), 1.0)
     log.add(k8s_obs(name, tainted=False), 1.0)
     log.add(TransitionStarted(transition_id=f"adopt-{name}", node=name, pool=POOL,

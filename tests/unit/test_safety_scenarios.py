@@ -517,12 +517,18 @@ def test_h9_pods_on_a_busy_slurm_owned_node_two_pools_select_are_evicted() -> No
 
 def _adopted_in_a_pool(slurm: SlurmNodeObserved, k8s: K8sNodeObserved) -> Log:
     """A pool-aware log (a Nodeset, fresh sources) with n1 observed so and adopted."""
+    from tests.unit.domain_world import sunkd_drained, sunkd_held
     from tests.unit.test_domain_bounded import _adopted, _aware, _fresh, _nodeset
 
     log = Log()
     _fresh(log)
     _aware(log)
     _nodeset(log, 0.5)
+    # sunkd's own marks come with the log's proof that sunkd wrote them (authorship).
+    if "DRAIN" in slurm.flags and (slurm.reason or "").startswith("sunkd:"):
+        sunkd_drained(log, "n1", slurm.reason or "", 0.9)
+    if any(t.key == wk.TAINT_HOLD for t in k8s.taints):
+        sunkd_held(log, "n1", 0.9)
     log.add(slurm, 1.0)
     log.add(k8s, 1.0)
     _adopted(log, "n1", 2.0)
