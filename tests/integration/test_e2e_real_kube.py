@@ -298,6 +298,48 @@ async def test_lend_and_reclaim_with_the_real_scheduler_and_pdb(
     assert_rbac_sufficient(world.plane)
 
 
+async def test_a_pod_bound_after_the_node_left_its_nodeset_mid_reclaim_is_evicted_first(
+    world: World, slurm_cluster: SlurmCluster
+) -> None:
+    """Fail closed on unseen pods, against the real API server: mid-reclaim the node is
+    relabelled out of its Nodeset and a pod is bound to it by spec.nodeName (no scheduler,
+    tolerating every taint). sunkd still sees it (every Node's pods are reported) and
+    evicts it before Slurm gets the node back."""
+    from tests.integration.test_e2e_fail_closed import _evicted_before_resumed
+
+    reset_slurm(slurm_cluster)
+    admin = world.admin
+    async with migrated_database() as database_url:
+        async with running_sunkd(database_url, slurm_cluster, world) as sunkd:
+            [pod] = await world.pending_pods(1)
+            lent = await sunkd.until("the scheduler binds the pod to a lent node",
+                                     lambda: world.bound_node(pod))
+            await sunkd.until("the lend is recorded",
+                              lambda: sunkd.owner(lent) == "kubernetes", within=10)
+            for _ in slurm_cluster.node_names:  # Slurm wants every node back
+                slurm_cluster.sbatch("-N1", "--exclusive", wrap="sleep 30", partition="gpu")
+
+            def reclaiming() -> bool:
+                node = sunkd.state().nodes[lent]
+                return node.transition is not None and node.transition.to_owner == "slurm"
+
+            await sunkd.until("a reclaim starts", reclaiming, within=60)
+            mark = sunkd.state().last_seq
+            await admin.merge_patch(NODES, lent, {"metadata": {"labels": {POOL_LABEL: None}}})
+            await admin.create(PODS, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "late", "namespace": NAMESPACE},
+                "spec": {"nodeName": lent, "tolerations": [{"operator": "Exists"}],
+                         "containers": [{"name": "web", "image": "web:1"}]},
+            }, NAMESPACE)
+            await sunkd.until("the node is back in Slurm", lambda:
+                              sunkd.owner(lent) == "slurm"
+                              and sunkd.state().nodes[lent].transition is None, within=120)
+        events = await read_all(database_url)
+    assert_log_safe(events)
+    _evicted_before_resumed(events, lent, f"{NAMESPACE}/late", mark)
+
+
 async def test_busy_node_is_lent_only_after_its_job_ends(
     world: World, slurm_cluster: SlurmCluster
 ) -> None:
