@@ -140,9 +140,10 @@ async def migrated_database() -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def running_sunkd(database_url: str, cluster: Any, emulator: KubeAPIEmulator
-                        ) -> AsyncIterator[Running]:
-    settings = settings_for(database_url, cluster)
+async def running_sunkd(database_url: str, cluster: Any, emulator: KubeAPIEmulator,
+                        **overrides: Any) -> AsyncIterator[Running]:
+    """The daemon on `settings_for` (with `overrides`, e.g. config-file `pools`)."""
+    settings = settings_for(database_url, cluster, **overrides)
     slurm_client = SlurmRestClient.from_settings(settings.slurm)
     kube_client = KubeClient.for_url(emulator.url)
     daemon = Daemon(settings, slurm_client=slurm_client, kube_client=kube_client,

@@ -10,9 +10,7 @@ tests/integration/test_kube_source_fail_closed.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,22 +19,17 @@ import yaml
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import ActionRequested, RecordedEvent
 from sunkd.domain.ownership import running_pods
-from sunkd.kubernetes.client import KubeClient
 from sunkd.runtime.config import PoolSettings
-from sunkd.runtime.daemon import Daemon
-from sunkd.slurm.client import SlurmRestClient
 from sunkd.testbed.demo import MANIFESTS, POOL_LABEL, node_object
 from sunkd.testbed.kubeapi import KubeAPIEmulator
 from tests.conftest import require
 from tests.integration.test_e2e import (
-    Running,
     assert_log_safe,
     migrated_database,
     pending_pods,
     read_all,
     reset_slurm,
     running_sunkd,
-    settings_for,
     start_emulator,
 )
 
@@ -165,35 +158,11 @@ async def test_hole3_a_rival_claim_fixed_later_never_erases_the_real_nodes_pod(
     _evicted_before_resumed(events, lent, f"default/{pod}", mark)
 
 
-@contextlib.asynccontextmanager
-async def _config_pool_sunkd(database_url: str, cluster: Any, emulator: KubeAPIEmulator
-                             ) -> AsyncIterator[Running]:
-    """The daemon with a pool from the config file (`[[pools]]`, partitions only): no
-    Nodeset, so no selector attributes its Nodes."""
-    pool = PoolSettings(name="cfg", partitions=("gpu",), dwell_seconds=1.0,
-                        max_in_flight=2, drain_timeout_seconds=120.0,
-                        reclaim_grace_seconds=2.0)
-    settings = replace(settings_for(database_url, cluster), pools=(pool,))
-    slurm_client = SlurmRestClient.from_settings(settings.slurm)
-    kube_client = KubeClient.for_url(emulator.url)
-    daemon = Daemon(settings, slurm_client=slurm_client, kube_client=kube_client,
-                    slurm_env=cluster.env)
-    task = asyncio.create_task(daemon.run())
-    running = Running(daemon, emulator, cluster, task)
-    try:
-        await running.until("all nodes adopted by Slurm", lambda: len(running.state().nodes)
-                            == len(cluster.node_names) and all(
-                                n.owner == "slurm" and n.transition is None
-                                for n in running.state().nodes.values()), within=40)
-        yield running
-    finally:
-        daemon.stop_event.set()
-        try:
-            async with asyncio.timeout(30):
-                assert await task == 0
-        finally:
-            await slurm_client.close()
-            await kube_client.close()
+def _config_pool() -> PoolSettings:
+    """A pool from the config file (`[[pools]]`, partitions only): no Nodeset, so no
+    selector attributes its Nodes."""
+    return PoolSettings(name="cfg", partitions=("gpu",), dwell_seconds=1.0, max_in_flight=2,
+                        drain_timeout_seconds=120.0, reclaim_grace_seconds=2.0)
 
 
 def _pin(emulator: KubeAPIEmulator, node: str, to: str) -> None:
@@ -216,7 +185,8 @@ async def test_hole1_a_config_file_pools_lent_node_is_not_resumed_beside_its_pod
             emulator.create(yaml.safe_load((MANIFESTS / "crds" / "nodeset.yaml").read_text()))
             for name in slurm_cluster.node_names:
                 emulator.create(node_object(name))
-            async with _config_pool_sunkd(database_url, slurm_cluster, emulator) as sunkd:
+            async with running_sunkd(database_url, slurm_cluster, emulator,
+                                     pools=(_config_pool(),)) as sunkd:
                 _pin(emulator, node, "kubernetes")
                 await sunkd.until("the pinned node is lent", lambda:
                                   sunkd.owner(node) == "kubernetes"
