@@ -470,7 +470,8 @@ class KubeClient:
         cls, url: str, *, token: str | None = None, timeouts: Timeouts | None = None
     ) -> KubeClient:
         """A client for a plain URL (tests, the emulator, `kubectl proxy`)."""
-        return cls(Endpoint(url.rstrip("/"), credentials=Credentials(bearer=token or None)),
+        return cls(Endpoint(url.rstrip("/"), credentials=Credentials(
+                       bearer=token or None, source="token" if token else "none")),
                    timeouts=timeouts)
 
     async def close(self) -> None:

@@ -213,6 +213,7 @@ class Credentials:
     reload: _Reload | None = None
     in_cluster: Any = None  # the library's InClusterConfigLoader
     ssl_context: ssl.SSLContext | None = None  # None: plain http
+    source: str = "none"  # how sunkd proves who it is, for `sunkd doctor` (no secret)
 
     async def authorization(self) -> dict[str, str]:
         value: str | None = f"Bearer {self.bearer}" if self.bearer else None
@@ -309,7 +310,8 @@ async def in_cluster(service_account_dir: str = SERVICE_ACCOUNT_DIR,
     where = "in-cluster CA"
     return Endpoint(str(configuration.host), credentials=Credentials(
         configuration=configuration, in_cluster=loader,
-        ssl_context=_ssl_context(configuration, where)))
+        ssl_context=_ssl_context(configuration, where),
+        source=f"service account token {token} (in a pod)"))
 
 
 async def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
@@ -354,7 +356,8 @@ async def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
             spec["command"] = os.path.join(_base(merger, loader), command)
     configuration = Configuration()
     await _load(loader, configuration, command, hint, where)
-    credentials = Credentials(configuration=configuration, headers=_impersonation(user))
+    credentials = Credentials(configuration=configuration, headers=_impersonation(user),
+                              source=_source(user, configuration))
     if command or user.get("auth-provider"):
         credentials.reload = _Reload(loader, configuration, command, hint, where)
     if user.get("tokenFile"):
@@ -399,6 +402,24 @@ def _base(merger: Any, loader: Any) -> str:
     entry = merger.config["users"].get_with_name(name, safe=True)
     path = getattr(entry, "path", None)
     return os.path.dirname(os.path.abspath(path)) if path else os.getcwd()
+
+
+def _source(user: dict[str, Any], configuration: Any) -> str:
+    """What proves sunkd's identity, in the order the library tries them."""
+    provider = user.get("auth-provider")
+    if isinstance(provider, dict):
+        return f"auth-provider {provider.get('name')}"
+    if isinstance(user.get("exec"), dict):
+        return f"exec plugin {user['exec'].get('command')}"
+    if user.get("tokenFile"):
+        return f"token file {user['tokenFile']}"
+    if user.get("token"):
+        return "token"
+    if configuration.cert_file:
+        return "client certificate"
+    if user.get("username") and user.get("password"):
+        return f"basic auth (user {user['username']})"
+    return "none"
 
 
 def _impersonation(user: dict[str, Any]) -> dict[str, str]:

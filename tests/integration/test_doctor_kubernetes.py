@@ -37,6 +37,7 @@ async def test_doctor_reports_the_api_server_nodes_and_the_crd(tmp_path: Path) -
         kube = report["kubernetes"]
         assert isinstance(kube, dict)
         assert kube["nodes"] == 1 and kube["version"].startswith("v1.32")
+        assert kube["auth"] == "none"  # the emulator's kubeconfig has no credentials
         assert kube["nodesets"] is None  # CRD not installed yet
         emulator.create(yaml.safe_load((REPO / "manifests/crds/nodeset.yaml").read_text()))
         code, report = await doctor(tmp_path, kubeconfig)
@@ -45,3 +46,25 @@ async def test_doctor_reports_the_api_server_nodes_and_the_crd(tmp_path: Path) -
     code, report = await doctor(tmp_path, kubeconfig)
     assert code == 1
     assert "error" in report["kubernetes"]  # type: ignore[operator]
+
+
+async def test_doctor_authenticates_with_an_exec_plugin(tmp_path: Path) -> None:
+    """The CLI loads credentials as the daemon does (kubernetes-asyncio's exec provider):
+    the plugin runs once, and its token is on every request the doctor makes."""
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(f"#!{sys.executable}\nimport json, os\n"
+                      "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+                      "print(json.dumps({'apiVersion': info['apiVersion'], "
+                      "'kind': 'ExecCredential', 'status': {'token': 'from-plugin'}}))\n")
+    plugin.chmod(0o755)
+    async with KubeAPIEmulator() as emulator:
+        config = emulator.kubeconfig()
+        config["users"][0]["user"] = {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1", "command": str(plugin)}}
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(config))
+        code, report = await doctor(tmp_path, kubeconfig)
+        assert code == 2, report
+        assert report["kubernetes"]["auth"] == f"exec plugin {plugin}"  # type: ignore[index]
+        seen = {r.headers.get("Authorization") for r in emulator.requests}
+        assert seen == {"Bearer from-plugin"}, seen
