@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import gc
 import json
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import certifi
 import pytest
 import yaml
+from kubernetes_asyncio.config import incluster_config
 
 from sunkd.kubernetes import kubeconfig
 from sunkd.kubernetes.kubeconfig import (
@@ -301,7 +303,8 @@ async def test_in_cluster_needs_the_service_and_its_token(tmp_path: Path) -> Non
     assert (await in_cluster(str(tmp_path), env=env)).server == "https://[fd00::1]:443"
 
 
-async def test_in_cluster_token_is_read_again_after_a_401(tmp_path: Path) -> None:
+async def test_in_cluster_token_is_read_again_after_a_401(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bound token rotates: the library re-reads it each minute, a 401 at once."""
     (tmp_path / "token").write_text("first\n")
     shutil.copy(certifi.where(), tmp_path / "ca.crt")
@@ -313,3 +316,10 @@ async def test_in_cluster_token_is_read_again_after_a_401(tmp_path: Path) -> Non
     assert credentials.refreshable
     credentials.expire()
     assert await credentials.authorization() == {"Authorization": "Bearer second"}
+    # Without a 401: the library's hook reads it again once its minute is over.
+    monkeypatch.setattr(incluster_config, "TOKEN_REFRESH_PERIOD", datetime.timedelta(0))
+    (tmp_path / "token").write_text("third\n")
+    credentials.expire()  # ends the cached minute of "second"; "third" then lasts zero
+    assert await credentials.authorization() == {"Authorization": "Bearer third"}
+    (tmp_path / "token").write_text("fourth\n")
+    assert await credentials.authorization() == {"Authorization": "Bearer fourth"}

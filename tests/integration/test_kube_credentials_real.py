@@ -1,0 +1,206 @@
+"""Credentials loaded by kubernetes-asyncio (sunkd/kubernetes/kubeconfig.py) against the
+real API server: sunkd's ServiceAccount on bound tokens that the server revokes while sunkd
+runs (a token file, and in a pod), an exec plugin rotating client certificates, and
+`sunkd doctor` on sunkd's own token.
+
+A bound token cannot be made to expire sooner than 10 minutes (TokenRequest's minimum
+`expirationSeconds`), so expiry is had the other way the server ends a bound token: the
+token is bound to a Secret, and deleting the Secret makes the server refuse it (401) once
+its authentication cache (10 s) lets go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import ssl
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from sunkd.kubernetes import kubeconfig
+from sunkd.kubernetes.client import LEASES, NODES, PODS, KubeClient
+from sunkd.kubernetes.lease import LeaseElector
+from sunkd.testbed.kubernetes import KubeControlPlane
+from tests.integration.kube_backends import SUNKD_NAMESPACE, install_sunkd, real_plane_or_skip
+from tests.integration.test_doctor_kubernetes import doctor
+
+pytestmark = pytest.mark.slow
+SECRETS = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[KubeControlPlane]:
+    control_plane = real_plane_or_skip(scheduler=False)
+    try:
+        install_sunkd(control_plane)
+        yield control_plane
+    finally:
+        control_plane.stop()
+
+
+def bound_token(plane: KubeControlPlane) -> tuple[str, str]:
+    """A token of sunkd's ServiceAccount bound to a new Secret: (token, secret)."""
+    secret = f"sunkd-token-{next(SECRETS)}"
+    plane.kubectl("-n", SUNKD_NAMESPACE, "create", "secret", "generic", secret)
+    token = plane.kubectl("-n", SUNKD_NAMESPACE, "create", "token", "sunkd",
+                          "--bound-object-kind=Secret", f"--bound-object-name={secret}",
+                          "--duration=600s").stdout.strip()
+    return token, secret
+
+
+async def revoke(plane: KubeControlPlane, token: str, secret: str) -> float:
+    """Delete the Secret the token is bound to; return once the server refuses the token
+    (seconds it took)."""
+    plane.kubectl("-n", SUNKD_NAMESPACE, "delete", "secret", secret)
+    started = time.monotonic()
+    context = ssl.create_default_context(cafile=str(plane.ca_file))
+    url = f"{plane.url}/api/v1/namespaces/{SUNKD_NAMESPACE}/pods"
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() - started < 30:
+            async with session.get(url, ssl=context,
+                                   headers={"Authorization": f"Bearer {token}"}) as answer:
+                if answer.status == 401:
+                    return time.monotonic() - started
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"the server still accepts the token bound to {secret}")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """As the kubelet swaps a projected token: a new file renamed over the old one."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    os.replace(new, path)
+
+
+async def test_bound_token_rotations_through_a_token_file(
+        plane: KubeControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sunkd on a `tokenFile` of its ServiceAccount's bound token: three times a new token
+    is written and the old one revoked; the Lease elector (renewing, as the daemon's term
+    does) and the LIST of Nodes keep working, each time through the 401 that makes sunkd
+    read the file again (the minute's re-read is pushed out of the way)."""
+    monkeypatch.setattr(kubeconfig, "TOKEN_FILE_TTL_SECONDS", 3600.0)
+    token, secret = bound_token(plane)
+    (tmp_path / "sa").mkdir()
+    write_atomically(tmp_path / "sa" / "token", token)
+    path = plane.write_kubeconfig(tmp_path / "sunkd.kubeconfig", token="unused")
+    config = yaml.safe_load(path.read_text())
+    config["users"][0]["user"] = {"tokenFile": "sa/token"}  # relative to the kubeconfig
+    path.write_text(yaml.safe_dump(config))
+    client = await KubeClient.connect(str(path))
+    elector = LeaseElector(client, namespace=SUNKD_NAMESPACE, name="rotation",
+                           identity="sunkd-rotation", lease_duration=15, renew_deadline=10,
+                           retry_period=2)
+    try:
+        assert client.endpoint.credentials.source == "token file sa/token"
+        assert await elector.try_acquire_or_renew()
+        for _ in range(3):
+            new_token, new_secret = bound_token(plane)
+            write_atomically(tmp_path / "sa" / "token", new_token)
+            await revoke(plane, token, secret)
+            assert await elector.try_acquire_or_renew()  # refused, file read, renewed
+            nodes, _ = await client.list(NODES)
+            assert isinstance(nodes, list)
+            token, secret = new_token, new_secret
+        lease = await client.get(LEASES, "rotation", SUNKD_NAMESPACE)
+        assert lease["spec"]["holderIdentity"] == "sunkd-rotation"
+        assert elector.transitions == lease["spec"].get("leaseTransitions", 0)
+    finally:
+        await elector.release()
+        await client.close()
+
+
+async def test_in_a_pod_the_rotated_service_account_token_is_read_again(
+        plane: KubeControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-cluster configuration (the library's `InClusterConfigLoader`): the API server's
+    address from KUBERNETES_SERVICE_HOST/PORT, the CA and the projected token from the
+    service-account directory; after the kubelet swaps the token and the old one is
+    revoked, the next request's 401 makes sunkd read it again."""
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    shutil.copy(plane.ca_file, sa / "ca.crt")
+    token, secret = bound_token(plane)
+    write_atomically(sa / "token", token)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(plane.apiserver_port))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    client = await KubeClient.connect(service_account_dir=str(sa))
+    try:
+        assert client.host == plane.url
+        await client.list(PODS, namespace=SUNKD_NAMESPACE)
+        for _ in range(2):
+            new_token, new_secret = bound_token(plane)
+            write_atomically(sa / "token", new_token)
+            await revoke(plane, token, secret)
+            await client.list(PODS, namespace=SUNKD_NAMESPACE)
+            token, secret = new_token, new_secret
+    finally:
+        await client.close()
+
+
+async def whoami(client: KubeClient) -> str:
+    review = await client.request(
+        "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    return str(review["status"]["userInfo"]["username"])
+
+
+async def test_an_exec_plugin_rotates_the_client_certificate(
+        plane: KubeControlPlane, tmp_path: Path) -> None:
+    """An exec plugin that answers with a client certificate (the library writes it to a
+    private file): first the scheduler's, expiring in a few seconds, then the admin's. The
+    API server sees the first identity, then, once the credential is due, the second over
+    a new TLS context."""
+    runs = tmp_path / "runs"
+    pki = plane.pki
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(f"""#!{sys.executable}
+import datetime, json, os
+with open({str(runs)!r}, "a") as f:
+    f.write("x")
+first = len(open({str(runs)!r}).read()) == 1
+name = "scheduler" if first else "admin"
+# The library refreshes five minutes before expirationTimestamp.
+expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
+    minutes=5, seconds=3) if first else datetime.datetime(2999, 1, 1, tzinfo=datetime.UTC)
+info = json.loads(os.environ["KUBERNETES_EXEC_INFO"])
+print(json.dumps({{"apiVersion": info["apiVersion"], "kind": "ExecCredential", "status": {{
+    "clientCertificateData": open(f"{pki}/{{name}}.crt").read(),
+    "clientKeyData": open(f"{pki}/{{name}}.key").read(),
+    "expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}}}}))
+""")
+    plugin.chmod(0o700)
+    path = plane.write_kubeconfig(tmp_path / "exec.kubeconfig", token="unused")
+    config = yaml.safe_load(path.read_text())
+    config["users"][0]["user"] = {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin),
+        "interactiveMode": "IfAvailable"}}
+    path.write_text(yaml.safe_dump(config))
+    client = await KubeClient.connect(str(path))
+    try:
+        first_context = client.endpoint.ssl_context
+        assert await whoami(client) == "system:kube-scheduler"
+        await asyncio.sleep(4)
+        assert await whoami(client) == "kubernetes-admin"
+        assert client.endpoint.ssl_context is not first_context
+        assert await whoami(client) == "kubernetes-admin"
+        assert runs.read_text() == "xx"
+    finally:
+        await client.close()
+
+
+async def test_doctor_on_sunkds_bound_token(plane: KubeControlPlane, tmp_path: Path) -> None:
+    token, _ = bound_token(plane)
+    kubeconfig_path = plane.write_kubeconfig(tmp_path / "sunkd.kubeconfig", token=token)
+    code, report = await doctor(tmp_path, kubeconfig_path)
+    kube = report["kubernetes"]
+    assert isinstance(kube, dict), report
+    assert code == 2 and kube["auth"] == "token" and kube["version"].startswith("v1.37")
+    assert kube["nodesets"] == 0  # the CRD is installed; sunkd may list Nodesets
