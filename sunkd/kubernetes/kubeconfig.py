@@ -23,6 +23,7 @@ What the library does not do, and sunkd does here:
 - `tokenFile` re-read each minute and winning over `token` (client-go's `BearerTokenFile`;
   the library reads the file once, and `token` wins);
 - impersonation (`as`, `as-uid`, `as-groups`) headers;
+- an `auth-provider` other than `gcp` and `oidc` refused (the library would ignore it);
 - exec plugins: a command with a `/` resolved against its kubeconfig's directory, the
   `installHint` when it is missing, `interactiveMode: Always` refused (a daemon has no
   terminal), a bound on the plugin's run time, a credential without `expirationTimestamp`
@@ -148,7 +149,7 @@ class _Reload:
 
     loader: Any  # kubernetes_asyncio.config.kube_config.KubeConfigLoader
     configuration: Any  # kubernetes_asyncio.client.Configuration
-    command: str
+    fetcher: str  # "exec plugin <command>", "auth-provider <name>"
     install_hint: str
     where: str
     forced: bool = False
@@ -170,28 +171,29 @@ class _Reload:
             if self.forced:
                 with contextlib.suppress(AttributeError):
                     del self.loader.exec_plugin_expiry  # the library runs the plugin again
-            await _load(self.loader, self.configuration, self.command, self.install_hint,
+            await _load(self.loader, self.configuration, self.fetcher, self.install_hint,
                         self.where)
             self.forced = False
 
 
-async def _load(loader: Any, configuration: Any, command: str, install_hint: str,
+async def _load(loader: Any, configuration: Any, fetcher: str, install_hint: str,
                 where: str) -> None:
-    """`loader.load_and_set(configuration)`, bounded; a failure of the exec plugin is
-    `CredentialUnavailable` (the next run may work), any other a `KubeConfigError`."""
+    """`loader.load_and_set(configuration)`, bounded. A failure while an exec plugin or an
+    auth-provider (`fetcher`) fetches the credential is `CredentialUnavailable` (the next
+    try may work: the identity provider may be back); any other a `KubeConfigError`."""
     try:
         await asyncio.wait_for(loader.load_and_set(configuration), EXEC_TIMEOUT_SECONDS)
     except TimeoutError:
         raise CredentialUnavailable(f"{where}: loading the credentials took more than "
                                     f"{EXEC_TIMEOUT_SECONDS:g} s"
-                                    + (f" (exec plugin {command})" if command else "")) \
+                                    + (f" ({fetcher})" if fetcher else "")) \
             from None
     except Exception as error:  # the library raises ConfigException, OSError, ValueError...
-        if not command:
+        if not fetcher:
             raise KubeConfigError(f"{where}: {error}") from error
         hint = f" ({install_hint})" if install_hint and isinstance(
             error, FileNotFoundError) else ""
-        raise CredentialUnavailable(f"{where}: exec plugin {command}: "
+        raise CredentialUnavailable(f"{where}: {fetcher}: "
                                     f"{_describe(error)}{hint}") from error
 
 
@@ -340,8 +342,17 @@ async def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
     except Exception as error:  # ConfigException: a context or cluster not defined
         raise KubeConfigError(f"{where}: {error}") from error
     user = _user(merger.config, loader.current_context, where)
-    command, hint = "", ""
-    if isinstance(user.get("exec"), dict):
+    fetcher, hint = "", ""
+    provider = user.get("auth-provider")
+    if isinstance(provider, dict):
+        if provider.get("name") not in ("gcp", "oidc"):
+            # The library would ignore it and send no credentials.
+            raise KubeConfigError(
+                f"{where}: auth-provider {provider.get('name')!r} is not supported (only gcp "
+                "and oidc are, and client-go removed the in-tree providers in 1.26): use the "
+                "provider's exec credential plugin")
+        fetcher = f"auth-provider {provider['name']}"
+    elif isinstance(user.get("exec"), dict):
         spec = user["exec"]
         try:
             ExecProvider(_node(spec, where))  # the library's checks of the section
@@ -351,15 +362,16 @@ async def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
             raise KubeConfigError(f"{where}: exec plugin {spec['command']} wants "
                                   "interactiveMode Always; a daemon has no terminal")
         command, hint = str(spec["command"]), str(spec.get("installHint") or "")
+        fetcher = f"exec plugin {command}"
         if os.sep in command and not os.path.isabs(command):
             # client-go: a path is relative to the kubeconfig that names it
             spec["command"] = os.path.join(_base(merger, loader), command)
     configuration = Configuration()
-    await _load(loader, configuration, command, hint, where)
+    await _load(loader, configuration, fetcher, hint, where)
     credentials = Credentials(configuration=configuration, headers=_impersonation(user),
                               source=_source(user, configuration))
-    if command or user.get("auth-provider"):
-        credentials.reload = _Reload(loader, configuration, command, hint, where)
+    if fetcher:
+        credentials.reload = _Reload(loader, configuration, fetcher, hint, where)
     if user.get("tokenFile"):
         path = os.path.join(_base(merger, loader),
                             os.path.expanduser(str(user["tokenFile"])))

@@ -133,6 +133,12 @@ async def test_oidc_auth_provider_id_token_is_sent_while_valid(tmp_path: Path) -
     assert endpoint.credentials.refreshable  # a 401 loads it again (refresh-token)
 
 
+async def test_other_auth_providers_are_refused_with_the_way_out(tmp_path: Path) -> None:
+    path = _plain(tmp_path / "config", {"auth-provider": {"name": "azure", "config": {}}})
+    with pytest.raises(KubeConfigError, match=r"auth-provider 'azure' is not supported.*exec"):
+        await load_kubeconfig(str(path))
+
+
 def _plugin(tmp_path: Path, body: str) -> Path:
     script = tmp_path / "plugin.py"
     script.write_text(f"#!{sys.executable}\nimport json, os, sys\n{body}\n")
