@@ -4,24 +4,19 @@ runs (a token file, and in a pod), an exec plugin rotating client certificates, 
 `sunkd doctor` on sunkd's own token.
 
 A bound token cannot be made to expire sooner than 10 minutes (TokenRequest's minimum
-`expirationSeconds`), so expiry is had the other way the server ends a bound token: the
-token is bound to a Secret, and deleting the Secret makes the server refuse it (401) once
-its authentication cache (10 s) lets go.
+`expirationSeconds`), so expiry is had the other way the server ends a bound token
+(`kube_backends.bound_token`, `revoke`). The daemon on rotating tokens is
+test_e2e_real_kube.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
 import shutil
-import ssl
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 import yaml
 
@@ -29,55 +24,28 @@ from sunkd.kubernetes import kubeconfig
 from sunkd.kubernetes.client import LEASES, NODES, PODS, KubeClient
 from sunkd.kubernetes.lease import LeaseElector
 from sunkd.testbed.kubernetes import KubeControlPlane
-from tests.integration.kube_backends import SUNKD_NAMESPACE, install_sunkd, real_plane_or_skip
+from tests.integration.kube_backends import (
+    SUNKD_NAMESPACE,
+    bound_token,
+    install_sunkd,
+    real_plane_or_skip,
+    refused_as_unauthenticated,
+    revoke,
+    write_atomically,
+)
 from tests.integration.test_doctor_kubernetes import doctor
 
 pytestmark = pytest.mark.slow
-SECRETS = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[KubeControlPlane]:
-    control_plane = real_plane_or_skip(scheduler=False)
+    control_plane = real_plane_or_skip(scheduler=False, audit=True)
     try:
         install_sunkd(control_plane)
         yield control_plane
     finally:
         control_plane.stop()
-
-
-def bound_token(plane: KubeControlPlane) -> tuple[str, str]:
-    """A token of sunkd's ServiceAccount bound to a new Secret: (token, secret)."""
-    secret = f"sunkd-token-{next(SECRETS)}"
-    plane.kubectl("-n", SUNKD_NAMESPACE, "create", "secret", "generic", secret)
-    token = plane.kubectl("-n", SUNKD_NAMESPACE, "create", "token", "sunkd",
-                          "--bound-object-kind=Secret", f"--bound-object-name={secret}",
-                          "--duration=600s").stdout.strip()
-    return token, secret
-
-
-async def revoke(plane: KubeControlPlane, token: str, secret: str) -> float:
-    """Delete the Secret the token is bound to; return once the server refuses the token
-    (seconds it took)."""
-    plane.kubectl("-n", SUNKD_NAMESPACE, "delete", "secret", secret)
-    started = time.monotonic()
-    context = ssl.create_default_context(cafile=str(plane.ca_file))
-    url = f"{plane.url}/api/v1/namespaces/{SUNKD_NAMESPACE}/pods"
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() - started < 30:
-            async with session.get(url, ssl=context,
-                                   headers={"Authorization": f"Bearer {token}"}) as answer:
-                if answer.status == 401:
-                    return time.monotonic() - started
-            await asyncio.sleep(0.5)
-    raise AssertionError(f"the server still accepts the token bound to {secret}")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """As the kubelet swaps a projected token: a new file renamed over the old one."""
-    new = path.with_name(path.name + ".new")
-    new.write_text(text)
-    os.replace(new, path)
 
 
 async def test_bound_token_rotations_through_a_token_file(
@@ -101,6 +69,7 @@ async def test_bound_token_rotations_through_a_token_file(
     try:
         assert client.endpoint.credentials.source == "token file sa/token"
         assert await elector.try_acquire_or_renew()
+        refused = refused_as_unauthenticated(plane)
         for _ in range(3):
             new_token, new_secret = bound_token(plane)
             write_atomically(tmp_path / "sa" / "token", new_token)
@@ -109,6 +78,8 @@ async def test_bound_token_rotations_through_a_token_file(
             nodes, _ = await client.list(NODES)
             assert isinstance(nodes, list)
             token, secret = new_token, new_secret
+        await asyncio.sleep(0.5)  # the audit backend writes in batches
+        assert refused_as_unauthenticated(plane) - refused >= 3  # one 401 per rotation
         lease = await client.get(LEASES, "rotation", SUNKD_NAMESPACE)
         assert lease["spec"]["holderIdentity"] == "sunkd-rotation"
         assert elector.transitions == lease["spec"].get("leaseTransitions", 0)
