@@ -32,7 +32,7 @@ What the library does not do, and sunkd does here:
 - after a 401, the credential is fetched again once (the file re-read, the plugin run), and
   a rotated exec client certificate gives a new TLS context.
 
-The library's import is the whole generated client (~37 MB resident, docs/performance.md):
+The library's import is the whole generated client (~38 MB resident, docs/performance.md):
 it is imported on first use, in a thread, so commands that never reach Kubernetes (and the
 Slurm hook) do not pay for it.
 """
@@ -223,7 +223,11 @@ class Credentials:
             cert = (self.configuration.cert_file, self.configuration.key_file)
             await self.reload.run()
             if (self.configuration.cert_file, self.configuration.key_file) != cert:
-                self.ssl_context = _ssl_context(self.configuration, self.reload.where)
+                try:
+                    self.ssl_context = _ssl_context(self.configuration, self.reload.where)
+                except KubeConfigError as error:  # the plugin's next answer may be good
+                    self.reload.forced = True
+                    raise CredentialUnavailable(str(error)) from error
         if self.configuration is not None:
             try:
                 # In a pod, the library's hook re-reads the token file when a minute passed.
