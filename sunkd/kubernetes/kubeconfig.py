@@ -6,8 +6,9 @@ order (clusters, users and contexts by name, the first file wins), paths relativ
 file that names them, the context, `server`, `certificate-authority(-data)`,
 `client-certificate(-data)`/`client-key(-data)`, `insecure-skip-tls-verify` (with or
 without a CA), `tls-server-name`, `proxy-url`, `token`, `username`/`password`, exec
-credential plugins (any `client.authentication.k8s.io` version the plugin answers in, token
-or client certificate, kept until `expirationTimestamp` minus five minutes), the `oidc` and
+credential plugins (any `client.authentication.k8s.io` version the plugin answers in; a
+token is kept until `expirationTimestamp` minus five minutes, a client certificate until
+a 401: the library keeps no expiry for it), the `oidc` and
 `gcp` auth-providers, and in a pod the service-account token (re-read each minute: bound
 tokens rotate) and CA. sunkd takes from it what its own transport (client.py) needs: the
 server URL, a TLS context built from the library's settings as its REST client builds it,
@@ -30,7 +31,8 @@ What the library does not do, and sunkd does here:
   kept until a 401 (the library runs the plugin again for every request), and a failed
   run raised as `CredentialUnavailable` (retried with backoff);
 - after a 401, the credential is fetched again once (the file re-read, the plugin run), and
-  a rotated exec client certificate gives a new TLS context.
+  a rotated exec client certificate gives a new TLS context (passed per request: the
+  connections of the old one are not reused).
 
 The library's import is the whole generated client (~38 MB resident, docs/performance.md):
 it is imported on first use, in a thread, so commands that never reach Kubernetes (and the

@@ -12,7 +12,9 @@ test_e2e_real_kube.py.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,29 +125,62 @@ async def whoami(client: KubeClient) -> str:
     return str(review["status"]["userInfo"]["username"])
 
 
+def short_lived_certificate(plane: KubeControlPlane, directory: Path, name: str,
+                            seconds: int) -> datetime.datetime:
+    """A client certificate for `name` (group system:masters) from the cluster's CA that
+    expires `seconds` from now (`openssl ca`: `openssl x509` counts in days), written to
+    `<directory>/<name>.crt` and `.key`; returns its notAfter."""
+    directory.mkdir(exist_ok=True)
+    (directory / "index.txt").touch()
+    (directory / "serial").write_text("01\n")
+    (directory / "ca.cnf").write_text(
+        "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\n"
+        "serial = serial\ndefault_md = sha256\npolicy = p\nunique_subject = no\n"
+        "[p]\ncommonName = supplied\norganizationName = optional\n"
+        "[ext]\nbasicConstraints = critical,CA:FALSE\n"
+        "keyUsage = critical,digitalSignature\nextendedKeyUsage = clientAuth\n")
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    not_after = now + datetime.timedelta(seconds=seconds)
+    stamp = "%y%m%d%H%M%SZ"
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True,
+                       timeout=30)
+
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/O=system:masters/CN={name}")
+    openssl("ca", "-batch", "-config", "ca.cnf", "-cert", str(plane.pki / "ca.crt"),
+            "-keyfile", str(plane.pki / "ca.key"), "-in", f"{name}.csr",
+            "-out", f"{name}.crt", "-notext", "-extensions", "ext",
+            "-startdate", (now - datetime.timedelta(minutes=1)).strftime(stamp),
+            "-enddate", not_after.strftime(stamp))
+    return not_after
+
+
 async def test_an_exec_plugin_rotates_the_client_certificate(
         plane: KubeControlPlane, tmp_path: Path) -> None:
     """An exec plugin that answers with a client certificate (the library writes it to a
-    private file): first the scheduler's, expiring in a few seconds, then the admin's. The
-    API server sees the first identity, then, once the credential is due, the second over
-    a new TLS context."""
+    private file): first one that expires in a few seconds, then the admin's. The API
+    server sees the first identity; once that certificate has expired it refuses it
+    (401), sunkd runs the plugin again and goes on as the admin, over a new TLS context.
+    (The library keeps no expirationTimestamp for a certificate answer: the 401 is what
+    rotates it.)"""
     runs = tmp_path / "runs"
-    pki = plane.pki
+    certs = tmp_path / "certs"
+    not_after = short_lived_certificate(plane, certs, "sunkd-soon", seconds=8)
+    shutil.copy(plane.pki / "admin.crt", certs / "admin.crt")
+    shutil.copy(plane.pki / "admin.key", certs / "admin.key")
     plugin = tmp_path / "plugin.py"
     plugin.write_text(f"""#!{sys.executable}
-import datetime, json, os
+import json, os
 with open({str(runs)!r}, "a") as f:
     f.write("x")
-first = len(open({str(runs)!r}).read()) == 1
-name = "scheduler" if first else "admin"
-# The library refreshes five minutes before expirationTimestamp.
-expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
-    minutes=5, seconds=3) if first else datetime.datetime(2999, 1, 1, tzinfo=datetime.UTC)
+name = "sunkd-soon" if len(open({str(runs)!r}).read()) == 1 else "admin"
 info = json.loads(os.environ["KUBERNETES_EXEC_INFO"])
 print(json.dumps({{"apiVersion": info["apiVersion"], "kind": "ExecCredential", "status": {{
-    "clientCertificateData": open(f"{pki}/{{name}}.crt").read(),
-    "clientKeyData": open(f"{pki}/{{name}}.key").read(),
-    "expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}}}}))
+    "clientCertificateData": open(f"{certs}/{{name}}.crt").read(),
+    "clientKeyData": open(f"{certs}/{{name}}.key").read()}}}}))
 """)
     plugin.chmod(0o700)
     path = plane.write_kubeconfig(tmp_path / "exec.kubeconfig", token="unused")
@@ -157,8 +192,9 @@ print(json.dumps({{"apiVersion": info["apiVersion"], "kind": "ExecCredential", "
     client = await KubeClient.connect(str(path))
     try:
         first_context = client.endpoint.ssl_context
-        assert await whoami(client) == "system:kube-scheduler"
-        await asyncio.sleep(4)
+        assert await whoami(client) == "sunkd-soon"
+        wait = (not_after - datetime.datetime.now(datetime.UTC)).total_seconds() + 1.5
+        await asyncio.sleep(max(wait, 0))
         assert await whoami(client) == "kubernetes-admin"
         assert client.endpoint.ssl_context is not first_context
         assert await whoami(client) == "kubernetes-admin"
