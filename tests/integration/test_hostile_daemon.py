@@ -357,3 +357,44 @@ async def test_no_kubeconfig_stops_the_daemon_with_where_it_looked(
     daemon = Daemon(settings)
     assert await asyncio.wait_for(daemon.run(), 60) == 1
     assert daemon.fatal_error is not None and "no kubeconfig found" in daemon.fatal_error
+
+
+async def test_an_exec_plugin_failing_at_start_is_retried_not_fatal(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """kubernetes-asyncio runs a kubeconfig's exec plugin when the client is built: a plugin
+    failing then (its identity provider unreachable) is not a configuration to fix. The
+    daemon keeps running and builds the client once the plugin answers."""
+    from sunkd.testbed.kubeapi import KubeAPIEmulator
+
+    down = tmp_path / "provider-down"
+    down.touch()
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                      f"if os.path.exists({str(down)!r}):\n"
+                      "    sys.exit('cannot reach the identity provider')\n"
+                      "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+                      "print(json.dumps({'apiVersion': info['apiVersion'], "
+                      "'kind': 'ExecCredential', 'status': {'token': 'late'}}))\n")
+    plugin.chmod(0o755)
+    async with KubeAPIEmulator() as emulator:
+        config = emulator.kubeconfig()
+        config["users"][0]["user"] = {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}}
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps(config))
+        settings = replace(settings_for(sqlite_url), kubernetes=KubernetesSettings(
+            enabled=True, kubeconfig=kubeconfig))
+        daemon = Daemon(settings)
+        async with running(daemon) as task:
+            await asyncio.sleep(4)  # more than a term's retry (lease_seconds=3)
+            assert not task.done(), daemon.fatal_error
+            assert daemon.fatal_error is None
+            down.unlink()
+            for _ in range(200):
+                if any(r.headers.get("Authorization") == "Bearer late"
+                       for r in emulator.requests):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the daemon never reached the API server")
+            assert not task.done()
