@@ -27,9 +27,10 @@ What the library does not do, and sunkd does here:
 - an `auth-provider` other than `gcp` and `oidc` refused (the library would ignore it);
 - exec plugins: a command with a `/` resolved against its kubeconfig's directory, the
   `installHint` when it is missing, `interactiveMode: Always` refused (a daemon has no
-  terminal), a bound on the plugin's run time, a credential without `expirationTimestamp`
-  kept until a 401 (the library runs the plugin again for every request), and a failed
-  run raised as `CredentialUnavailable` (retried with backoff);
+  terminal), a bound on the plugin's run time (a plugin past it is killed: the library
+  would leave it running), a credential without `expirationTimestamp` kept until a 401
+  (the library runs the plugin again for every request), and a failed run raised as
+  `CredentialUnavailable` (retried with backoff);
 - after a 401, the credential is fetched again once (the file re-read, the plugin run), and
   a rotated exec client certificate gives a new TLS context (passed per request: the
   connections of the old one are not reused).
@@ -46,6 +47,7 @@ import contextlib
 import datetime
 import importlib
 import os
+import signal
 import ssl
 import time
 from collections.abc import Mapping
@@ -154,6 +156,7 @@ class _Reload:
     fetcher: str  # "exec plugin <command>", "auth-provider <name>"
     install_hint: str
     where: str
+    command: str  # the exec plugin's, as the library runs it ("": none)
     forced: bool = False
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -174,18 +177,20 @@ class _Reload:
                 with contextlib.suppress(AttributeError):
                     del self.loader.exec_plugin_expiry  # the library runs the plugin again
             await _load(self.loader, self.configuration, self.fetcher, self.install_hint,
-                        self.where)
+                        self.where, self.command)
             self.forced = False
 
 
 async def _load(loader: Any, configuration: Any, fetcher: str, install_hint: str,
-                where: str) -> None:
+                where: str, command: str = "") -> None:
     """`loader.load_and_set(configuration)`, bounded. A failure while an exec plugin or an
     auth-provider (`fetcher`) fetches the credential is `CredentialUnavailable` (the next
     try may work: the identity provider may be back); any other a `KubeConfigError`."""
     try:
         await asyncio.wait_for(loader.load_and_set(configuration), EXEC_TIMEOUT_SECONDS)
     except TimeoutError:
+        if command:
+            _kill_plugin(command)
         raise CredentialUnavailable(f"{where}: loading the credentials took more than "
                                     f"{EXEC_TIMEOUT_SECONDS:g} s"
                                     + (f" ({fetcher})" if fetcher else "")) \
@@ -197,6 +202,29 @@ async def _load(loader: Any, configuration: Any, fetcher: str, install_hint: str
             error, FileNotFoundError) else ""
         raise CredentialUnavailable(f"{where}: {fetcher}: "
                                     f"{_describe(error)}{hint}") from error
+
+
+def _kill_plugin(command: str) -> None:
+    """Kill this process's children running the exec plugin `command`. The library holds
+    the plugin's process and leaves it running when its run is cancelled; a plugin that
+    hangs would otherwise pile up one process per retry. Found in /proc (Linux): a child
+    whose argv[0] is the command, or argv[1] for a script run by its interpreter."""
+    me, name = os.getpid(), os.path.basename(command)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                    ppid = int(stat.read().rsplit(b")", 1)[1].split()[1])
+                if ppid != me:
+                    continue
+                with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                    argv = [a.decode(errors="replace") for a in cmdline.read().split(b"\0")]
+                if any(a == command or os.path.basename(a) == name for a in argv[:2]):
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile, or not ours to read
 
 
 def _describe(error: BaseException) -> str:
@@ -348,7 +376,7 @@ async def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
     except Exception as error:  # ConfigException: a context or cluster not defined
         raise KubeConfigError(f"{where}: {error}") from error
     user = _user(merger.config, loader.current_context, where)
-    fetcher, hint = "", ""
+    fetcher, hint, command = "", "", ""
     provider = user.get("auth-provider")
     if isinstance(provider, dict):
         if provider.get("name") not in ("gcp", "oidc"):
@@ -371,13 +399,13 @@ async def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
         fetcher = f"exec plugin {command}"
         if os.sep in command and not os.path.isabs(command):
             # client-go: a path is relative to the kubeconfig that names it
-            spec["command"] = os.path.join(_base(merger, loader), command)
+            spec["command"] = command = os.path.join(_base(merger, loader), command)
     configuration = Configuration()
-    await _load(loader, configuration, fetcher, hint, where)
+    await _load(loader, configuration, fetcher, hint, where, command)
     credentials = Credentials(configuration=configuration, headers=_impersonation(user),
                               source=_source(user, configuration))
     if fetcher:
-        credentials.reload = _Reload(loader, configuration, fetcher, hint, where)
+        credentials.reload = _Reload(loader, configuration, fetcher, hint, where, command)
     if user.get("tokenFile"):
         path = os.path.join(_base(merger, loader),
                             os.path.expanduser(str(user["tokenFile"])))

@@ -14,6 +14,7 @@ import shutil
 import ssl
 import stat
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -236,12 +237,22 @@ if pathlib.Path({str(fail)!r}).exists():
 
 async def test_exec_plugin_is_bounded_in_time(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kubeconfig, "EXEC_TIMEOUT_SECONDS", 0.3)
-    script = _plugin(tmp_path, "import time; time.sleep(1)")
-    with pytest.raises(CredentialUnavailable, match=r"took more than 0.3 s \(exec plugin"):
+    monkeypatch.setattr(kubeconfig, "EXEC_TIMEOUT_SECONDS", 0.5)
+    pid = tmp_path / "pid"
+    script = _plugin(tmp_path, f"open({str(pid)!r}, 'w').write(str(os.getpid()))\n"
+                     "import time; time.sleep(60)")
+    with pytest.raises(CredentialUnavailable, match=r"took more than 0.5 s \(exec plugin"):
         await load_kubeconfig(str(_plain(tmp_path / "config", _exec_user(script))))
-    # The library holds the plugin's process: it is not killed, and is reaped when it ends.
-    await asyncio.sleep(1.5)
+    # The hung plugin is killed (the library would leave it running), and reaped.
+    started = time.monotonic()
+    while time.monotonic() - started < 10:
+        try:
+            os.kill(int(pid.read_text()), 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the plugin still runs")
     gc.collect()
 
 
