@@ -248,6 +248,18 @@ def install_sunkd(plane: KubeControlPlane) -> None:
                   "--timeout=60s")  # fmt: skip
 
 
+@contextlib.contextmanager
+def sunkd_plane(**options: Any) -> Iterator[KubeControlPlane]:
+    """A started control plane (`real_plane_or_skip(**options)`) with sunkd installed
+    (`install_sunkd`), stopped after: what a module's `plane` fixture yields."""
+    control_plane = real_plane_or_skip(**options)
+    try:
+        install_sunkd(control_plane)
+        yield control_plane
+    finally:
+        control_plane.stop()
+
+
 def sunkd_kubeconfig(plane: KubeControlPlane, path: Path) -> Path:
     """A kubeconfig with a bound token of sunkd's ServiceAccount: sunkd then has exactly
     the rights manifests/base/rbac.yaml gives it."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from sunkd.testbed.kubeapi import KubeAPIEmulator
+from tests.integration.kube_helpers import token_plugin, write_exec_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,18 +52,10 @@ async def test_doctor_reports_the_api_server_nodes_and_the_crd(tmp_path: Path) -
 async def test_doctor_authenticates_with_an_exec_plugin(tmp_path: Path) -> None:
     """The CLI loads credentials as the daemon does (kubernetes-asyncio's exec provider):
     the plugin runs once, and its token is on every request the doctor makes."""
-    plugin = tmp_path / "plugin.py"
-    plugin.write_text(f"#!{sys.executable}\nimport json, os\n"
-                      "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
-                      "print(json.dumps({'apiVersion': info['apiVersion'], "
-                      "'kind': 'ExecCredential', 'status': {'token': 'from-plugin'}}))\n")
-    plugin.chmod(0o755)
+    plugin = token_plugin(tmp_path / "plugin.py", "from-plugin")
     async with KubeAPIEmulator() as emulator:
-        config = emulator.kubeconfig()
-        config["users"][0]["user"] = {"exec": {
-            "apiVersion": "client.authentication.k8s.io/v1beta1", "command": str(plugin)}}
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(config))
+        kubeconfig = write_exec_kubeconfig(emulator, tmp_path / "kubeconfig", plugin,
+                                           "client.authentication.k8s.io/v1beta1")
         code, report = await doctor(tmp_path, kubeconfig)
         assert code == 2, report
         assert report["kubernetes"]["auth"] == f"exec plugin {plugin}"  # type: ignore[index]

@@ -54,12 +54,11 @@ from tests.integration.kube_backends import (
     bound_token,
     calls_made,
     forbidden,
-    install_sunkd,
-    real_plane_or_skip,
     refused_as_unauthenticated,
     reset_real,
     revoke,
     sunkd_kubeconfig,
+    sunkd_plane,
     write_atomically,
 )
 from tests.integration.test_e2e import (
@@ -96,12 +95,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[KubeControlPlane]:
-    control_plane = real_plane_or_skip(audit=True)
-    try:
-        install_sunkd(control_plane)
+    with sunkd_plane(audit=True) as control_plane:
         yield control_plane
-    finally:
-        control_plane.stop()
 
 
 @dataclass

@@ -365,23 +365,13 @@ async def test_an_exec_plugin_failing_at_start_is_retried_not_fatal(
     failing then (its identity provider unreachable) is not a configuration to fix. The
     daemon keeps running and builds the client once the plugin answers."""
     from sunkd.testbed.kubeapi import KubeAPIEmulator
+    from tests.integration.kube_helpers import token_plugin, write_exec_kubeconfig
 
     down = tmp_path / "provider-down"
     down.touch()
-    plugin = tmp_path / "plugin.py"
-    plugin.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                      f"if os.path.exists({str(down)!r}):\n"
-                      "    sys.exit('cannot reach the identity provider')\n"
-                      "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
-                      "print(json.dumps({'apiVersion': info['apiVersion'], "
-                      "'kind': 'ExecCredential', 'status': {'token': 'late'}}))\n")
-    plugin.chmod(0o755)
+    plugin = token_plugin(tmp_path / "plugin.py", "late", fail_while=down)
     async with KubeAPIEmulator() as emulator:
-        config = emulator.kubeconfig()
-        config["users"][0]["user"] = {"exec": {
-            "apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}}
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps(config))
+        kubeconfig = write_exec_kubeconfig(emulator, tmp_path / "kubeconfig", plugin)
         settings = replace(settings_for(sqlite_url), kubernetes=KubernetesSettings(
             enabled=True, kubeconfig=kubeconfig))
         daemon = Daemon(settings)

@@ -29,10 +29,9 @@ from sunkd.testbed.kubernetes import KubeControlPlane
 from tests.integration.kube_backends import (
     SUNKD_NAMESPACE,
     bound_token,
-    install_sunkd,
-    real_plane_or_skip,
     refused_as_unauthenticated,
     revoke,
+    sunkd_plane,
     write_atomically,
 )
 from tests.integration.test_doctor_kubernetes import doctor
@@ -42,12 +41,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[KubeControlPlane]:
-    control_plane = real_plane_or_skip(scheduler=False, audit=True)
-    try:
-        install_sunkd(control_plane)
+    with sunkd_plane(scheduler=False, audit=True) as control_plane:
         yield control_plane
-    finally:
-        control_plane.stop()
 
 
 async def test_bound_token_rotations_through_a_token_file(
