@@ -20,7 +20,7 @@ What the library does not do, and sunkd does here:
 - `current-context` from the first file that sets one, as client-go's loading rules do
   (the library takes the last);
 - a context that names an undefined user is an error (client-go's); the library would
-  send no credentials;
+  send no credentials; a cluster without `server` too (the library would use localhost);
 - `tokenFile` re-read each minute and winning over `token` (client-go's `BearerTokenFile`;
   the library reads the file once, and `token` wins);
 - impersonation (`as`, `as-uid`, `as-groups`) headers;
@@ -375,7 +375,20 @@ async def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
                                   config_base_path=None)
     except Exception as error:  # ConfigException: a context or cluster not defined
         raise KubeConfigError(f"{where}: {error}") from error
-    user = _user(merger.config, loader.current_context, where)
+    context_body: dict[str, Any] = (loader.current_context or {}).get("context") or {}
+    cluster = _section(merger.config, "clusters", "cluster", context_body.get("cluster"))
+    if not (cluster or {}).get("server"):
+        # The library would go on with its default, http://localhost.
+        raise KubeConfigError(f"{where}: cluster {context_body.get('cluster')!r} has no "
+                              "server")
+    user: dict[str, Any] = {}
+    if context_body.get("user"):
+        found = _section(merger.config, "users", "user", context_body["user"])
+        if found is None:
+            # client-go refuses; the library would send no credentials
+            raise KubeConfigError(f"{where}: the context names user "
+                                  f"{context_body['user']!r}, which is not defined")
+        user = found
     fetcher, hint, command = "", "", ""
     provider = user.get("auth-provider")
     if isinstance(provider, dict):
@@ -428,18 +441,18 @@ def _node(value: dict[str, Any], where: str) -> Any:
     return ConfigNode(where, value)
 
 
-def _user(config: Any, context: Any, where: str) -> dict[str, Any]:
-    """The context's user section; a name that is not defined is an error, as in client-go
-    (the library would send no credentials)."""
-    name = (context or {}).get("context", {}).get("user") if isinstance(context, dict) else None
-    if not name:
-        return {}
-    entry = config["users"].get_with_name(name, safe=True) if "users" in config else None
-    if entry is None:
-        raise KubeConfigError(f"{where}: the context names user {name!r}, which is not "
-                              "defined")
-    user = entry.value.get("user") if hasattr(entry, "value") else None
-    return user if isinstance(user, dict) else {}
+def _section(config: Any, kind: str, inner: str, name: Any) -> dict[str, Any] | None:
+    """The `inner` mapping of the entry `name` of the merged config's `kind` list (None:
+    no such entry; {}: an entry without one)."""
+    entries = config.safe_get(kind)
+    if not isinstance(entries, list):
+        return None
+    for entry in entries:
+        value = getattr(entry, "value", entry)  # the merger wraps entries in ConfigNode
+        if isinstance(value, dict) and value.get("name") == name:
+            body = value.get(inner)
+            return body if isinstance(body, dict) else {}
+    return None
 
 
 def _base(merger: Any, loader: Any) -> str:

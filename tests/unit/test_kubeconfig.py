@@ -93,6 +93,10 @@ async def test_a_missing_context_cluster_or_user_says_which(tmp_path: Path) -> N
         await load_kubeconfig(str(tmp_path / "broken"))
     with pytest.raises(KubeConfigError, match="names no existing file"):
         await load_kubeconfig(str(tmp_path / "absent"))
+    serverless = _write(tmp_path / "serverless", {"c": {"certificate-authority": "ca"}},
+                        {"u": {}}, {"x": ("c", "u")}, "x")
+    with pytest.raises(KubeConfigError, match="cluster 'c' has no server"):
+        await load_kubeconfig(str(serverless))
 
 
 async def test_token_file_wins_over_token_and_is_read_again(
