@@ -115,8 +115,9 @@ def _table(nodes: list[SlurmNode]) -> list[str]:
 
 
 async def kubernetes_report(settings: Settings) -> dict[str, Any]:
-    """Reach the API server with sunkd's own credentials: its version, the nodes sunkd
-    would watch, and whether the Nodeset CRD is installed."""
+    """Reach the API server with sunkd's own credentials (loaded by kubernetes-asyncio, as
+    the daemon loads them): its version, how sunkd authenticates, the nodes sunkd would
+    watch, and whether the Nodeset CRD is installed."""
     from sunkd.kubernetes.client import NODES, NODESETS, KubeApiError, KubeClient
 
     kubeconfig = settings.kubernetes.kubeconfig
@@ -132,6 +133,7 @@ async def kubernetes_report(settings: Settings) -> dict[str, Any]:
                 raise
             nodesets = None
         return {"server": client.host, "version": (version or {}).get("gitVersion"),
+                "auth": client.endpoint.credentials.source,
                 "nodes": len(nodes), "nodesets": nodesets}
     finally:
         await client.close()
@@ -193,6 +195,7 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
                    "the Nodeset CRD is not installed (kubectl apply -f manifests/crds/)")
             lines.append(f"\nkubernetes: OK\n"
                          f"  server:         {kube['server']} ({kube['version']})\n"
+                         f"  auth:           {kube['auth']}\n"
                          f"  nodes:          {kube['nodes']}\n"
                          f"  nodesets:       {crd}\n")
     configured = bool(settings.slurm.url) or settings.kubernetes.enabled

@@ -11,7 +11,7 @@ Why not kubernetes-asyncio's typed APIs and `Watch` as they are (docs/kubernetes
 
 So this module issues requests itself on one aiohttp session, parsing JSON into plain dicts;
 where the server is and how to authenticate (kubeconfig, exec plugins, the pod's service
-account, TLS) is `kubeconfig.py`.
+account, TLS) comes from kubernetes-asyncio's loaders, through `kubeconfig.py`.
 
 `ListWatch` (`listwatch.py`) is a small informer: list (paged, one consistent snapshot),
 then watch from the list's
@@ -459,10 +459,10 @@ class KubeClient:
         if not in_cluster:
             kubeconfig = find_kubeconfig(kubeconfig)
         if in_cluster:
-            endpoint = await asyncio.to_thread(in_cluster_endpoint, service_account_dir)
+            endpoint = await in_cluster_endpoint(service_account_dir)
         else:
             assert kubeconfig is not None
-            endpoint = await asyncio.to_thread(load_kubeconfig, kubeconfig, context)
+            endpoint = await load_kubeconfig(kubeconfig, context)
         return cls(endpoint, timeouts=timeouts)
 
     @classmethod
@@ -470,7 +470,8 @@ class KubeClient:
         cls, url: str, *, token: str | None = None, timeouts: Timeouts | None = None
     ) -> KubeClient:
         """A client for a plain URL (tests, the emulator, `kubectl proxy`)."""
-        return cls(Endpoint(url.rstrip("/"), credentials=Credentials(bearer=token or None)),
+        return cls(Endpoint(url.rstrip("/"), credentials=Credentials(
+                       bearer=token or None, source="token" if token else "none")),
                    timeouts=timeouts)
 
     async def close(self) -> None:
@@ -513,7 +514,9 @@ class KubeClient:
             return await self._client_session().request(
                 method, url, headers=headers, data=data, timeout=bound,
                 proxy=self._proxy, proxy_auth=self._proxy_auth,
-                server_hostname=endpoint.server_hostname)
+                server_hostname=endpoint.server_hostname,
+                # per request: an exec plugin may rotate the client certificate
+                ssl=endpoint.ssl_context or True)
 
         response = await send()
         if response.status == 401 and credentials.refreshable:

@@ -1,55 +1,64 @@
-"""Where the Kubernetes API server is and how sunkd proves who it is: kubeconfig files and
-the pod's service account, read the way client-go reads them.
+"""Where the Kubernetes API server is and how sunkd proves who it is, loaded by
+kubernetes-asyncio, the client the specification names.
 
-Why sunkd's own and not kubernetes-asyncio's loader: importing that loader imports the
-whole generated client (about 1,000 modules; ~40 MB of every daemon's resident memory,
-measured with `/proc/self/statm` around the daemon's imports), and sunkd used nothing else
-of it: its requests are its own (client.py). What a non-interactive daemon needs is small,
-and it is all here:
+The library does the loading (`kubernetes_asyncio.config`): `$KUBECONFIG` lists merged in
+order (clusters, users and contexts by name, the first file wins), paths relative to the
+file that names them, the context, `server`, `certificate-authority(-data)`,
+`client-certificate(-data)`/`client-key(-data)`, `insecure-skip-tls-verify` (with or
+without a CA), `tls-server-name`, `proxy-url`, `token`, `username`/`password`, exec
+credential plugins (any `client.authentication.k8s.io` version the plugin answers in; a
+token is kept until `expirationTimestamp` minus five minutes, a client certificate until
+a 401: the library keeps no expiry for it), the `oidc` and
+`gcp` auth-providers, and in a pod the service-account token (re-read each minute: bound
+tokens rotate) and CA. sunkd takes from it what its own transport (client.py) needs: the
+server URL, a TLS context built from the library's settings as its REST client builds it,
+and the Authorization header, refreshed through the library.
 
-- files: `$KUBECONFIG` may list several; maps (clusters, users, contexts) merge by name
-  and the first file that sets a name or `current-context` wins; relative paths resolve
-  against the file that names them (client-go `clientcmd` loading rules);
-- clusters: `server`, `certificate-authority(-data)`, `insecure-skip-tls-verify`,
-  `tls-server-name`, `proxy-url`;
-- users: `token`, `tokenFile` (re-read each minute and winning over `token`, as client-go's
-  `BearerTokenFile`), `client-certificate(-data)`/`client-key(-data)`, `username`/
-  `password`, impersonation (`as`, `as-uid`, `as-groups`), and `exec` credential plugins
-  (`client.authentication.k8s.io/v1` and `v1beta1`, token credentials; the credential is
-  kept until its `expirationTimestamp` or a 401);
-- in a pod: `KUBERNETES_SERVICE_HOST`/`_PORT`, the projected token (re-read each minute:
-  bound tokens rotate) and the CA bundle.
+What the library does not do, and sunkd does here:
+- find the kubeconfig, or say where it looked (`find_kubeconfig`); the library falls back
+  to in-cluster with a warning;
+- `current-context` from the first file that sets one, as client-go's loading rules do
+  (the library takes the last);
+- a context that names an undefined user is an error (client-go's); the library would
+  send no credentials; a cluster without `server` too (the library would use localhost);
+- `tokenFile` re-read each minute and winning over `token` (client-go's `BearerTokenFile`;
+  the library reads the file once, and `token` wins);
+- impersonation (`as`, `as-uid`, `as-groups`) headers;
+- an `auth-provider` other than `gcp` and `oidc` refused (the library would ignore it);
+- exec plugins: a command with a `/` resolved against its kubeconfig's directory, the
+  `installHint` when it is missing, `interactiveMode: Always` refused (a daemon has no
+  terminal), a bound on the plugin's run time (a plugin past it is killed: the library
+  would leave it running), a credential without `expirationTimestamp` kept until a 401
+  (the library runs the plugin again for every request), and a failed run raised as
+  `CredentialUnavailable` (retried with backoff);
+- after a 401, the credential is fetched again once (the file re-read, the plugin run), and
+  a rotated exec client certificate gives a new TLS context (passed per request: the
+  connections of the old one are not reused).
 
-Refused with a message saying why: `auth-provider` (the in-tree gcp/azure/oidc providers
-were removed from kubectl and client-go in 1.26; their replacements are exec plugins), and
-exec plugins that must be interactive or answer with a client certificate.
+The library's import is the whole generated client (~38 MB resident, docs/performance.md):
+it is imported on first use, in a thread, so commands that never reach Kubernetes (and the
+Slurm hook) do not pay for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import json
+import datetime
+import importlib
 import os
+import signal
 import ssl
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-import yaml
-
-# How often a token file is read again (client-go's cachingTokenSource for
-# BearerTokenFile and in-cluster config: one minute).
+# How often a `tokenFile` is read again (client-go's cachingTokenSource: one minute).
 TOKEN_FILE_TTL_SECONDS = 60.0
-# How long an exec plugin may take (client-go has no default bound; a daemon needs one).
+# How long loading credentials may take, exec plugin included (client-go has no default
+# bound; a daemon needs one).
 EXEC_TIMEOUT_SECONDS = 60.0
-# An exec credential is refreshed this long before it says it expires.
-EXEC_EXPIRY_MARGIN_SECONDS = 10.0
-EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -102,147 +111,179 @@ def find_kubeconfig(configured: str | None, env: Mapping[str, str] | None = None
         "(SUNKD_KUBERNETES_KUBECONFIG) or $KUBECONFIG, or kubernetes.enabled = false")
 
 
+async def _import_library() -> None:
+    """Import kubernetes-asyncio's loaders in a thread: ~1,000 modules, about a second of
+    CPU that the event loop should not wait on."""
+    await asyncio.to_thread(importlib.import_module, "kubernetes_asyncio.config")
+
+
 # ----------------------------------------------------------------------------- credentials
 
 
 @dataclass
 class _TokenFile:
     path: str
-    fallback: str | None = None
     _value: str | None = None
     _read_at: float = -1e18
 
-    def token(self) -> str | None:
+    def token(self) -> str:
         now = time.monotonic()
         if now - self._read_at >= TOKEN_FILE_TTL_SECONDS:
             try:
                 with open(self.path, encoding="utf-8") as handle:
-                    self._value = handle.read().strip() or None
+                    self._value = handle.read().strip() or self._value
             except OSError as error:
-                if self._value is None and self.fallback is None:
+                if self._value is None:
                     raise CredentialUnavailable(f"cannot read the token file {self.path}: "
                                                 f"{error.strerror or error}") from error
                 # Keep the last good token: a rotation in progress is not a reason to stop.
             self._read_at = now
-        return self._value or self.fallback
+        if self._value is None:
+            raise CredentialUnavailable(f"the token file {self.path} is empty")
+        return self._value
 
     def expire(self) -> None:
         self._read_at = -1e18
 
 
 @dataclass
-class _ExecPlugin:
-    """A client-go credential plugin: run it, keep its token until it expires."""
+class _Reload:
+    """The library's kubeconfig loader, run again when its credential expires (exec
+    plugin, oidc) or after a 401."""
 
-    command: str
-    args: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-    api_version: str
+    loader: Any  # kubernetes_asyncio.config.kube_config.KubeConfigLoader
+    configuration: Any  # kubernetes_asyncio.client.Configuration
+    fetcher: str  # "exec plugin <command>", "auth-provider <name>"
     install_hint: str
-    base_dir: str
-    _token: str | None = None
-    _expires_at: float | None = None  # wall clock (expirationTimestamp), None: until a 401
+    where: str
+    command: str  # the exec plugin's, as the library runs it ("": none)
+    forced: bool = False
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def token(self) -> str:
+    def due(self) -> bool:
+        if self.forced:
+            return True
+        expiry = getattr(self.loader, "exec_plugin_expiry", None)
+        if not isinstance(expiry, datetime.datetime):
+            return False  # no expiry: until a 401 (client-go's exec authenticator)
+        from kubernetes_asyncio.config.kube_config import EXPIRY_SKEW_PREVENTION_DELAY
+        return datetime.datetime.now(datetime.UTC) >= expiry - EXPIRY_SKEW_PREVENTION_DELAY
+
+    async def run(self) -> None:
         async with self._lock:
-            if self._token is not None and (
-                    self._expires_at is None
-                    or time.time() < self._expires_at - EXEC_EXPIRY_MARGIN_SECONDS):
-                return self._token
-            self._token, self._expires_at = await self._run()
-            return self._token
-
-    def expire(self) -> None:
-        self._token = None
-
-    async def _run(self) -> tuple[str, float | None]:
-        command = self.command
-        if os.sep in command and not os.path.isabs(command):
-            command = os.path.join(self.base_dir, command)  # client-go: relative to the file
-        info = {"apiVersion": self.api_version, "kind": "ExecCredential",
-                "spec": {"interactive": False}}
-        env = {**os.environ, **dict(self.env), "KUBERNETES_EXEC_INFO": json.dumps(info)}
-        try:
-            process = await asyncio.create_subprocess_exec(
-                command, *self.args, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        except OSError as error:
-            hint = f" ({self.install_hint})" if self.install_hint else ""
-            raise CredentialUnavailable(f"exec plugin {self.command}: "
-                                        f"{error.strerror or error}{hint}") from error
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), EXEC_TIMEOUT_SECONDS)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-            raise CredentialUnavailable(f"exec plugin {self.command} did not answer within "
-                                        f"{EXEC_TIMEOUT_SECONDS:g} s") from None
-        if process.returncode != 0:
-            tail = err.decode("utf-8", "replace").strip()[-500:]
-            raise CredentialUnavailable(f"exec plugin {self.command} exited with "
-                                        f"{process.returncode}: {tail}")
-        return _exec_credential(self.command, out)
+            if not self.due():
+                return  # another request refreshed it meanwhile
+            if self.forced:
+                with contextlib.suppress(AttributeError):
+                    del self.loader.exec_plugin_expiry  # the library runs the plugin again
+            await _load(self.loader, self.configuration, self.fetcher, self.install_hint,
+                        self.where, self.command)
+            self.forced = False
 
 
-def _exec_credential(command: str, out: bytes) -> tuple[str, float | None]:
-    """The token and its expiry from a plugin's answer; what cannot be used is refused as
-    `CredentialUnavailable` too (the next run may answer better)."""
+async def _load(loader: Any, configuration: Any, fetcher: str, install_hint: str,
+                where: str, command: str = "") -> None:
+    """`loader.load_and_set(configuration)`, bounded. A failure while an exec plugin or an
+    auth-provider (`fetcher`) fetches the credential is `CredentialUnavailable` (the next
+    try may work: the identity provider may be back); any other a `KubeConfigError`."""
     try:
-        credential = json.loads(out)
-    except ValueError as error:
-        raise CredentialUnavailable(f"exec plugin {command} printed no ExecCredential "
-                                    f"JSON: {error}") from error
-    status = credential.get("status") if isinstance(credential, dict) else None
-    if not isinstance(status, dict):
-        raise CredentialUnavailable(f"exec plugin {command}: the ExecCredential has no status")
-    token = status.get("token")
-    if not isinstance(token, str) or not token:
-        if status.get("clientCertificateData"):
-            raise CredentialUnavailable(f"exec plugin {command} answers with a client "
-                                        "certificate, which sunkd does not support: use a "
-                                        "token")
-        raise CredentialUnavailable(f"exec plugin {command}: the ExecCredential has no token")
-    expires = status.get("expirationTimestamp")
-    if not expires:
-        return token, None
-    try:
-        return token, datetime.fromisoformat(str(expires).replace("Z", "+00:00")).timestamp()
-    except ValueError as error:
-        raise CredentialUnavailable(f"exec plugin {command}: expirationTimestamp "
-                                    f"{expires!r} is not RFC 3339") from error
+        await asyncio.wait_for(loader.load_and_set(configuration), EXEC_TIMEOUT_SECONDS)
+    except TimeoutError:
+        if command:
+            _kill_plugin(command)
+        raise CredentialUnavailable(f"{where}: loading the credentials took more than "
+                                    f"{EXEC_TIMEOUT_SECONDS:g} s"
+                                    + (f" ({fetcher})" if fetcher else "")) \
+            from None
+    except Exception as error:  # the library raises ConfigException, OSError, ValueError...
+        if not fetcher:
+            raise KubeConfigError(f"{where}: {error}") from error
+        hint = f" ({install_hint})" if install_hint and isinstance(
+            error, FileNotFoundError) else ""
+        raise CredentialUnavailable(f"{where}: {fetcher}: "
+                                    f"{_describe(error)}{hint}") from error
+
+
+def _kill_plugin(command: str) -> None:
+    """Kill this process's children running the exec plugin `command`. The library holds
+    the plugin's process and leaves it running when its run is cancelled; a plugin that
+    hangs would otherwise pile up one process per retry. Found in /proc (Linux): a child
+    whose argv[0] is the command, or argv[1] for a script run by its interpreter."""
+    me, name = os.getpid(), os.path.basename(command)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                    ppid = int(stat.read().rsplit(b")", 1)[1].split()[1])
+                if ppid != me:
+                    continue
+                with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                    argv = [a.decode(errors="replace") for a in cmdline.read().split(b"\0")]
+                if any(a == command or os.path.basename(a) == name for a in argv[:2]):
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile, or not ours to read
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__
 
 
 @dataclass
 class Credentials:
-    """The headers that say who sunkd is, for each request."""
+    """The headers that say who sunkd is, for each request, and the TLS context (a client
+    certificate is a credential too, and an exec plugin may rotate it)."""
 
-    headers: dict[str, str] = field(default_factory=dict)  # basic auth, impersonation
-    bearer: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # impersonation
+    bearer: str | None = None  # a fixed token (`KubeClient.for_url`)
+    configuration: Any = None  # the library's Configuration: its api_key and refresh hook
     token_file: _TokenFile | None = None
-    exec_plugin: _ExecPlugin | None = None
+    reload: _Reload | None = None
+    in_cluster: Any = None  # the library's InClusterConfigLoader
+    ssl_context: ssl.SSLContext | None = None  # None: plain http
+    source: str = "none"  # how sunkd proves who it is, for `sunkd doctor` (no secret)
 
     async def authorization(self) -> dict[str, str]:
-        token: str | None = self.bearer
+        value: str | None = f"Bearer {self.bearer}" if self.bearer else None
+        if self.reload is not None and self.reload.due():
+            cert = (self.configuration.cert_file, self.configuration.key_file)
+            await self.reload.run()
+            if (self.configuration.cert_file, self.configuration.key_file) != cert:
+                try:
+                    self.ssl_context = _ssl_context(self.configuration, self.reload.where)
+                except KubeConfigError as error:  # the plugin's next answer may be good
+                    self.reload.forced = True
+                    raise CredentialUnavailable(str(error)) from error
+        if self.configuration is not None:
+            try:
+                # In a pod, the library's hook re-reads the token file when a minute passed.
+                value = await self.configuration.get_api_key_with_prefix("BearerToken")
+            except Exception as error:
+                raise CredentialUnavailable(f"cannot read the service account token: "
+                                            f"{_describe(error)}") from error
         if self.token_file is not None:
-            token = self.token_file.token()
-        if self.exec_plugin is not None:
-            token = await self.exec_plugin.token()
-        if token:
-            return {**self.headers, "Authorization": f"Bearer {token}"}
+            value = f"Bearer {self.token_file.token()}"
+        if value:
+            return {**self.headers, "Authorization": value.strip()}
         return dict(self.headers)
 
     @property
     def refreshable(self) -> bool:
         """A 401 may be an expired credential that a new read or run fixes."""
-        return self.token_file is not None or self.exec_plugin is not None
+        return (self.token_file is not None or self.reload is not None
+                or self.in_cluster is not None)
 
     def expire(self) -> None:
         if self.token_file is not None:
             self.token_file.expire()
-        if self.exec_plugin is not None:
-            self.exec_plugin.expire()
+        if self.reload is not None:
+            self.reload.forced = True
+        if self.in_cluster is not None:
+            self.in_cluster.token_expires_at = datetime.datetime.min
 
 
 @dataclass
@@ -250,216 +291,205 @@ class Endpoint:
     """An API server and how to talk to it: what `KubeClient` needs."""
 
     server: str
-    ssl_context: ssl.SSLContext | None = None  # None: plain http
     server_hostname: str | None = None
     proxy: str | None = None
     credentials: Credentials = field(default_factory=Credentials)
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        return self.credentials.ssl_context
+
+
+def _ssl_context(configuration: Any, where: str) -> ssl.SSLContext:
+    """The TLS context kubernetes-asyncio's REST client (`client/rest.py`,
+    `RESTClientObject`) builds from the same settings."""
+    try:
+        context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+        if configuration.cert_file:
+            context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    except (OSError, ssl.SSLError) as error:
+        raise KubeConfigError(f"{where}: cannot load the certificate authority or the "
+                              f"client certificate: {error}") from error
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if getattr(configuration, "disable_strict_ssl_verification", False):
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return context
 
 
 # ----------------------------------------------------------------------------- loading
 
 
-def in_cluster(service_account_dir: str = SERVICE_ACCOUNT_DIR,
-               env: Mapping[str, str] | None = None) -> Endpoint:
-    """The pod's API server and service account (client-go `rest.InClusterConfig`)."""
+async def in_cluster(service_account_dir: str = SERVICE_ACCOUNT_DIR,
+                     env: Mapping[str, str] | None = None) -> Endpoint:
+    """The pod's API server and service account (the library's `load_incluster_config`,
+    client-go `rest.InClusterConfig`)."""
     env = os.environ if env is None else env
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port:
+    if not env.get("KUBERNETES_SERVICE_HOST") or not env.get("KUBERNETES_SERVICE_PORT"):
         raise KubeConfigError("not in a pod: KUBERNETES_SERVICE_HOST and "
                               "KUBERNETES_SERVICE_PORT must both be set")
-    if ":" in host:
-        host = f"[{host}]"  # an IPv6 service address
-    token = _TokenFile(os.path.join(service_account_dir, "token"))
-    token.token()  # a missing token is a configuration error now, not a 401 later
-    ca = os.path.join(service_account_dir, "ca.crt")
-    return Endpoint(f"https://{host}:{port}", _ssl_context(cafile=ca, where="in-cluster CA"),
-                    credentials=Credentials(token_file=token))
+    await _import_library()
+    from kubernetes_asyncio.client import Configuration
+    from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
+
+    token = os.path.join(service_account_dir, "token")
+    loader = InClusterConfigLoader(token_filename=token,
+                                   cert_filename=os.path.join(service_account_dir, "ca.crt"),
+                                   environ=dict(env))
+    configuration = Configuration()
+    try:
+        loader.load_and_set(configuration)
+    except Exception as error:  # ConfigException, or OSError reading the files
+        raise KubeConfigError(f"in a pod ({service_account_dir}): {_describe(error)}") \
+            from error
+    where = "in-cluster CA"
+    return Endpoint(str(configuration.host), credentials=Credentials(
+        configuration=configuration, in_cluster=loader,
+        ssl_context=_ssl_context(configuration, where),
+        source=f"service account token {token} (in a pod)"))
 
 
-def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
-    """The endpoint of `context` (default: `current-context`) from a kubeconfig, or from
-    several separated by `:`."""
-    merged = _merge([os.path.expanduser(p) for p in paths.split(os.pathsep) if p])
-    name = context or merged.current_context
+async def load_kubeconfig(paths: str, context: str | None = None) -> Endpoint:
+    """The endpoint of `context` (default: the first file's `current-context`) from a
+    kubeconfig, or from several separated by `:`."""
+    await _import_library()
+    from kubernetes_asyncio.client import Configuration
+    from kubernetes_asyncio.config.exec_provider import ExecProvider
+    from kubernetes_asyncio.config.kube_config import KubeConfigLoader, KubeConfigMerger
+
+    try:
+        merger = KubeConfigMerger(paths)
+    except Exception as error:  # yaml.YAMLError, OSError, a document that is no mapping
+        raise KubeConfigError(f"cannot read the kubeconfig {paths}: {error}") from error
+    if merger.config is None:
+        raise KubeConfigError(f"the kubeconfig {paths} names no existing file")
+    name = context or next((str(doc["current-context"]) for doc in merger.config_files.values()
+                            if isinstance(doc, dict) and doc.get("current-context")), None)
     if not name:
         raise KubeConfigError(f"{paths}: no current-context, and no context was given "
                               "(kubernetes.context)")
-    if name not in merged.contexts:
-        raise KubeConfigError(f"{paths}: no context named {name!r} "
-                              f"(there are: {', '.join(sorted(merged.contexts)) or 'none'})")
-    ctx, _ = merged.contexts[name]
-    cluster_name, user_name = str(ctx.get("cluster") or ""), str(ctx.get("user") or "")
-    if cluster_name not in merged.clusters:
-        raise KubeConfigError(f"{paths}: context {name!r} names cluster {cluster_name!r}, "
-                              "which is not defined")
-    cluster, cluster_dir = merged.clusters[cluster_name]
-    user, user_dir = merged.users.get(user_name, ({}, cluster_dir))
-    if user_name and user_name not in merged.users:
-        raise KubeConfigError(f"{paths}: context {name!r} names user {user_name!r}, "
-                              "which is not defined")
-    return _endpoint(cluster, cluster_dir, user, user_dir, f"{paths} (context {name!r})")
-
-
-@dataclass
-class _Merged:
-    current_context: str | None = None
-    clusters: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)
-    users: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)
-    contexts: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)
-
-
-def _merge(paths: list[str]) -> _Merged:
-    merged = _Merged()
-    for path in paths:
-        if not os.path.isfile(path):
-            continue  # client-go skips listed files that do not exist
+    where = f"{paths} (context {name!r})"
+    try:
+        loader = KubeConfigLoader(config_dict=merger.config, active_context=name,
+                                  config_base_path=None)
+    except Exception as error:  # ConfigException: a context or cluster not defined
+        raise KubeConfigError(f"{where}: {error}") from error
+    context_body: dict[str, Any] = (loader.current_context or {}).get("context") or {}
+    cluster = _section(merger.config, "clusters", "cluster", context_body.get("cluster"))
+    if not (cluster or {}).get("server"):
+        # The library would go on with its default, http://localhost.
+        raise KubeConfigError(f"{where}: cluster {context_body.get('cluster')!r} has no "
+                              "server")
+    user: dict[str, Any] = {}
+    if context_body.get("user"):
+        found = _section(merger.config, "users", "user", context_body["user"])
+        if found is None:
+            # client-go refuses; the library would send no credentials
+            raise KubeConfigError(f"{where}: the context names user "
+                                  f"{context_body['user']!r}, which is not defined")
+        user = found
+    fetcher, hint, command = "", "", ""
+    provider = user.get("auth-provider")
+    if isinstance(provider, dict):
+        if provider.get("name") not in ("gcp", "oidc"):
+            # The library would ignore it and send no credentials.
+            raise KubeConfigError(
+                f"{where}: auth-provider {provider.get('name')!r} is not supported (only gcp "
+                "and oidc are, and client-go removed the in-tree providers in 1.26): use the "
+                "provider's exec credential plugin")
+        fetcher = f"auth-provider {provider['name']}"
+    elif isinstance(user.get("exec"), dict):
+        spec = user["exec"]
         try:
-            with open(path, encoding="utf-8") as handle:
-                document = yaml.safe_load(handle) or {}
-        except (OSError, yaml.YAMLError) as error:
-            raise KubeConfigError(f"cannot read the kubeconfig {path}: {error}") from error
-        if not isinstance(document, dict):
-            raise KubeConfigError(f"the kubeconfig {path} is not a YAML mapping")
-        base = os.path.dirname(os.path.abspath(path))
-        if not merged.current_context and document.get("current-context"):
-            merged.current_context = str(document["current-context"])
-        for key, target, inner in (("clusters", merged.clusters, "cluster"),
-                                   ("users", merged.users, "user"),
-                                   ("contexts", merged.contexts, "context")):
-            for entry in document.get(key) or []:
-                if not isinstance(entry, dict) or "name" not in entry:
-                    raise KubeConfigError(f"the kubeconfig {path}: an entry of {key} has "
-                                          "no name")
-                body = entry.get(inner) or {}
-                if not isinstance(body, dict):
-                    raise KubeConfigError(f"the kubeconfig {path}: {key} {entry['name']!r} "
-                                          f"has no {inner} mapping")
-                target.setdefault(str(entry["name"]), (body, base))
-    return merged
-
-
-def _endpoint(cluster: dict[str, Any], cluster_dir: str, user: dict[str, Any],
-              user_dir: str, where: str) -> Endpoint:
-    server = str(cluster.get("server") or "").rstrip("/")
-    if not server:
-        raise KubeConfigError(f"{where}: the cluster has no server")
-    credentials = _credentials(user, user_dir, where)
-    context: ssl.SSLContext | None = None
+            ExecProvider(_node(spec, where))  # the library's checks of the section
+        except Exception as error:
+            raise KubeConfigError(f"{where}: {error}") from error
+        if spec.get("interactiveMode") == "Always":
+            raise KubeConfigError(f"{where}: exec plugin {spec['command']} wants "
+                                  "interactiveMode Always; a daemon has no terminal")
+        command, hint = str(spec["command"]), str(spec.get("installHint") or "")
+        fetcher = f"exec plugin {command}"
+        if os.sep in command and not os.path.isabs(command):
+            # client-go: a path is relative to the kubeconfig that names it
+            spec["command"] = command = os.path.join(_base(merger, loader), command)
+    configuration = Configuration()
+    await _load(loader, configuration, fetcher, hint, where, command)
+    credentials = Credentials(configuration=configuration, headers=_impersonation(user),
+                              source=_source(user, configuration))
+    if fetcher:
+        credentials.reload = _Reload(loader, configuration, fetcher, hint, where, command)
+    if user.get("tokenFile"):
+        path = os.path.join(_base(merger, loader),
+                            os.path.expanduser(str(user["tokenFile"])))
+        credentials.token_file = _TokenFile(path)
+    server = str(configuration.host or "")
+    if not server.startswith(("https://", "http://")):
+        raise KubeConfigError(f"{where}: the cluster's server {server!r} is not an http(s) "
+                              "URL")
     if server.startswith("https://"):
-        context = _ssl_context(
-            cafile=_path(cluster.get("certificate-authority"), cluster_dir),
-            cadata=_data(cluster.get("certificate-authority-data"), where),
-            where=where)
-        if cluster.get("insecure-skip-tls-verify"):
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        _load_client_certificate(context, user, user_dir, where)
+        credentials.ssl_context = _ssl_context(configuration, where)
     elif user.get("client-certificate") or user.get("client-certificate-data"):
         raise KubeConfigError(f"{where}: a client certificate needs an https server, "
                               f"not {server}")
-    return Endpoint(server, context, server_hostname=cluster.get("tls-server-name") or None,
-                    proxy=cluster.get("proxy-url") or None, credentials=credentials)
+    return Endpoint(server, server_hostname=configuration.tls_server_name or None,
+                    proxy=configuration.proxy or None, credentials=credentials)
 
 
-def _credentials(user: dict[str, Any], base: str, where: str) -> Credentials:
-    if user.get("auth-provider"):
-        provider = (user["auth-provider"] or {}).get("name", "?")
-        raise KubeConfigError(
-            f"{where}: auth-provider {provider!r} is not supported (kubectl and client-go "
-            "removed the in-tree providers in 1.26): use an exec credential plugin")
+def _node(value: dict[str, Any], where: str) -> Any:
+    from kubernetes_asyncio.config.kube_config import ConfigNode
+    return ConfigNode(where, value)
+
+
+def _section(config: Any, kind: str, inner: str, name: Any) -> dict[str, Any] | None:
+    """The `inner` mapping of the entry `name` of the merged config's `kind` list (None:
+    no such entry; {}: an entry without one)."""
+    entries = config.safe_get(kind)
+    if not isinstance(entries, list):
+        return None
+    for entry in entries:
+        value = getattr(entry, "value", entry)  # the merger wraps entries in ConfigNode
+        if isinstance(value, dict) and value.get("name") == name:
+            body = value.get(inner)
+            return body if isinstance(body, dict) else {}
+    return None
+
+
+def _base(merger: Any, loader: Any) -> str:
+    """The directory of the file that defined the context's user."""
+    name = loader.current_context["context"].get("user")
+    entry = merger.config["users"].get_with_name(name, safe=True)
+    path = getattr(entry, "path", None)
+    return os.path.dirname(os.path.abspath(path)) if path else os.getcwd()
+
+
+def _source(user: dict[str, Any], configuration: Any) -> str:
+    """What proves sunkd's identity, in the order the library tries them."""
+    provider = user.get("auth-provider")
+    if isinstance(provider, dict):
+        return f"auth-provider {provider.get('name')}"
+    if isinstance(user.get("exec"), dict):
+        return f"exec plugin {user['exec'].get('command')}"
+    if user.get("tokenFile"):
+        return f"token file {user['tokenFile']}"
+    if user.get("token"):
+        return "token"
+    if configuration.cert_file:
+        return "client certificate"
+    if user.get("username") and user.get("password"):
+        return f"basic auth (user {user['username']})"
+    return "none"
+
+
+def _impersonation(user: dict[str, Any]) -> dict[str, str]:
     headers: dict[str, str] = {}
-    if user.get("username") or user.get("password"):
-        pair = f"{user.get('username') or ''}:{user.get('password') or ''}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
     if user.get("as"):
         headers["Impersonate-User"] = str(user["as"])
     if user.get("as-uid"):
         headers["Impersonate-Uid"] = str(user["as-uid"])
     groups = [str(g) for g in user.get("as-groups") or []]
-    credentials = Credentials(headers=headers, bearer=user.get("token") or None)
     if groups:
         # aiohttp sends a header once per key: the groups go as one comma-separated value,
         # which the API server splits like repeated headers (RFC 9110, section 5.3).
         headers["Impersonate-Group"] = ", ".join(groups)
-    if user.get("tokenFile"):
-        credentials.token_file = _TokenFile(str(_path(user["tokenFile"], base)),
-                                            fallback=credentials.bearer)
-    if user.get("exec"):
-        credentials.exec_plugin = _exec_plugin(user["exec"], base, where)
-    return credentials
-
-
-def _exec_plugin(spec: Any, base: str, where: str) -> _ExecPlugin:
-    if not isinstance(spec, dict) or not spec.get("command"):
-        raise KubeConfigError(f"{where}: exec needs a command")
-    version = str(spec.get("apiVersion") or "")
-    if version not in EXEC_API_VERSIONS:
-        raise KubeConfigError(f"{where}: exec apiVersion {version!r} is not one of "
-                              f"{', '.join(EXEC_API_VERSIONS)}")
-    if spec.get("interactiveMode") == "Always":
-        raise KubeConfigError(f"{where}: exec plugin {spec['command']} wants "
-                              "interactiveMode Always; a daemon has no terminal")
-    env = tuple((str(e["name"]), str(e.get("value", ""))) for e in spec.get("env") or [])
-    return _ExecPlugin(str(spec["command"]), tuple(str(a) for a in spec.get("args") or []),
-                       env, version, str(spec.get("installHint") or ""), base)
-
-
-def _path(value: Any, base: str) -> str | None:
-    if not value:
-        return None
-    path = os.path.expanduser(str(value))
-    return path if os.path.isabs(path) else os.path.join(base, path)
-
-
-def _data(value: Any, where: str) -> bytes | None:
-    if not value:
-        return None
-    try:
-        return base64.b64decode(str(value), validate=True)
-    except ValueError as error:
-        raise KubeConfigError(f"{where}: a *-data field is not base64: {error}") from error
-
-
-def _ssl_context(*, cafile: str | None = None, cadata: bytes | None = None,
-                 where: str) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=cafile)
-        if cadata:
-            context.load_verify_locations(cadata=cadata.decode("ascii", "replace"))
-    except (OSError, ssl.SSLError) as error:
-        raise KubeConfigError(f"{where}: cannot load the certificate authority: "
-                              f"{error}") from error
-    return context
-
-
-def _load_client_certificate(context: ssl.SSLContext, user: dict[str, Any], base: str,
-                             where: str) -> None:
-    cert_path = _path(user.get("client-certificate"), base)
-    key_path = _path(user.get("client-key"), base)
-    cert_data = _data(user.get("client-certificate-data"), where)
-    key_data = _data(user.get("client-key-data"), where)
-    if not (cert_path or cert_data):
-        return
-    try:
-        if cert_data is None and key_data is None:
-            context.load_cert_chain(str(cert_path), key_path)
-            return
-        # The ssl module loads a certificate chain from files only: write the embedded
-        # ones to a private directory, load, remove.
-        with tempfile.TemporaryDirectory(prefix="sunkd-kubeconfig-") as private:
-            if cert_data is not None:
-                cert_path = os.path.join(private, "client.crt")
-                _write_private(cert_path, cert_data)
-            if key_data is not None:
-                key_path = os.path.join(private, "client.key")
-                _write_private(key_path, key_data)
-            context.load_cert_chain(str(cert_path), key_path)
-    except (OSError, ssl.SSLError) as error:
-        raise KubeConfigError(f"{where}: cannot load the client certificate: "
-                              f"{error}") from error
-
-
-def _write_private(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+    return headers

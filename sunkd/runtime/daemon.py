@@ -590,10 +590,11 @@ class Daemon:
 
     def _adapter_failed(self, error: Exception) -> None:
         """Building a client failed. A missing or unusable kubeconfig will not fix itself:
-        stop with the message. Anything else is retried with the next term."""
-        from sunkd.kubernetes.kubeconfig import KubeConfigError
+        stop with the message. Anything else (an exec plugin that failed just now, too)
+        is retried with the next term."""
+        from sunkd.kubernetes.kubeconfig import CredentialUnavailable, KubeConfigError
 
-        if isinstance(error, KubeConfigError):
+        if isinstance(error, KubeConfigError) and not isinstance(error, CredentialUnavailable):
             self._fatal(f"kubernetes: {error}", hint="fix the configuration")
         else:
             log.error("daemon.adapter_failed", error=f"{type(error).__name__}: {error}")

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -245,6 +248,18 @@ def install_sunkd(plane: KubeControlPlane) -> None:
                   "--timeout=60s")  # fmt: skip
 
 
+@contextlib.contextmanager
+def sunkd_plane(**options: Any) -> Iterator[KubeControlPlane]:
+    """A started control plane (`real_plane_or_skip(**options)`) with sunkd installed
+    (`install_sunkd`), stopped after: what a module's `plane` fixture yields."""
+    control_plane = real_plane_or_skip(**options)
+    try:
+        install_sunkd(control_plane)
+        yield control_plane
+    finally:
+        control_plane.stop()
+
+
 def sunkd_kubeconfig(plane: KubeControlPlane, path: Path) -> Path:
     """A kubeconfig with a bound token of sunkd's ServiceAccount: sunkd then has exactly
     the rights manifests/base/rbac.yaml gives it."""
@@ -277,6 +292,69 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+# ---------------------------------------------------------------------------- bound tokens
+# A bound token cannot be made to expire sooner than 10 minutes (TokenRequest's minimum
+# `expirationSeconds`), so its end is had the other way the API server ends one: the token
+# is bound to a Secret, and deleting the Secret makes the server refuse it (401) once its
+# token authentication cache (10 s) lets go.
+
+SECRETS = itertools.count(1)
+PROBE_AGENT = "sunkd-tests-revocation-probe"
+
+
+def bound_token(plane: KubeControlPlane) -> tuple[str, str]:
+    """A token of sunkd's ServiceAccount bound to a new Secret: (token, secret)."""
+    secret = f"sunkd-token-{next(SECRETS)}"
+    plane.kubectl("-n", SUNKD_NAMESPACE, "create", "secret", "generic", secret)
+    token = plane.kubectl("-n", SUNKD_NAMESPACE, "create", "token", "sunkd",
+                          "--bound-object-kind=Secret", f"--bound-object-name={secret}",
+                          "--duration=600s").stdout.strip()
+    return token, secret
+
+
+async def revoke(plane: KubeControlPlane, token: str, secret: str) -> float:
+    """Delete the Secret the token is bound to; return once the server refuses the token
+    (seconds it took)."""
+    plane.kubectl("-n", SUNKD_NAMESPACE, "delete", "secret", secret)
+    started = time.monotonic()
+    context = ssl.create_default_context(cafile=str(plane.ca_file))
+    url = f"{plane.url}/api/v1/namespaces/{SUNKD_NAMESPACE}/pods"
+    headers = {"Authorization": f"Bearer {token}", "User-Agent": PROBE_AGENT}
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() - started < 30:
+            async with session.get(url, ssl=context, headers=headers) as answer:
+                if answer.status == 401:
+                    return time.monotonic() - started
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"the server still accepts the token bound to {secret}")
+
+
+def refused_as_unauthenticated(plane: KubeControlPlane) -> int:
+    """Requests the API server answered 401, the revocation probe's aside (the audit log,
+    `audit=True`; a failed authentication is audited before any ResponseComplete)."""
+    seen: set[str] = set()
+    try:
+        lines = plane.audit_log.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:  # the last line may be half written
+            continue
+        if (event.get("responseStatus") or {}).get("code") == 401 and \
+                event.get("userAgent") != PROBE_AGENT:
+            seen.add(str(event.get("auditID")))
+    return len(seen)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """As the kubelet swaps a projected token: a new file renamed over the old one."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    os.replace(new, path)
 
 
 # ---------------------------------------------------------------------------- faults

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -334,3 +336,26 @@ async def retrying(factory: Any, attempts: int = 20) -> Any:
             pass
         await asyncio.sleep(0.02 * (attempt + 1))
     return await factory()
+
+
+def token_plugin(path: Path, token: str, *, fail_while: Path | None = None) -> Path:
+    """An exec credential plugin at `path` answering with `token` in the apiVersion it is
+    asked for (KUBERNETES_EXEC_INFO); it fails (exit 1) while `fail_while` exists."""
+    failing = "" if fail_while is None else (
+        f"if os.path.exists({str(fail_while)!r}):\n"
+        "    sys.exit('cannot reach the identity provider')\n")
+    path.write_text(f"#!{sys.executable}\nimport json, os, sys\n{failing}"
+                    "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+                    "print(json.dumps({'apiVersion': info['apiVersion'], "
+                    f"'kind': 'ExecCredential', 'status': {{'token': {token!r}}}}}))\n")
+    path.chmod(0o755)
+    return path
+
+
+def write_exec_kubeconfig(emulator: Any, path: Path, plugin: Path,
+                          api_version: str = "client.authentication.k8s.io/v1") -> Path:
+    """The emulator's kubeconfig with a user whose credential comes from `plugin`."""
+    config = emulator.kubeconfig()
+    config["users"][0]["user"] = {"exec": {"apiVersion": api_version, "command": str(plugin)}}
+    path.write_text(json.dumps(config))
+    return path

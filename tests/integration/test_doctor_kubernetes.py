@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from sunkd.testbed.kubeapi import KubeAPIEmulator
+from tests.integration.kube_helpers import token_plugin, write_exec_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,6 +38,7 @@ async def test_doctor_reports_the_api_server_nodes_and_the_crd(tmp_path: Path) -
         kube = report["kubernetes"]
         assert isinstance(kube, dict)
         assert kube["nodes"] == 1 and kube["version"].startswith("v1.32")
+        assert kube["auth"] == "none"  # the emulator's kubeconfig has no credentials
         assert kube["nodesets"] is None  # CRD not installed yet
         emulator.create(yaml.safe_load((REPO / "manifests/crds/nodeset.yaml").read_text()))
         code, report = await doctor(tmp_path, kubeconfig)
@@ -45,3 +47,17 @@ async def test_doctor_reports_the_api_server_nodes_and_the_crd(tmp_path: Path) -
     code, report = await doctor(tmp_path, kubeconfig)
     assert code == 1
     assert "error" in report["kubernetes"]  # type: ignore[operator]
+
+
+async def test_doctor_authenticates_with_an_exec_plugin(tmp_path: Path) -> None:
+    """The CLI loads credentials as the daemon does (kubernetes-asyncio's exec provider):
+    the plugin runs once, and its token is on every request the doctor makes."""
+    plugin = token_plugin(tmp_path / "plugin.py", "from-plugin")
+    async with KubeAPIEmulator() as emulator:
+        kubeconfig = write_exec_kubeconfig(emulator, tmp_path / "kubeconfig", plugin,
+                                           "client.authentication.k8s.io/v1beta1")
+        code, report = await doctor(tmp_path, kubeconfig)
+        assert code == 2, report
+        assert report["kubernetes"]["auth"] == f"exec plugin {plugin}"  # type: ignore[index]
+        seen = {r.headers.get("Authorization") for r in emulator.requests}
+        assert seen == {"Bearer from-plugin"}, seen

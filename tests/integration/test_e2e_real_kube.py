@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sunkd.domain.ownership import has_hold_taint, slurm_drained
 from sunkd.domain.state import ClusterState
+from sunkd.kubernetes import kubeconfig as kubeconfig_module
 from sunkd.kubernetes.actuator import API_CALLS
 from sunkd.kubernetes.client import (
     NODES,
@@ -49,12 +51,15 @@ from sunkd.testbed.slurm import SlurmCluster
 from tests.conftest import require
 from tests.integration.kube_backends import (
     SUNKD_NAMESPACE,
+    bound_token,
     calls_made,
     forbidden,
-    install_sunkd,
-    real_plane_or_skip,
+    refused_as_unauthenticated,
     reset_real,
+    revoke,
     sunkd_kubeconfig,
+    sunkd_plane,
+    write_atomically,
 )
 from tests.integration.test_e2e import (
     assert_log_safe,
@@ -90,12 +95,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[KubeControlPlane]:
-    control_plane = real_plane_or_skip(audit=True)
-    try:
-        install_sunkd(control_plane)
+    with sunkd_plane(audit=True) as control_plane:
         yield control_plane
-    finally:
-        control_plane.stop()
 
 
 @dataclass
@@ -338,6 +339,47 @@ async def test_a_pod_bound_after_the_node_left_its_nodeset_mid_reclaim_is_evicte
         events = await read_all(database_url)
     assert_log_safe(events)
     _evicted_before_resumed(events, lent, f"{NAMESPACE}/late", mark)
+
+
+async def test_the_daemon_keeps_working_across_bound_token_rotations(
+    world: World, slurm_cluster: SlurmCluster, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sunkd's kubeconfig names its ServiceAccount's bound token by `tokenFile`, as a pod's
+    projected token is: three times the token is replaced and the old one revoked while
+    the daemon leads (Lease) and watches. Each time the daemon's next request is refused
+    (401), it reads the file again, and a new pool pod still gets a lent node (taints and
+    annotations written, the Lease renewed, with the new token). The minute's re-read is
+    pushed out of the way, so only the 401 path can find the new token."""
+    monkeypatch.setattr(kubeconfig_module, "TOKEN_FILE_TTL_SECONDS", 3600.0)
+    reset_slurm(slurm_cluster)
+    token, secret = bound_token(world.plane)
+    token_file = tmp_path / "sa-token"
+    write_atomically(token_file, token)
+    config = yaml.safe_load(world.kubeconfig.read_text())
+    config["users"][0]["user"] = {"tokenFile": str(token_file)}
+    world.kubeconfig.write_text(yaml.safe_dump(config))
+    async with migrated_database() as database_url:
+        async with running_sunkd(database_url, slurm_cluster, world, lease=True) as sunkd:
+            refused = refused_as_unauthenticated(world.plane)
+            lent: set[str] = set()
+            for _ in range(3):
+                new_token, new_secret = bound_token(world.plane)
+                write_atomically(token_file, new_token)
+                await revoke(world.plane, token, secret)
+                token, secret = new_token, new_secret
+                [pod] = await world.pending_pods(1)
+                node = await sunkd.until("the scheduler binds the pod to a lent node",
+                                         lambda: world.bound_node(pod))  # noqa: B023
+                await sunkd.until("the lend is recorded", lambda: sunkd.owner(
+                    node) == "kubernetes", within=10)  # noqa: B023
+                lent.add(node)
+            assert len(lent) == 3
+            await asyncio.sleep(0.5)  # the audit backend writes in batches
+            assert refused_as_unauthenticated(world.plane) - refused >= 3
+        events = await read_all(database_url)
+    assert_log_safe(events)
+    assert_rbac_sufficient(world.plane)
 
 
 async def test_busy_node_is_lent_only_after_its_job_ends(

@@ -357,3 +357,34 @@ async def test_no_kubeconfig_stops_the_daemon_with_where_it_looked(
     daemon = Daemon(settings)
     assert await asyncio.wait_for(daemon.run(), 60) == 1
     assert daemon.fatal_error is not None and "no kubeconfig found" in daemon.fatal_error
+
+
+async def test_an_exec_plugin_failing_at_start_is_retried_not_fatal(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """kubernetes-asyncio runs a kubeconfig's exec plugin when the client is built: a plugin
+    failing then (its identity provider unreachable) is not a configuration to fix. The
+    daemon keeps running and builds the client once the plugin answers."""
+    from sunkd.testbed.kubeapi import KubeAPIEmulator
+    from tests.integration.kube_helpers import token_plugin, write_exec_kubeconfig
+
+    down = tmp_path / "provider-down"
+    down.touch()
+    plugin = token_plugin(tmp_path / "plugin.py", "late", fail_while=down)
+    async with KubeAPIEmulator() as emulator:
+        kubeconfig = write_exec_kubeconfig(emulator, tmp_path / "kubeconfig", plugin)
+        settings = replace(settings_for(sqlite_url), kubernetes=KubernetesSettings(
+            enabled=True, kubeconfig=kubeconfig))
+        daemon = Daemon(settings)
+        async with running(daemon) as task:
+            await asyncio.sleep(4)  # more than a term's retry (lease_seconds=3)
+            assert not task.done(), daemon.fatal_error
+            assert daemon.fatal_error is None
+            down.unlink()
+            for _ in range(200):
+                if any(r.headers.get("Authorization") == "Bearer late"
+                       for r in emulator.requests):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the daemon never reached the API server")
+            assert not task.done()

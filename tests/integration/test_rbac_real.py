@@ -53,9 +53,8 @@ from tests.integration.kube_backends import (
     RBAC_MANIFEST,
     SUNKD_NAMESPACE,
     SUNKD_USER,
-    install_sunkd,
-    real_plane_or_skip,
     sunkd_kubeconfig,
+    sunkd_plane,
 )
 from tests.integration.kube_helpers import (
     ListSink,
@@ -86,12 +85,8 @@ class Env:
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[KubeControlPlane]:
-    control_plane = real_plane_or_skip(audit=True, scheduler=False)
-    try:
-        install_sunkd(control_plane)
+    with sunkd_plane(audit=True, scheduler=False) as control_plane:
         yield control_plane
-    finally:
-        control_plane.stop()
 
 
 @pytest.fixture
