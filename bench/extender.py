@@ -42,6 +42,7 @@ from sunkd.api.metrics import Metrics
 from sunkd.domain.events import (
     K8sNodeObserved,
     K8sNodesetObserved,
+    K8sWorkloadObserved,
     Label,
     Payload,
     RecordedEvent,
@@ -73,6 +74,7 @@ def build_state(count: int) -> ClusterState:
         name = f"gpu-{index:05d}"
         add(SlurmNodeObserved(node=name, state="IDLE", partitions=("gpu",)), name)
         add(K8sNodeObserved(node=name, slurm_node=name, ready=True, labels=(POOL_LABEL,)), name)
+        add(K8sWorkloadObserved(node=name), name)  # the source reports every Node's pods
         add(TransitionStarted(transition_id=f"a-{index}", node=name, pool=POOL,
                               from_owner="none", to_owner="slurm", reason="adopt"), name, 60)
         add(TransitionCompleted(transition_id=f"a-{index}", node=name, pool=POOL,
