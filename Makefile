@@ -23,11 +23,12 @@ system-deps:
 	scripts/ensure-system-deps.sh
 
 # The real Kubernetes control plane (kube-apiserver, controller-manager, scheduler,
-# kubectl, etcd) and helm, built from Go modules once per machine and cached by version
-# outside the clone (/var/cache/sunkd/kubernetes-vX.Y.Z, helm-vX.Y.Z; about 9 minutes
-# cold, instant warm).
+# kubectl, etcd), the kubelet (same pins) and helm, built from Go modules once per machine
+# and cached by version outside the clone (/var/cache/sunkd/kubernetes-vX.Y.Z,
+# kubelet-vX.Y.Z, helm-vX.Y.Z; about 10 minutes cold, instant warm).
 kube-binaries:
 	scripts/build-kubernetes.sh
+	scripts/build-kubelet.sh
 	scripts/build-helm.sh
 
 # Slurm 24.11 (Debian 13) and 26.05 (sid) for the Slurm contract tests, beside the host's
