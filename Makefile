@@ -32,11 +32,13 @@ kube-binaries:
 	scripts/build-helm.sh
 
 # Slurm 24.11 (Debian 13) and 26.05 (sid) for the Slurm contract tests, beside the host's
-# 22.05: minimal Debian roots made with debootstrap once per machine and cached outside the
-# clone (/var/cache/sunkd/slurm-root-SUITE; about a minute each cold, instant warm). When
-# one cannot be made its tests skip, or fail under SUNKD_TEST_STRICT=1, saying why.
+# 22.05, and 22.05 (bookworm) for the slurmd image the real kubelet Nodes run
+# (sunkd/testbed/images.py): minimal Debian roots made with debootstrap once per machine
+# and cached outside the clone (/var/cache/sunkd/slurm-root-SUITE; about two minutes each
+# cold, instant warm). When one cannot be made its tests skip, or fail under
+# SUNKD_TEST_STRICT=1, saying why.
 slurm-roots:
-	scripts/prepare-slurm-root.sh trixie sid || echo "slurm-roots: not ready; the Slurm 24.11/26.05 tests will say why" >&2
+	scripts/prepare-slurm-root.sh trixie sid bookworm || echo "slurm-roots: not ready; the Slurm 24.11/26.05 and slurmd-pod tests will say why" >&2
 
 lint: venv
 	$(BIN)/ruff check sunkd tests bench

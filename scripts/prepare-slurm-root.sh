@@ -3,7 +3,8 @@
 # packages, for the test harness (sunkd/testbed/slurm.py, SlurmCluster(version=...)):
 #
 #   trixie (Debian 13) -> Slurm 24.11      sid -> Slurm 26.05
-#   bookworm (Debian 12) -> Slurm 22.05, only for hosts that are not Debian 12
+#   bookworm (Debian 12) -> Slurm 22.05, for hosts that are not Debian 12 and for the
+#   slurmd image of the real kubelet Nodes (sunkd/testbed/images.py)
 #
 # The host's Debian 12 Slurm (22.05) needs no root. The root is built once per machine
 # and cached OUTSIDE the clone:
