@@ -7,15 +7,17 @@ An image is one directory packed as one layer in the `docker save` format
 runs it with `imagePullPolicy: Never`. References are `localhost/...`, so nothing ever
 tries a registry.
 
-- `localhost/sunkd-pause:<kube version>`: upstream's `build/pause/linux/pause.c` from the
-  pinned k8s.io/kubernetes module in Go's module cache, `gcc -static`;
-- `localhost/sunkd-busybox:<digest>`: Debian's busybox-static and a few applet links;
-- `localhost/sunkd-slurmd:<Slurm release>`: a Debian root of `scripts/prepare-slurm-root.sh`
-  (bookworm 22.05, trixie 24.11, sid 26.05), the packages the Slurm harness runs from.
+- `localhost/sunkd-pause:<kube version>-r<recipe>`: upstream's `build/pause/linux/pause.c`
+  from the pinned k8s.io/kubernetes module in Go's module cache, `gcc -static`;
+- `localhost/sunkd-busybox:<digest>-r<recipe>`: Debian's busybox-static and a few applet links;
+- `localhost/sunkd-slurmd:<Slurm release>-<key>`: a Debian root of
+  `scripts/prepare-slurm-root.sh` (bookworm 22.05, trixie 24.11, sid 26.05), the packages
+  the Slurm harness runs from.
 
-Tars are cached in `${SUNKD_KUBE_CACHE:-/var/cache/sunkd}/kubelet-images/`, keyed by what
-they are made from (the Kubernetes pin, the busybox binary, the root's stamp), built into a
-temporary file and renamed into place under a lock, so a half-written tar is never used.
+Tars are cached in `${SUNKD_KUBE_CACHE:-/var/cache/sunkd}/kubelet-images/`, named after
+their reference, whose tag is a key of what they are made from (the Kubernetes pin, the
+busybox binary, the root's stamp, RECIPE); each is written to a temporary file and renamed
+into place under a lock, so a half-written tar is never used.
 """
 
 from __future__ import annotations
@@ -38,9 +40,16 @@ from sunkd.testbed.kubernetes import KUBE_VERSION, cache_root
 from sunkd.testbed.slurm import SLURM_GENERATIONS, root_dir, root_stamp
 
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Left out of every layer: the runtime mounts these, and a root's /etc/munge/munge.key is
-# not wanted (a slurmd pod authenticates through its cluster's munged socket).
-_EXCLUDE = ("./dev/*", "./proc/*", "./sys/*", "./run/*", "./tmp/*", "./etc/munge/munge.key")
+# Left out of every layer: the runtime mounts the first four; a root's munge.key is not
+# wanted (a slurmd pod authenticates through its cluster's munged socket); apt's lists,
+# docs and locales are more than half of a root and only slow every import down.
+_EXCLUDE = (
+    "./dev/*", "./proc/*", "./sys/*", "./run/*", "./tmp/*", "./etc/munge/munge.key",
+    "./var/lib/apt/lists/*", "./var/cache/apt/*", "./usr/share/doc/*", "./usr/share/man/*",
+    "./usr/share/locale/*",
+)  # fmt: skip
+# Part of every cached tar's key: bump it when what goes into an image changes.
+RECIPE = 2
 
 
 class ImageError(RuntimeError):
@@ -148,6 +157,11 @@ def _cache_lock() -> Iterator[Path]:
         yield cache
 
 
+def _tar_path(cache: Path, ref: str) -> Path:
+    """The cached tar of `ref`, named after it: a tar never holds another tag."""
+    return cache / f"{ref.removeprefix('localhost/').replace(':', '_')}.tar"
+
+
 def _go_module_dir(module: str) -> Path:
     go = shutil.which("go") or "/usr/local/go/bin/go"
     try:
@@ -161,9 +175,9 @@ def _go_module_dir(module: str) -> Path:
 
 def pause_image(version: str = KUBE_VERSION) -> Image:
     """The pod sandbox image: upstream's pause.c, from the pinned k8s.io/kubernetes module."""
-    ref = f"localhost/sunkd-pause:{version}"
+    ref = f"localhost/sunkd-pause:{version}-r{RECIPE}"
     with _cache_lock() as cache:
-        out = cache / f"pause-{version}.tar"
+        out = _tar_path(cache, ref)
         if out.exists():
             return Image(ref, out)
         source = _go_module_dir(f"k8s.io/kubernetes@{version}") / "build/pause/linux/pause.c"
@@ -194,9 +208,9 @@ def busybox_image() -> Image:
     if not source.is_file():
         raise ImageError("/bin/busybox missing (Debian package busybox-static)")
     digest = _sha256(source)[:12]
-    ref = f"localhost/sunkd-busybox:{digest}"
+    ref = f"localhost/sunkd-busybox:{digest}-r{RECIPE}"
     with _cache_lock() as cache:
-        out = cache / f"busybox-{digest}.tar"
+        out = _tar_path(cache, ref)
         if out.exists():
             return Image(ref, out)
         with tempfile.TemporaryDirectory(prefix=".busybox.", dir=cache) as work:
@@ -225,12 +239,12 @@ def slurm_image(version: str) -> Image:
             "as root (`make slurm-roots` does)"
         )
     release = str(stamp.get("slurm"))
-    key = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:12]
-    ref = f"localhost/sunkd-slurmd:{release}"
+    key = hashlib.sha256(json.dumps([RECIPE, stamp], sort_keys=True).encode()).hexdigest()[:12]
+    ref = f"localhost/sunkd-slurmd:{release}-{key}"
     with _cache_lock() as cache:
-        out = cache / f"slurmd-{suite}-{release}-{key}.tar"
+        out = _tar_path(cache, ref)
         if not out.exists():
-            for old in cache.glob(f"slurmd-{suite}-*.tar"):  # an older root's image
+            for old in cache.glob(f"sunkd-slurmd_{version}.*.tar"):  # an older root's image
                 old.unlink()
             write_docker_archive(root, ref, out, cmd=["slurmd", "-D"])
         return Image(ref, out)

@@ -78,6 +78,13 @@ def kubelet_binary() -> Path:
     return cache_root() / f"kubelet-{KUBE_VERSION}" / "bin" / "kubelet"
 
 
+def containerd_roots() -> Path:
+    """The Nodes' containerd roots (imported images, unpacked), kept between runs: the
+    slurmd image is unpacked once per machine, not per run. Remove the directory to reclaim
+    the space; images are keyed by content, so a stale one is never used."""
+    return cache_root() / "kubelet-containerd"
+
+
 def available() -> tuple[bool, str]:
     """Can real kubelet Nodes start here? (root, the built kubelet, containerd, runc, CNI)."""
     if os.geteuid() != 0:
@@ -151,10 +158,12 @@ def _stop_process(process: subprocess.Popen[bytes], timeout: float = 20.0) -> No
 
 
 class Containerd:
-    """A private containerd (own root, state, socket and config under `directory`)."""
+    """A private containerd: state, socket and config under `directory`; its root (images,
+    snapshots) in `root`, kept between runs so images are unpacked once per machine."""
 
-    def __init__(self, directory: Path, pause_ref: str) -> None:
+    def __init__(self, directory: Path, root: Path, pause_ref: str) -> None:
         self.dir = directory
+        self.root = root
         self.pause_ref = pause_ref
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -171,7 +180,7 @@ class Containerd:
         ))  # fmt: skip
         cri = '[plugins."io.containerd.grpc.v1.cri"'
         return f"""version = 2
-root = "{self.dir / "root"}"
+root = "{self.root}"
 state = "{self.dir / "state"}"
 [grpc]
   address = "{self.socket}"
@@ -225,10 +234,20 @@ state = "{self.dir / "state"}"
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise KubeletError(f"containerd did not come up; log: {self.dir}/containerd.log")
             time.sleep(0.1)
+        self._remove_containers()  # a crashed run's, kept in the root
+
+    def _remove_containers(self) -> None:
+        for cid in self.ctr("containers", "ls", "-q", check=False, timeout=30).split():
+            self.ctr("tasks", "kill", "-s", "KILL", cid, check=False, timeout=30)
+            self.ctr("tasks", "rm", "-f", cid, check=False, timeout=30)
+            self.ctr("containers", "rm", cid, check=False, timeout=30)
 
     def import_images(self, images: Iterable[Image]) -> None:
+        """Import the images this containerd does not have yet."""
+        present = set(self.ctr("images", "ls", "-q", timeout=30).split())
         for image in images:
-            self.ctr("images", "import", str(image.tar), timeout=300)
+            if image.ref not in present:
+                self.ctr("images", "import", str(image.tar), timeout=300)
 
     def tasks(self) -> dict[str, int]:
         """Running containers: id -> host PID."""
@@ -250,10 +269,7 @@ state = "{self.dir / "state"}"
         if self.process.poll() is None:
             # Sandboxes the kubelet stopped are still containers: remove every one, so
             # their shims exit and their snapshots are unmounted.
-            for cid in self.ctr("containers", "ls", "-q", check=False, timeout=30).split():
-                self.ctr("tasks", "kill", "-s", "KILL", cid, check=False, timeout=30)
-                self.ctr("tasks", "rm", "-f", cid, check=False, timeout=30)
-                self.ctr("containers", "rm", cid, check=False, timeout=30)
+            self._remove_containers()
         shims = self.shim_pids()
         _stop_process(self.process)
         for pid in shims:  # a shim outlives containerd by design; these are ours
@@ -268,7 +284,9 @@ class KubeletNode:
         self.index = index
         self.name = f"127.0.0.{10 + index}"
         self.dir = base / f"node-{index}"
-        self.containerd = Containerd(base / f"containerd-{index}", pause_ref)
+        self.containerd = Containerd(
+            base / f"containerd-{index}", containerd_roots() / f"node-{index}", pause_ref
+        )
         self.cgroup_root = f"/sunkd-kubelet-{os.getpid()}-{index}"
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
@@ -433,6 +451,7 @@ class KubeletNodes:
         self.registration_seconds: dict[str, float] = {}
         self.ready_seconds: dict[str, float] = {}
         self.import_seconds = 0.0
+        self.stop_seconds: dict[str, float] = {}
         self._lock: IO[str] | None = None
         self._sysctls: dict[str, str] = {}
         self._host_paths_before: set[str] = set()
@@ -485,8 +504,7 @@ class KubeletNodes:
             started = time.monotonic()
             for node in self.nodes:
                 node.containerd.start()
-            with ThreadPoolExecutor(max_workers=self.count) as pool:
-                list(pool.map(lambda n: n.containerd.import_images(self.images), self.nodes))
+            self.import_images(self.images)
             self.import_seconds = round(time.monotonic() - started, 2)
             for node in self.nodes:
                 node.start_kubelet(self.plane, binary, self.verbosity)
@@ -528,6 +546,12 @@ class KubeletNodes:
                 )
             time.sleep(0.1)
 
+    def import_images(self, images: Sequence[Image], nodes: Sequence[KubeletNode] = ()) -> None:
+        """Import `images` into the containerd of `nodes` (default: every Node), in parallel."""
+        targets = list(nodes or self.nodes)
+        with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+            list(pool.map(lambda n: n.containerd.import_images(images), targets))
+
     def node_of(self, name: str) -> KubeletNode:
         return next(n for n in self.nodes if n.name == name)
 
@@ -555,20 +579,42 @@ class KubeletNodes:
 
     def stop(self) -> None:
         """Stop and remove everything this object started; safe twice or after a failure."""
+        mark = time.monotonic()
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            self.stop_seconds[name] = round(now - mark, 2)
+            mark = now
+
         with contextlib.suppress(Exception):
             self._delete_pods()
+        phase("pods")
+        for node in self.nodes:
+            if node.process is not None:
+                node.process.terminate()
         for node in self.nodes:
             if node.process is not None:
                 _stop_process(node.process)
-        for node in self.nodes:
-            with contextlib.suppress(Exception):
+        phase("kubelets")
+
+        def stop_containerd(node: KubeletNode) -> None:
+            try:
                 node.containerd.stop()
+            except Exception as error:  # the rest of the teardown still runs
+                log.error("harness.kubelet.containerd_stop", node=node.name, error=str(error))
+
+        with ThreadPoolExecutor(max_workers=max(1, len(self.nodes))) as pool:
+            list(pool.map(stop_containerd, self.nodes))
+        phase("containerds")
         if self.base != Path("/nonexistent"):
             for point in _mounts_under(self.base):
                 subprocess.run(["umount", point], capture_output=True, check=False)
+        phase("unmount")
         left = [path for node in self.nodes for path in node.remove_cgroup_root()]
         if left:
             log.error("harness.kubelet.cgroups_left", cgroups=left)
+        phase("cgroups")
         for path in HOST_PATHS:
             if path not in self._host_paths_before and os.path.lexists(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -577,12 +623,16 @@ class KubeletNodes:
                 if _sysctl(name).read_text().strip() != value:
                     _sysctl(name).write_text(f"{value}\n")
         self._sysctls = {}
+        phase("host")
         if self._base_dir_arg is None and self.base != Path("/nonexistent"):
             if not _mounts_under(self.base):
                 shutil.rmtree(self.base, ignore_errors=True)
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+        if self.nodes:
+            phase("files")
+            log.info("harness.kubelet.down", seconds=self.stop_seconds)
         self.nodes = []
 
     # ------------------------------------------------------------------ pods

@@ -122,7 +122,9 @@ def test_a_pod_from_a_local_image_runs_in_its_nodes_cgroups(
 ) -> None:
     node = bed.nodes[-1]
     pod = host_network_pod(
-        "shell", busybox.ref, ["sh", "-c", "echo hello from $(hostname); exec sleep 600"],
+        "shell", busybox.ref,
+        # PID 1 of its namespace: SIGTERM does nothing to it without a handler.
+        ["sh", "-c", "trap 'exit 0' TERM; echo hello from $(hostname); while :; do sleep 1; done"],
         node=node.name,
     )  # fmt: skip
     applied = time.monotonic()
@@ -133,7 +135,7 @@ def test_a_pod_from_a_local_image_runs_in_its_nodes_cgroups(
     assert pid is not None
     cgroups = Path(f"/proc/{pid}/cgroup").read_text()
     assert f"{node.cgroup_root}/kubepods/" in cgroups, cgroups
-    assert Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+    assert Path(f"/proc/{pid}/comm").read_text().strip() == "sh"
     logs = plane.kubectl("logs", "shell").stdout  # kube-apiserver -> this kubelet
     assert logs.startswith("hello from "), logs
     plane.kubectl("delete", "pod", "shell", "--wait=true", "--timeout=60s")
@@ -141,8 +143,26 @@ def test_a_pod_from_a_local_image_runs_in_its_nodes_cgroups(
     print(f"\nbusybox pod: Running {running} s after kubectl apply")
 
 
-def _slurmd_ready(cluster: SlurmCluster, node: str) -> bool:
-    return cluster.node_flags(node) == "IDLE"
+def _slurmd_started(cluster: SlurmCluster, node: str) -> str:
+    """When slurmctld last heard a slurmd of `node` start (1 s resolution)."""
+    found = re.search(r"\bSlurmdStartTime=(\S+)", cluster.scontrol("show", "node", node))
+    return found.group(1) if found else ""
+
+
+def _move_slurmds_to_pods(cluster: SlurmCluster, nodes: list[str]) -> dict[str, str]:
+    """Stop the host's slurmd of each node; their start times, to tell the pods' apart."""
+    before = {n: _slurmd_started(cluster, n) for n in nodes}
+    for name in nodes:
+        cluster.kill_slurmd(name, sig=signal.SIGTERM)  # returns once it exited
+    time.sleep(1.1)  # a pod's slurmd starts in a later second than the host's
+    return before
+
+
+def _registered(cluster: SlurmCluster, node: str, before: str) -> bool:
+    """The node is IDLE through a slurmd that started after the host's was stopped."""
+    return _slurmd_started(cluster, node) not in ("", before) and (
+        cluster.node_flags(node) == "IDLE"
+    )
 
 
 def _step_cgroups(cluster: SlurmCluster, nodes: int) -> dict[str, str]:
@@ -158,8 +178,7 @@ def _step_cgroups(cluster: SlurmCluster, nodes: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def slurm22(bed: KubeletNodes) -> Image:
     image = _image(images_mod.slurm_image, "22.05")
-    for node in bed.nodes:
-        node.containerd.import_images([image])
+    bed.import_images([image])
     return image
 
 
@@ -168,12 +187,7 @@ def test_slurmd_pods_on_every_node_join_the_host_slurmctld(
 ) -> None:
     slurm_nodes = [f"node{i + 1}" for i in range(NODES)]
     with slurm_cluster(f"node[1-{NODES}]") as cluster:
-        for name in slurm_nodes:  # each node's slurmd moves from the host into a pod
-            cluster.kill_slurmd(name, sig=signal.SIGTERM)
-        cluster.wait_for(
-            lambda: all("NOT_RESPONDING" in cluster.node_flags(n) for n in slurm_nodes),
-            timeout=60, what="host slurmds gone",
-        )  # fmt: skip
+        before = _move_slurmds_to_pods(cluster, slurm_nodes)
         pods = [
             slurmd_pod(f"slurmd-{name}", slurm22.ref, name, cluster.base, node.name)
             for name, node in zip(slurm_nodes, bed.nodes, strict=True)
@@ -181,7 +195,10 @@ def test_slurmd_pods_on_every_node_join_the_host_slurmctld(
         listed = json.dumps({"kind": "List", "apiVersion": "v1", "items": pods})
         applied = time.monotonic()
         plane.kubectl("apply", "-f", "-", input=listed)
-        bed.wait("slurmd pods IDLE", lambda: all(_slurmd_ready(cluster, n) for n in slurm_nodes))
+        bed.wait(
+            "slurmd pods IDLE",
+            lambda: all(_registered(cluster, n, before[n]) for n in slurm_nodes),
+        )
         idle = round(time.monotonic() - applied, 2)
         steps = _step_cgroups(cluster, NODES)
         for name, node in zip(slurm_nodes, bed.nodes, strict=True):
@@ -207,25 +224,23 @@ def test_a_slurmd_pod_of_each_slurm_generation_runs_jobs(
 ) -> None:
     image = _image(images_mod.slurm_image, version)
     node = bed.nodes[0]
-    node.containerd.import_images([image])
+    bed.import_images([image], [node])
     with slurm_cluster("node[1-2]", version=version) as cluster:
-        cluster.kill_slurmd("node2", sig=signal.SIGTERM)
-        cluster.wait_for(lambda: "NOT_RESPONDING" in cluster.node_flags("node2"),
-                         timeout=60, what="node2's host slurmd gone")  # fmt: skip
+        before = _move_slurmds_to_pods(cluster, ["node2"])
         name = f"slurmd-{version.replace('.', '-')}"
         pod = slurmd_pod(name, image.ref, "node2", cluster.base, node.name)
         applied = time.monotonic()
         plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
-        bed.wait(f"Slurm {version} node2 IDLE", lambda: _slurmd_ready(cluster, "node2"))
+        bed.wait(
+            f"Slurm {version} node2 IDLE", lambda: _registered(cluster, "node2", before["node2"])
+        )
         idle = round(time.monotonic() - applied, 2)
         script = "grep :memory: /proc/self/cgroup; cat /proc/1/comm"
         out = cluster.run("srun", "-w", "node2", "-N1", "sh", "-c", script, timeout=60)
         assert f"{node.cgroup_root}/kubepods/" in out and out.split()[-1] == "slurmd", out
         release = cluster.slurm_version or ""
-        assert re.match(rf"{re.escape(version)}\.\d+$", release) and image.ref.endswith(release)
+        assert re.match(rf"{re.escape(version)}\.\d+$", release) and f":{release}-" in image.ref
         pid = bed.container_pid(name)
         plane.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s")
-        assert pid is not None and not Path(f"/proc/{pid}").exists()
-        cluster.wait_for(lambda: "NOT_RESPONDING" in cluster.node_flags("node2"),
-                         timeout=60, what="slurmctld notices the pod's slurmd is gone")  # fmt: skip
+        assert pid is not None and not Path(f"/proc/{pid}").exists(), "slurmd outlived its pod"
         print(f"\nSlurm {cluster.slurm_version} slurmd pod: IDLE {idle} s after kubectl apply")
