@@ -15,9 +15,7 @@ on loopback; no /etc/hosts entry is needed. Images are imported from local tars
 What this host kind needs, each learnt the hard way (docs/kubernetes-build.md):
 - cgroup v1: v1.37's KubeletConfiguration defaults `failCgroupV1` to true; set false,
   with `cgroupDriver: cgroupfs`; each Node gets its own existing `cgroupRoot`.
-- root without CAP_SYS_RESOURCE: the CRI asks oom_score_adj -998 for the pause container
-  and runc fails ("can't get final child's PID from pipe: EOF");
-  containerd's `restrict_oom_score_adj = true` clamps it.
+- root without CAP_SYS_RESOURCE, no pod network: see sunkd.testbed.containerd.
 - `makeIPTablesUtilChains: false`, else KUBE-FIREWALL and friends stay in the host's
   iptables after the kubelet stops.
 - The kubelet rewrites vm.overcommit_memory, kernel.panic and kernel.panic_on_oops
@@ -43,7 +41,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -52,13 +50,13 @@ from typing import IO, Any
 import structlog
 import yaml
 
+from sunkd.testbed.containerd import CNI_BIN_DIR, Containerd, rss_mib, stop_process
 from sunkd.testbed.images import Image
 from sunkd.testbed.kubernetes import KUBE_VERSION, KubeControlPlane, cache_root, free_ports
 
 log = structlog.get_logger(__name__)
 
 BUILD_COMMAND = "scripts/build-kubelet.sh"
-CNI_BIN_DIR = Path("/usr/lib/cni")
 HOST_LOCK = Path("/run/lock/sunkd-kubelet.lock")
 SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 # Created by a kubelet or containerd whatever their flags say (see the module docstring).
@@ -102,30 +100,6 @@ def available() -> tuple[bool, str]:
     return True, "ok"
 
 
-def rss_mib(pid: int) -> float:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
-
-
-def _pids_with_arg(needle: str) -> list[int]:
-    """Live processes whose command line contains `needle` (a socket path of ours)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
 def _mounts_under(path: Path) -> list[str]:
     points = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -135,7 +109,7 @@ def _mounts_under(path: Path) -> list[str]:
     return sorted(points, key=len, reverse=True)
 
 
-def _hierarchies() -> list[Path]:
+def cgroup_hierarchies() -> list[Path]:
     """The cgroup hierarchies: each v1 mount (and a hybrid host's `unified`), or the
     single v2 tree."""
     if (_CGROUP_FS / "cgroup.controllers").exists():
@@ -143,138 +117,8 @@ def _hierarchies() -> list[Path]:
     return [p for p in _CGROUP_FS.iterdir() if p.is_dir() and not p.is_symlink()]
 
 
-def _sysctl(name: str) -> Path:
+def sysctl_path(name: str) -> Path:
     return Path("/proc/sys") / name.replace(".", "/")
-
-
-def _stop_process(process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-class Containerd:
-    """A private containerd: state, socket and config under `directory`; its root (images,
-    snapshots) in `root`, kept between runs so images are unpacked once per machine."""
-
-    def __init__(self, directory: Path, root: Path, pause_ref: str) -> None:
-        self.dir = directory
-        self.root = root
-        self.pause_ref = pause_ref
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def socket(self) -> Path:
-        return self.dir / "containerd.sock"
-
-    def _config(self) -> str:
-        cni_conf = self.dir / "cni-conf"
-        cni_conf.mkdir(parents=True, exist_ok=True)
-        # No pod network: the loopback plugin alone makes the CRI report NetworkReady.
-        (cni_conf / "00-loopback.conflist").write_text(json.dumps(
-            {"cniVersion": "1.0.0", "name": "sunkd-loopback", "plugins": [{"type": "loopback"}]}
-        ))  # fmt: skip
-        cri = '[plugins."io.containerd.grpc.v1.cri"'
-        return f"""version = 2
-root = "{self.root}"
-state = "{self.dir / "state"}"
-[grpc]
-  address = "{self.socket}"
-[ttrpc]
-  address = "{self.socket}.ttrpc"
-{cri}]
-  sandbox_image = "{self.pause_ref}"
-  restrict_oom_score_adj = true
-  disable_tcp_service = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  disable_apparmor = true
-  tolerate_missing_hugetlb_controller = true
-  disable_hugetlb_controller = true
-{cri}.cni]
-  bin_dir = "{CNI_BIN_DIR}"
-  conf_dir = "{cni_conf}"
-{cri}.containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-{cri}.containerd.runtimes.runc.options]
-  SystemdCgroup = false
-"""
-
-    def ctr(self, *args: str, check: bool = True, timeout: float = 120.0) -> str:
-        command = ["ctr", "--address", str(self.socket), "-n", "k8s.io", *args]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        if check and result.returncode != 0:
-            raise KubeletError(f"ctr {' '.join(args)}: {result.stderr.strip()}")
-        return result.stdout
-
-    def answers(self) -> bool:
-        """`ctr version` reaches the daemon (it prints the client's part either way)."""
-        command = ["ctr", "--address", str(self.socket), "version"]
-        return subprocess.run(command, capture_output=True, timeout=10).returncode == 0
-
-    def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        config = self.dir / "config.toml"
-        config.write_text(self._config())
-        with (self.dir / "containerd.log").open("ab") as handle:
-            self.process = subprocess.Popen(
-                ["containerd", "--config", str(config)],
-                stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not self.answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise KubeletError(f"containerd did not come up; log: {self.dir}/containerd.log")
-            time.sleep(0.1)
-        self._remove_containers()  # a crashed run's, kept in the root
-
-    def _remove_containers(self) -> None:
-        for cid in self.ctr("containers", "ls", "-q", check=False, timeout=30).split():
-            self.ctr("tasks", "kill", "-s", "KILL", cid, check=False, timeout=30)
-            self.ctr("tasks", "rm", "-f", cid, check=False, timeout=30)
-            self.ctr("containers", "rm", cid, check=False, timeout=30)
-
-    def import_images(self, images: Iterable[Image]) -> None:
-        """Import the images this containerd does not have yet."""
-        present = set(self.ctr("images", "ls", "-q", timeout=30).split())
-        for image in images:
-            if image.ref not in present:
-                self.ctr("images", "import", str(image.tar), timeout=300)
-
-    def tasks(self) -> dict[str, int]:
-        """Running containers: id -> host PID."""
-        out = self.ctr("tasks", "ls", check=False, timeout=30)
-        tasks = {}
-        for line in out.splitlines()[1:]:
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                tasks[parts[0]] = int(parts[1])
-        return tasks
-
-    def shim_pids(self) -> list[int]:
-        pid = self.process.pid if self.process is not None else -1
-        return [p for p in _pids_with_arg(f"-address {self.socket}") if p != pid]
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            # Sandboxes the kubelet stopped are still containers: remove every one, so
-            # their shims exit and their snapshots are unmounted.
-            self._remove_containers()
-        shims = self.shim_pids()
-        _stop_process(self.process)
-        for pid in shims:  # a shim outlives containerd by design; these are ours
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
 
 
 class KubeletNode:
@@ -296,7 +140,7 @@ class KubeletNode:
         return self.dir / "kubelet.log"
 
     def _make_cgroup_root(self) -> None:
-        for hierarchy in _hierarchies():
+        for hierarchy in cgroup_hierarchies():
             if hierarchy.name == "unified":  # runc makes it there itself
                 continue
             path = hierarchy / self.cgroup_root.lstrip("/")
@@ -309,7 +153,7 @@ class KubeletNode:
         """rmdir the Node's tree in every hierarchy (runc makes it in `unified` too);
         what could not be removed (a process still in it)."""
         left = []
-        for hierarchy in _hierarchies():
+        for hierarchy in cgroup_hierarchies():
             root = hierarchy / self.cgroup_root.lstrip("/")
             if not root.is_dir():
                 continue
@@ -495,7 +339,7 @@ class KubeletNodes:
         binary = kubelet_binary()
         self._acquire_host_lock()
         try:
-            self._sysctls = {n: _sysctl(n).read_text().strip() for n in SYSCTLS}
+            self._sysctls = {n: sysctl_path(n).read_text().strip() for n in SYSCTLS}
             self._host_paths_before = {p for p in HOST_PATHS if os.path.lexists(p)}
             if self._base_dir_arg is None:
                 self.base = Path(tempfile.mkdtemp(prefix="sunkd-kubelet-"))
@@ -509,10 +353,12 @@ class KubeletNodes:
             for node in self.nodes:
                 node.start_kubelet(self.plane, binary, self.verbosity)
             self._wait_ready()
-        except BaseException:
+        except BaseException as error:
             tails = "\n".join(f"{n.log_path}:\n{_tail(n.log_path)}" for n in self.nodes)
             self.stop()
-            raise KubeletError(f"kubelet Nodes did not come up\n{tails}") from None
+            if not isinstance(error, Exception):  # Ctrl-C: stopped, and on its way
+                raise
+            raise KubeletError(f"kubelet Nodes did not come up: {error}\n{tails}") from error
         log.info("harness.kubelet.up", nodes=self.names, ready=self.ready_seconds)
         return self
 
@@ -595,7 +441,7 @@ class KubeletNodes:
                 node.process.terminate()
         for node in self.nodes:
             if node.process is not None:
-                _stop_process(node.process)
+                stop_process(node.process)
         phase("kubelets")
 
         def stop_containerd(node: KubeletNode) -> None:
@@ -620,8 +466,8 @@ class KubeletNodes:
                 shutil.rmtree(path, ignore_errors=True)
         for name, value in self._sysctls.items():
             with contextlib.suppress(OSError):
-                if _sysctl(name).read_text().strip() != value:
-                    _sysctl(name).write_text(f"{value}\n")
+                if sysctl_path(name).read_text().strip() != value:
+                    sysctl_path(name).write_text(f"{value}\n")
         self._sysctls = {}
         phase("host")
         if self._base_dir_arg is None and self.base != Path("/nonexistent"):

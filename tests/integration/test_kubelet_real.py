@@ -23,16 +23,16 @@ from pathlib import Path
 import pytest
 
 from sunkd.testbed import images as images_mod
+from sunkd.testbed.containerd import pids_with_arg
 from sunkd.testbed.images import Image, ImageError
 from sunkd.testbed.kubelet import (
     SYSCTLS,
     KubeletNodes,
-    _hierarchies,
-    _pids_with_arg,
-    _sysctl,
     available,
+    cgroup_hierarchies,
     host_network_pod,
     slurmd_pod,
+    sysctl_path,
 )
 from sunkd.testbed.kubernetes import KUBE_VERSION, KubeControlPlane
 from sunkd.testbed.kubernetes import available as plane_available
@@ -72,7 +72,7 @@ def bed(plane: KubeControlPlane, busybox: Image) -> Iterator[KubeletNodes]:
     ok, why = available()
     require(ok, why)
     pause = _image(images_mod.pause_image)
-    sysctls = {n: _sysctl(n).read_text() for n in SYSCTLS}
+    sysctls = {n: sysctl_path(n).read_text() for n in SYSCTLS}
     nodes = KubeletNodes(plane, NODES, pause=pause, images=[busybox])
     nodes.start()  # the kubelet and containerd are here: a failure, never a skip
     base, roots = nodes.base, [n.cgroup_root for n in nodes.nodes]
@@ -83,16 +83,16 @@ def bed(plane: KubeControlPlane, busybox: Image) -> Iterator[KubeletNodes]:
     finally:
         nodes.stop()
     assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
-    assert [p for s in sockets for p in _pids_with_arg(s)] == [], "shims left"
-    assert _pids_with_arg(str(base)) == []
+    assert [p for s in sockets for p in pids_with_arg(s)] == [], "shims left"
+    assert pids_with_arg(str(base)) == []
     left = [
         str(h / r.lstrip("/"))
-        for h in _hierarchies()
+        for h in cgroup_hierarchies()
         for r in roots
         if (h / r.lstrip("/")).exists()
     ]
     assert left == [], "cgroups left"
-    assert {n: _sysctl(n).read_text() for n in SYSCTLS} == sysctls
+    assert {n: sysctl_path(n).read_text() for n in SYSCTLS} == sysctls
     assert not base.exists()
 
 
