@@ -89,7 +89,7 @@ def available() -> tuple[bool, str]:
         return False, "real kubelet Nodes need root (cgroups, mounts, containerd)"
     binary = kubelet_binary()
     if not os.access(binary, os.X_OK):
-        return False, f"no kubelet at {binary}: build it with `{BUILD_COMMAND}` (~30 s warm)"
+        return False, f"no kubelet at {binary}: run `{BUILD_COMMAND}` (make kube-binaries)"
     for tool in ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "openssl", "tar"):
         if shutil.which(tool) is None:
             return False, f"{tool} missing (scripts/ensure-system-deps.sh installs it)"
