@@ -23,19 +23,22 @@ system-deps:
 	scripts/ensure-system-deps.sh
 
 # The real Kubernetes control plane (kube-apiserver, controller-manager, scheduler,
-# kubectl, etcd) and helm, built from Go modules once per machine and cached by version
-# outside the clone (/var/cache/sunkd/kubernetes-vX.Y.Z, helm-vX.Y.Z; about 9 minutes
-# cold, instant warm).
+# kubectl, etcd), the kubelet (same pins) and helm, built from Go modules once per machine
+# and cached by version outside the clone (/var/cache/sunkd/kubernetes-vX.Y.Z,
+# kubelet-vX.Y.Z, helm-vX.Y.Z; about 10 minutes cold, instant warm).
 kube-binaries:
 	scripts/build-kubernetes.sh
+	scripts/build-kubelet.sh
 	scripts/build-helm.sh
 
 # Slurm 24.11 (Debian 13) and 26.05 (sid) for the Slurm contract tests, beside the host's
-# 22.05: minimal Debian roots made with debootstrap once per machine and cached outside the
-# clone (/var/cache/sunkd/slurm-root-SUITE; about a minute each cold, instant warm). When
-# one cannot be made its tests skip, or fail under SUNKD_TEST_STRICT=1, saying why.
+# 22.05, and 22.05 (bookworm) for the slurmd image the real kubelet Nodes run
+# (sunkd/testbed/images.py): minimal Debian roots made with debootstrap once per machine
+# and cached outside the clone (/var/cache/sunkd/slurm-root-SUITE; about two minutes each
+# cold, instant warm). When one cannot be made its tests skip, or fail under
+# SUNKD_TEST_STRICT=1, saying why.
 slurm-roots:
-	scripts/prepare-slurm-root.sh trixie sid || echo "slurm-roots: not ready; the Slurm 24.11/26.05 tests will say why" >&2
+	scripts/prepare-slurm-root.sh trixie sid bookworm || echo "slurm-roots: not ready; the Slurm 24.11/26.05 and slurmd-pod tests will say why" >&2
 
 lint: venv
 	$(BIN)/ruff check sunkd tests bench

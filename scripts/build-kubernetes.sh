@@ -2,11 +2,16 @@
 # Build the real Kubernetes control plane from Go modules, into a cache outside the clone.
 #
 #   scripts/build-kubernetes.sh            # build (or find) the binaries, print their directory
+#   scripts/build-kubernetes.sh kubelet    # the kubelet, same pins, own cache (build-kubelet.sh)
 #
 # Versions are pinned by tests/kube/go.mod (k8s.io/kubernetes, its staging modules through
 # `replace`, and go.etcd.io/etcd/server/v3); the binaries are kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl and etcd. They land in
 #   ${SUNKD_KUBE_CACHE:-/var/cache/sunkd}/kubernetes-<version>/bin
+# With the argument `kubelet` it builds k8s.io/kubernetes/cmd/kubelet from the same module
+# into ${SUNKD_KUBE_CACHE:-/var/cache/sunkd}/kubelet-<version>/bin instead (its own cache
+# and lock, so it never waits on or disturbs a control-plane build; with the control plane
+# already compiled, GOCACHE holds all but ~100 of its packages).
 # The script is idempotent: when every binary is there and the VERSIONS stamp matches the
 # pins it does nothing. It builds into a temporary directory beside the cache and renames
 # it into place, so an interrupted build never leaves a half-filled cache. A lock serializes
@@ -19,7 +24,18 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 module_dir="$here/tests/kube"
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd)
+target="${1:-kubernetes}"
+case "$target" in
+    kubernetes)
+        binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd)
+        packages=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+                  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+                  go.etcd.io/etcd/server/v3) ;;
+    kubelet)
+        binaries=(kubelet)
+        packages=(k8s.io/kubernetes/cmd/kubelet) ;;
+    *) printf 'usage: %s [kubernetes|kubelet]\n' "$0" >&2; exit 2 ;;
+esac
 
 say() { printf 'build-kubernetes: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -39,10 +55,14 @@ etcd_version="$(pinned go.etcd.io/etcd/server/v3)" || die "cannot read the go.et
 go_version="$("$GO" env GOVERSION)"
 
 cache_root="${SUNKD_KUBE_CACHE:-/var/cache/sunkd}"
-cache_parent="$cache_root/kubernetes-$kube_version"
+cache_parent="$cache_root/$target-$kube_version"
 bin="$cache_parent/bin"
-stamp="kubernetes $kube_version
+if [[ "$target" == kubelet ]]; then
+    stamp="kubelet $kube_version"
+else
+    stamp="kubernetes $kube_version
 etcd $etcd_version"
+fi
 
 complete() {
     local b
@@ -51,7 +71,7 @@ complete() {
 }
 
 if [[ "${SUNKD_KUBE_FORCE:-0}" != 1 ]] && complete; then
-    say "up to date: kubernetes $kube_version, etcd $etcd_version"
+    say "up to date: ${stamp//$'\n'/, }"
     echo "$bin"
     exit 0
 fi
@@ -62,7 +82,7 @@ if command -v flock >/dev/null; then
     flock 9
     # Someone else may have finished the build while we waited for the lock.
     if [[ "${SUNKD_KUBE_FORCE:-0}" != 1 ]] && complete; then
-        say "up to date: kubernetes $kube_version, etcd $etcd_version"
+        say "up to date: ${stamp//$'\n'/, }"
         echo "$bin"
         exit 0
     fi
@@ -103,23 +123,20 @@ if ! "$GO" mod download >"$log" 2>&1; then
     die "go mod download failed in tests/kube (full log: $log)"
 fi
 
-say "building kubernetes $kube_version and etcd $etcd_version with $go_version (cold: 6-8 min on 2 cores)"
+say "building ${stamp//$'\n'/ and } with $go_version (cold: 6-8 min on 2 cores; the kubelet after the control plane: ~30 s)"
 started=$SECONDS
 export CGO_ENABLED=0
-if ! "$GO" build -trimpath -ldflags="$ldflags" -o "$tmp/" \
-        k8s.io/kubernetes/cmd/kube-apiserver \
-        k8s.io/kubernetes/cmd/kube-controller-manager \
-        k8s.io/kubernetes/cmd/kube-scheduler \
-        k8s.io/kubernetes/cmd/kubectl \
-        go.etcd.io/etcd/server/v3 >"$log" 2>&1; then
+if ! "$GO" build -trimpath -ldflags="$ldflags" -o "$tmp/" "${packages[@]}" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     report_unserved "$log"
     die "go build failed (full log: $log)"
 fi
 rm -f "$log"
 # `go build -o dir/` names go.etcd.io/etcd/server/v3's main package "server".
-[[ -x "$tmp/server" ]] || die "go build produced no etcd (expected $tmp/server)"
-mv "$tmp/server" "$tmp/etcd"
+if [[ "$target" == kubernetes ]]; then
+    [[ -x "$tmp/server" ]] || die "go build produced no etcd (expected $tmp/server)"
+    mv "$tmp/server" "$tmp/etcd"
+fi
 for b in "${binaries[@]}"; do [[ -x "$tmp/$b" ]] || die "go build produced no $b"; done
 printf '%s\ngo %s\n' "$stamp" "$go_version" >"$tmp/VERSIONS"
 chmod 0755 "$tmp"

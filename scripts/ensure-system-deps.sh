@@ -34,6 +34,24 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt_install "${need_pkgs[@]}" curl || echo "ensure-system-deps: could not install Slurm packages" >&2
 fi
 
+# The test bed's real kubelet Nodes (sunkd/testbed/kubelet.py): Debian 12's containerd
+# 1.6 and runc, the CNI loopback plugin (a loopback-only network makes the runtime report
+# NetworkReady; pods use the host network), a static busybox and debootstrap for the
+# locally built test images (sunkd/testbed/images.py). No recommends: iptables is not
+# needed (the kubelet runs with makeIPTablesUtilChains: false).
+kube_pkgs=()
+for pair in containerd:containerd runc:runc ctr:containerd debootstrap:debootstrap; do
+  bin=${pair%%:*}; pkg=${pair#*:}
+  command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || kube_pkgs+=("$pkg")
+done
+[ -x /usr/lib/cni/loopback ] || kube_pkgs+=(containernetworking-plugins)
+[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || kube_pkgs+=(busybox-static)
+if [ ${#kube_pkgs[@]} -gt 0 ]; then
+  mapfile -t kube_pkgs < <(printf '%s\n' "${kube_pkgs[@]}" | sort -u)
+  echo "ensure-system-deps: installing ${kube_pkgs[*]}"
+  apt_install "${kube_pkgs[@]}" || echo "ensure-system-deps: could not install ${kube_pkgs[*]}" >&2
+fi
+
 # Headless Chromium renders the status page in tests/integration/test_status_page.py.
 if ! command -v chromium >/dev/null 2>&1; then
   echo "ensure-system-deps: installing chromium"

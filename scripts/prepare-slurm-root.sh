@@ -3,7 +3,8 @@
 # packages, for the test harness (sunkd/testbed/slurm.py, SlurmCluster(version=...)):
 #
 #   trixie (Debian 13) -> Slurm 24.11      sid -> Slurm 26.05
-#   bookworm (Debian 12) -> Slurm 22.05, only for hosts that are not Debian 12
+#   bookworm (Debian 12) -> Slurm 22.05, for hosts that are not Debian 12 and for the
+#   slurmd image of the real kubelet Nodes (sunkd/testbed/images.py)
 #
 # The host's Debian 12 Slurm (22.05) needs no root. The root is built once per machine
 # and cached OUTSIDE the clone:
@@ -20,13 +21,30 @@
 # else /etc/apt/sources.list), override with SUNKD_DEBIAN_MIRROR. Needs root, network
 # and debootstrap (installed with apt-get when missing). About 2 minutes per suite.
 # Options: --force (rebuild even when up to date), --check (exit 0 if up to date, 1 if not;
-# builds nothing).
+# builds nothing), --check-plugins DIR (only check a slurm-wlm plugin directory as a finished
+# root's is checked: exit 0 if the harness's plugins are there, 1 naming the first missing).
 set -euo pipefail
 
 RECIPE=1
 PACKAGES=(slurmctld slurmd slurmrestd slurm-client munge slurm-wlm-jwt-plugin)
 
-usage() { echo "usage: $0 [--force|--check] bookworm|trixie|sid..." >&2; exit 2; }
+usage() { echo "usage: $0 [--force|--check] bookworm|trixie|sid... | --check-plugins DIR" >&2; exit 2; }
+
+# The plugins the harness needs. REST: 23.02+ serve it through openapi/slurmctld, 22.05
+# through openapi/v0.0.3x (and has no openapi/slurmctld).
+check_plugins() {
+  local dir=$1 plugin
+  for plugin in auth_munge auth_jwt rest_auth_jwt rest_auth_local select_cons_tres; do
+    [ -e "$dir/$plugin.so" ] || { echo "plugin $plugin.so missing in $dir" >&2; return 1; }
+  done
+  [ -e "$dir/openapi_slurmctld.so" ] || ls "$dir"/openapi_v0_0_3[0-9].so >/dev/null 2>&1 \
+    || { echo "plugin openapi_slurmctld.so (or 22.05's openapi_v0_0_3x.so) missing in $dir" >&2; return 1; }
+}
+if [ "${1:-}" = --check-plugins ]; then
+  [ $# = 2 ] || usage
+  check_plugins "$2"
+  exit
+fi
 force=0 check=0 suites=() opts=()
 for arg in "$@"; do
   case "$arg" in
@@ -154,10 +172,8 @@ in_root sh -c 'id slurmrest >/dev/null 2>&1 || useradd -r -M -d /nonexistent -s 
 release=$(in_root slurmctld -V 2>/dev/null | awk '{print $2}')
 [ -n "$release" ] || die "slurmctld -V does not run inside the root"
 plugdir=$(ls -d "$build"/usr/lib/*/slurm-wlm 2>/dev/null | head -1)
-for plugin in auth_munge auth_jwt rest_auth_jwt rest_auth_local openapi_slurmctld select_cons_tres; do
-  [ -e "$plugdir/$plugin.so" ] || die "plugin $plugin.so missing in $plugdir"
-done
-parsers=$(cd "$plugdir" && ls data_parser_v0_0_*.so 2>/dev/null | sed 's/data_parser_\(v0_0_[0-9]*\)\.so/\1/; s/_/./g' | sort -V | tr '\n' ' ')
+check_plugins "$plugdir" || die "the root lacks a plugin the harness needs"
+parsers=$(cd "$plugdir" && ls data_parser_v0_0_*.so 2>/dev/null | sed 's/data_parser_\(v0_0_[0-9]*\)\.so/\1/; s/_/./g' | sort -V | tr '\n' ' ' || true)
 versions=$(in_root dpkg-query -W -f '"${Package}": "${Version}", ' "${PACKAGES[@]}" | sed 's/, $//')
 cat > "$build/.sunkd-root.json" <<EOF
 {"recipe": $RECIPE, "suite": "$suite", "slurm": "$release", "rest_data_parsers": "${parsers% }",

@@ -223,6 +223,8 @@ class KubeControlPlane:
     `scheduler=False` runs no kube-scheduler (pods stay unbound unless a test binds them,
     as on the API emulator). `audit=True` has kube-apiserver write every request at level
     Metadata to `audit_log` (`audit_events()` reads it: who did what, and the answer's code).
+    `kubelet_client=True` has kube-apiserver present the admin certificate to kubelets
+    (`kubectl logs`/`exec` on real kubelet Nodes, sunkd.testbed.kubelet).
     """
 
     def __init__(
@@ -238,6 +240,7 @@ class KubeControlPlane:
         node_monitor_grace_period: int = 50,
         scheduler: bool = True,
         audit: bool = False,
+        kubelet_client: bool = False,
         extra_args: Mapping[str, Sequence[str]] | None = None,
         start_timeout: float = 90.0,
         stop_timeout: float = 15.0,
@@ -252,6 +255,7 @@ class KubeControlPlane:
         self.node_monitor_grace_period = node_monitor_grace_period
         self.run_scheduler = scheduler
         self.audit = audit
+        self.kubelet_client = kubelet_client
         self.extra_args: dict[str, list[str]] = {k: list(v) for k, v in (extra_args or {}).items()}
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -518,6 +522,14 @@ class KubeControlPlane:
         self._components.insert(index, self._components.pop())
         return round(time.monotonic() - started, 2)
 
+    def _kubelet_client_flags(self) -> list[str]:
+        if not self.kubelet_client:
+            return []
+        return [
+            f"--kubelet-client-certificate={self.pki / 'admin.crt'}",
+            f"--kubelet-client-key={self.pki / 'admin.key'}",
+        ]
+
     def _audit_flags(self) -> list[str]:
         if not self.audit:
             return []
@@ -696,6 +708,7 @@ class KubeControlPlane:
                 "--profiling=false",
                 "--v=1",
                 *self._audit_flags(),
+                *self._kubelet_client_flags(),
             ],
         )
         self._wait_for(

@@ -130,3 +130,18 @@ def test_two_roots_at_once_unmount_only_their_own() -> None:
     finally:
         for cluster in clusters:
             cluster.stop()
+
+
+def test_the_root_recipes_plugin_check_accepts_slurm_22_05() -> None:
+    """A bookworm root (Slurm 22.05: REST through openapi/v0.0.3x, no openapi/slurmctld)
+    passes the recipe's plugin check, shown on the host's own 22.05 plugin directory."""
+    plugdirs = sorted(Path("/usr/lib").glob("*/slurm-wlm"))
+    require(bool(plugdirs) and (plugdirs[0] / "openapi_v0_0_38.so").exists(), "no host Slurm 22.05")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "prepare-slurm-root.sh"
+    result = subprocess.run(
+        [str(script), "--check-plugins", str(plugdirs[0])], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    empty = tempfile.mkdtemp()
+    result = subprocess.run([str(script), "--check-plugins", empty], capture_output=True, text=True)
+    assert result.returncode == 1 and "auth_munge.so missing" in result.stderr
