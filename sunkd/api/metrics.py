@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -221,6 +221,9 @@ class Metrics:
         self._transition_starts: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self._action_starts: OrderedDict[str, float] = OrderedDict()
         self._source_good: dict[str, float] = {}
+        # The sources whose appends the log refuses now (runtime/appends.py): not fresh,
+        # whatever their last health event in the log says.
+        self.append_failing: Callable[[], frozenset[str]] = frozenset
         self._gauge_keys: dict[str, set[tuple[str, ...]]] = {}
         self._utilization = Utilization()
         self._carried: dict[Key, float] = {}  # accrued by an earlier fold (re-seeded)
@@ -349,8 +352,9 @@ class Metrics:
         self._set_all("invalid_pins", self.invalid_pins, invalid_pins)
         self.unpooled_marked.set(unpooled_marked)
         self.pending_actions.set(len(state.pending_actions()))
+        refused = self.append_failing()
         for source, health in state.sources.items():
-            fresh = health.status == "fresh"
+            fresh = health.status == "fresh" and source not in refused
             self.source_up.labels(source=source).set(1 if fresh else 0)
             marked = self._source_good.get(source)
             if marked is not None:

@@ -42,6 +42,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.events import EventDecodeError, Payload, SlurmNodeObserved
 from sunkd.domain.state import ClusterState
 from sunkd.runtime import collector
+from sunkd.runtime.appends import AppendWatch
 from sunkd.runtime.config import Settings, load_settings, parse_listen, pool_spec
 from sunkd.runtime.engine import (
     ArchivedLogError,
@@ -143,7 +144,13 @@ def term_end_cause(reason: str) -> str:
         return "kubernetes_lease"
     if reason == "shutdown requested":
         return "shutdown"
+    if reason.startswith("appends refused"):
+        return "appends_refused"
     return "error"
+
+
+class AppendsRefusedError(Exception):
+    """Every append of this term failed for a lease's length: lead no longer."""
 
 
 # ------------------------------------------------------------------------- daemon
@@ -180,6 +187,9 @@ class Daemon:
         self.event_log: EventLog | None = None
         self.engine: Engine | None = None
         self.metrics = Metrics()
+        self.appends = AppendWatch()  # does the log take our sources' appends?
+        self._appends_refused = False  # the last term ended for that
+        self.metrics.append_failing = self.appends.failing_sources
         self.lease: Lease | None = None
         self.leading = False
         self.stop_event = asyncio.Event()
@@ -216,6 +226,11 @@ class Daemon:
                            f" {self._log_error}")
         state = self.state()
         for source in self._enabled_sources():
+            refusal = self.appends.refusal(source)
+            if refusal is not None:  # the log would not even take "stale"
+                return False, (f"source {source} is not fresh: its appends to the event log "
+                               f"fail for {time.monotonic() - refusal.since:.0f} s: "
+                               f"{refusal.error}")
             health = state.sources.get(source)
             if health is None or health.status != "fresh":
                 status = health.status if health is not None else "not yet observed"
@@ -457,6 +472,10 @@ class Daemon:
                 continue
             await self._lead(lease)
             self.metrics.set_leader(False, lease.epoch)
+            if self._appends_refused:  # leave the lease to a standby that can append
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.lease_seconds):
+                        await self.stop_event.wait()
 
     async def _lead(self, lease: Lease) -> None:
         assert self.event_log is not None and self.engine is not None
@@ -485,6 +504,7 @@ class Daemon:
             # Fold up to our own leader.elected first: sources are seeded from the state.
             await self.engine.wait_folded(latest)
             tasks.append(asyncio.create_task(self._renew_forever(), name="sunkd-renew"))
+            tasks.append(asyncio.create_task(self._watch_appends(), name="sunkd-appends"))
             try:
                 self.engine.executor = await self._build_executor(term, closers)
             except Exception as failure:
@@ -550,6 +570,11 @@ class Daemon:
             if self.stop_event.is_set():
                 with contextlib.suppress(Exception):
                     await self.event_log.release(lease)
+            self._appends_refused = reason.startswith("appends refused")
+            if self._appends_refused:  # a standby that can append takes over at once
+                with contextlib.suppress(Exception):
+                    await self.event_log.release(lease)
+            self.appends.reset()
             self.leading, self.lease = False, None
             if self.stop_event.is_set() and self.fatal_error is None:
                 self.metrics.terms_ended.labels(cause="shutdown").inc()
@@ -576,6 +601,8 @@ class Daemon:
             if isinstance(error, StaleLeaderError):
                 text = str(error)  # our own renewal gave up, or someone took the lease
                 return text if text.startswith("lease expired") else f"deposed: {text}"
+            if isinstance(error, AppendsRefusedError):
+                return str(error)
             return f"{task.get_name()} failed: {type(error).__name__}: {error}"
         if self._kube_elector is not None and not self._kube_elector.holds_lease():
             return "the Kubernetes Lease was lost"
@@ -663,6 +690,21 @@ class Daemon:
                                          name="sunkd-kube-lease"))
         log.info("daemon.kube_lease_acquired", identity=self.settings.identity)
         return True
+
+    async def _watch_appends(self) -> None:
+        """End the term when every append has failed for a lease's length: the lease
+        still renews (an UPDATE), but a leader whose observations never reach the log
+        decides on a past it cannot see change, and holds off a standby that can."""
+        limit = self.settings.lease_seconds
+        while True:
+            await asyncio.sleep(min(limit / 6, 0.5))
+            failing = self.appends.all_failing_for()
+            if failing >= limit:
+                errors = {refusal.error for source in self.appends.failing_sources()
+                          if (refusal := self.appends.refusal(source)) is not None}
+                raise AppendsRefusedError(
+                    f"appends refused: the event log took none of this leader's appends for "
+                    f"{failing:.0f} s (the lease is {limit:g} s): {'; '.join(sorted(errors))}")
 
     async def _renew_forever(self) -> None:
         """Renew at a third of the lease, measured from the last renewal (not from when
@@ -767,7 +809,8 @@ class Daemon:
             from sunkd.slurm.source import SlurmSource
 
             sources.append(SlurmSource(
-                slurm_client, sink, partitions=self.settings.slurm.partitions,
+                slurm_client, self.appends.wrap("slurm", sink),
+                partitions=self.settings.slurm.partitions,
                 poll_interval=self.settings.slurm.poll_interval,
                 initial_nodes=slurm_seed(state),
                 initial_demand=dict(state.slurm_demand),
@@ -780,7 +823,8 @@ class Daemon:
 
             # Only a fenced append ends the source (our term is over); anything else makes
             # it stale and it recovers by itself.
-            sources.append(KubernetesSource(kube_client, sink, previous=kubernetes_seed(state),
+            sources.append(KubernetesSource(kube_client, self.appends.wrap("kubernetes", sink),
+                                            previous=kubernetes_seed(state),
                                             fatal_errors=(StaleLeaderError,)))
         return sources
 

@@ -480,8 +480,15 @@ class EventLog:
                 .values(holder=identity, epoch=epoch, renewed_at=now, lease_seconds=lease_seconds)
             )
         lease = Lease(identity, epoch, lease_seconds, started, offset)
-        await self.append([Event(subject=identity,
-                                 payload=LeaderElected(epoch=epoch, identity=identity))], epoch)
+        try:
+            await self.append([Event(subject=identity, payload=LeaderElected(
+                epoch=epoch, identity=identity))], epoch)
+        except BaseException:
+            # A leader whose first append fails (the log refuses writes) must not sit on
+            # the lease for its length: a standby that can append takes it at once.
+            with contextlib.suppress(Exception):
+                await self.release(lease)
+            raise
         log.info("leadership.acquired", identity=identity, epoch=epoch,
                  previous_holder=holder)
         return lease
