@@ -56,7 +56,7 @@ from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.runtime.logs import configure_logging
 from sunkd.runtime.malloc import ARENAS, limit_arenas
 from sunkd.store.archive import log_origin
-from sunkd.store.eventlog import EventLog, Lease, StaleLeaderError
+from sunkd.store.eventlog import EventLog, Lease, LogShrankError, StaleLeaderError
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +67,12 @@ NODESET_STATUS_INTERVAL = 2.0
 LOG_CHECK_INTERVAL = 2.0
 LOG_CHECK_TIMEOUT = 5.0
 LOG_UNREACHABLE_GRACE = 3.0
+# What to do when the log lost rows: a restart would begin the log anew after its
+# current end and forget what the missing rows hold (operators' pins included).
+SHRANK_HINT = ("do not restart sunkd until the missing rows are back: re-attach a detached "
+               "partition, or restore the database from a backup that has them; a restart "
+               "on the shorter log begins it anew after its end and forgets their history, "
+               "operators' pins included")
 
 
 # ------------------------------------------------------------------------ systemd
@@ -332,6 +338,9 @@ class Daemon:
             except ArchivedLogError as error:
                 return self._fatal(str(error), hint="restore the archive base snapshot, "
                                    "or check the log with `sunkd replay --check --archive DIR`")
+            except LogShrankError as error:
+                return self._fatal(f"{error}. Do not start sunkd on it: {SHRANK_HINT}",
+                                   hint=SHRANK_HINT)
             if self.freeze_loaded_state:
                 # The loaded state lives long: out of every later collection.
                 log.info("daemon.gc_frozen", objects=collector.freeze())
@@ -386,14 +395,15 @@ class Daemon:
         return await log_origin(self.event_log.engine)
 
     async def check_log(self) -> None:
-        """Raise LogWentBackwardsError when the log ends before what we folded, or its
-        first row is not the one we loaded (issue 12: a database recreated under a running
-        daemon used to leave it "ready" on a log it never folded again)."""
+        """Raise LogShrankError when the log ends before what we folded, and
+        LogWentBackwardsError when its first row is not the one we loaded (a database
+        recreated under a running daemon used to leave it "ready" on a log it never
+        folded again)."""
         assert self.event_log is not None
         folded = self.state().last_seq
         latest = await self.event_log.latest_seq()
         if latest < folded:
-            raise LogWentBackwardsError(
+            raise LogShrankError(
                 f"the event log went backwards: it ends at seq {latest}, but this process "
                 f"has folded it up to seq {folded}")
         identity = await self._first_row()
@@ -411,6 +421,11 @@ class Daemon:
             try:
                 async with asyncio.timeout(LOG_CHECK_TIMEOUT):
                     await self.check_log()
+            except LogShrankError as error:
+                self._fatal(f"{error} (a detached partition? the database recreated, or "
+                            f"restored from an older backup?). Do not restart: {SHRANK_HINT}",
+                            hint=SHRANK_HINT)
+                return
             except LogWentBackwardsError as error:
                 self._fatal(f"{error} (was the database recreated, or restored from an "
                             "older backup?). Restart sunkd to load the log as it is now",
@@ -496,10 +511,9 @@ class Daemon:
                 reason = "the event log went backwards"
                 self._fatal(f"the event log went backwards: it ends at seq {latest}, but "
                             f"this process has folded it up to seq {self.state().last_seq} "
-                            "(was the database recreated, or restored from an older "
-                            "backup?). Restart sunkd to load the log as it is now",
-                            hint="check the database; a restart starts from the log as it "
-                                 "is now")
+                            "(a detached partition? the database recreated, or restored "
+                            f"from an older backup?). Do not restart: {SHRANK_HINT}",
+                            hint=SHRANK_HINT)
                 return
             # Fold up to our own leader.elected first: sources are seeded from the state.
             await self.engine.wait_folded(latest)

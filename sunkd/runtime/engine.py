@@ -60,7 +60,14 @@ from sunkd.runtime.forkencode import encode_in_child
 from sunkd.runtime.groupcommit import GroupAppender
 from sunkd.runtime.outbox import ActionQueue
 from sunkd.store.archive import live_range
-from sunkd.store.eventlog import SNAPSHOTS_KEPT, EventLog, JSONText, StaleLeaderError, dumps_json
+from sunkd.store.eventlog import (
+    SNAPSHOTS_KEPT,
+    EventLog,
+    JSONText,
+    LogShrankError,
+    StaleLeaderError,
+    dumps_json,
+)
 from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
 
 log = structlog.get_logger(__name__)
@@ -190,6 +197,16 @@ class Engine:
     async def load(self) -> None:
         """Latest snapshot plus the tail: restart is O(tail), not O(log)."""
         self.state, self._last_snapshot_seq = await load_state(self.event_log)
+        # A snapshot is taken of rows the log held: a log that ends before its newest
+        # snapshot (the archive's base among them) lost rows, and folding on would
+        # append over them (a detached partition, a restore from an older backup).
+        seen = max([self.state.last_seq, *await self.event_log.snapshot_seqs()])
+        latest = await self.event_log.latest_seq()
+        if latest < seen:
+            raise LogShrankError(
+                f"the event log ends at seq {latest}, but it has a snapshot at seq {seen}: "
+                "rows are missing (a detached partition? a restore from an older backup?)")
+        self.event_log.saw(seen)
         if self.observer is not None:
             try:  # busy/idle node-seconds go on from the loaded state
                 self.observer.observe_loaded(self.state, self.pools(), self.clock())

@@ -8,7 +8,10 @@ serialized, so sequence numbers are gap-free and commit order equals seq order; 
 reader that has seen seq N can never later find a smaller seq appear (which an
 identity column alone allows under concurrency, because sequences are handed out
 before commit). The check of the epoch happens inside the same transaction as the
-insert, so a deposed leader cannot slip a write in after a takeover.
+insert, so a deposed leader cannot slip a write in after a takeover. `max(seq)` can
+shrink under the process (a detached partition hides its rows), so an append whose
+seq this process has already seen is refused (LogShrankError) before it is written:
+it would fork the log, and the hidden rows could never be put back.
 
 Subscribers are woken by LISTEN/NOTIFY on PostgreSQL (the NOTIFY is sent inside the
 appending transaction and delivered on commit) and by an in-process bus on SQLite.
@@ -68,6 +71,7 @@ __all__ = [
     "EventLog",
     "LeaderInfo",
     "Lease",
+    "LogShrankError",
     "NotASunkdLog",
     "StaleLeaderError",
     "backend_class",
@@ -167,6 +171,13 @@ class StaleLeaderError(Exception):
     """The writer's epoch is not the current leadership epoch: it must step down."""
 
 
+class LogShrankError(Exception):
+    """The log ends before a seq this process has already seen (rows went missing: a
+    detached partition, a restore from an older backup). Nothing was written: an append
+    there would reuse seqs the missing rows hold, and the log could not be made whole
+    again."""
+
+
 @dataclass(frozen=True)
 class Lease:
     """A held leadership lease. `renewed_monotonic` is the local monotonic clock taken
@@ -216,6 +227,13 @@ class EventLog:
         self.wall_clock: Callable[[], float] = time.time  # this host's clock (tests skew it)
         # What this process appended lately: a read of it shares the objects (recent.py).
         self.recent = RecentAppends()
+        # The highest seq this process has seen (appended, read or folded): the log never
+        # legitimately ends before it, so an append that would reuse it is refused.
+        self.high_seq = 0
+
+    def saw(self, seq: int) -> None:
+        """This process has seen the log reach `seq` (e.g. a snapshot's seq, folded)."""
+        self.high_seq = max(self.high_seq, seq)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -315,6 +333,12 @@ class EventLog:
                 raise StaleLeaderError(
                     f"append with epoch {epoch} refused: the current leadership epoch is "
                     f"{current_epoch}")
+            if last_seq < self.high_seq:
+                raise LogShrankError(
+                    f"append refused: the event log ends at seq {last_seq}, but this "
+                    f"process has already seen seq {self.high_seq}; rows are missing (a "
+                    "detached partition? a restore from an older backup?) and nothing was "
+                    "written")
             first_seq = last_seq + 1
             seqs = list(range(first_seq, first_seq + len(batch)))
             recorded_at = self._backend.recorded_at(now)
@@ -325,6 +349,7 @@ class EventLog:
             await self._backend.insert_events(connection, rows)
             await self._backend.announce(connection, seqs[-1])
         self.recent.remember(seqs, (item.payload for item in batch))  # committed
+        self.saw(seqs[-1])
         await self._backend.announce_committed()
         return seqs
 
@@ -383,6 +408,8 @@ class EventLog:
             query = query.where(events.c.subject == subject)
         async with self.engine.connect() as connection:
             rows = (await connection.execute(query)).all()
+        if rows:
+            self.saw(int(rows[-1]._mapping["seq"]))
         return [_to_recorded(row._mapping, self.recent) for row in rows]
 
     async def read_range(self, after_seq: int = 0, upto: int | None = None, *,
