@@ -329,6 +329,16 @@ def test_pending_pods_are_packed_by_requests() -> None:
     assert len(starts) == 2
 
 
+def test_a_node_whose_capacity_did_not_parse_is_not_packed_by_a_made_up_number() -> None:
+    """A pool node whose allocatable cpu did not parse has unknown capacity: the pods
+    are not packed (one node per pod, as for unknown requests), never by 0 or 2**63."""
+    log = _cluster(4)
+    log.add(replace(k8s_obs("n4"), cpu_millis=2**63 - 1, unparsed=("cpu",)), 2.5)
+    _pods(log, 6, cpu_millis=20_000)
+    starts = _only(_decide(log, T0, pool_spec(max_in_flight=5)), StartTransition)
+    assert len(starts) == 4  # every node, not the 2 that 64-core packing says
+
+
 # --------------------------------------------------------------------------- reclaim
 
 

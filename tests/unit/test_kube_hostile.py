@@ -16,6 +16,7 @@ from sunkd.kubernetes.normalize import (
     _decimal_or_zero,
     clean_payload,
     clean_text,
+    node_quantity,
     quantity_int,
     slim_node,
     slim_nodeset,
@@ -100,6 +101,18 @@ def test_quantities_are_finite_and_bounded() -> None:
     assert parse_quantity("500m") == Decimal("0.5")
     with pytest.raises(ValueError):
         parse_quantity("1e999999999")
+
+
+def test_unparsable_node_quantities_are_unknown_not_zero_or_int64_max() -> None:
+    """A Node's allocatable that is not a usable quantity is unknown (None), never 0 or
+    2**63 - 1; absent is none (Kubernetes omits a resource the Node does not have)."""
+    for hostile in ("NaN", "-4", "abc", "1e309", "1e99999999", float("nan"), float("inf"),
+                    -1, None, {"x": 1}, "1e30"):
+        assert node_quantity({"cpu": hostile}, "cpu", 1000) is None, hostile
+    assert node_quantity({}, "cpu", 1000) == 0
+    assert node_quantity({"cpu": "500m", "memory": "1Gi"}, "cpu", 1000) == 500
+    assert node_quantity({"memory": "1Gi"}, "memory") == 2**30
+    assert node_quantity({"nvidia.com/gpu": "8"}, "nvidia.com/gpu") == 8
 
 
 def test_find_kubeconfig_says_where_it_looked(tmp_path: Any) -> None:
