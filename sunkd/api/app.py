@@ -218,6 +218,7 @@ def node_json(state: ClusterState, node: NodeState, pool: str | None, now: float
             "allocCpus": slurm.alloc_cpus},
         "kubernetes": None if k8s is None else {
             "ready": k8s.ready, "unschedulable": k8s.unschedulable,
+            "unparsedAllocatable": list(k8s.unparsed),
             "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in k8s.taints]},
         # In no pool: the drains and taints sunkd made that are still on it, and their fate.
         "sunkdMarks": unpooled_marks(node) if pool is None else [],

@@ -207,6 +207,9 @@ class K8sNodeObserved(Payload):
     cpu_millis: int = 0
     memory_bytes: int = 0
     gpus: int = 0
+    # The allocatable resources (`cpu`, `memory`, the GPU resource) whose quantity did not
+    # parse (malformed, NaN, negative, out of range): unknown, whatever the field above says.
+    unparsed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -542,6 +542,22 @@ def _decimal_or_zero(value: Any) -> Decimal:
     return min(number, MAX_QUANTITY)
 
 
+def node_quantity(allocatable: Mapping[str, Any], key: str, scale: int = 1) -> int | None:
+    """A Node's allocatable `key` as an integer (`scale` 1000: millicores). Absent is 0:
+    Kubernetes omits a resource the Node does not have. Present but not a usable
+    quantity (malformed, NaN, infinite, negative, or beyond 2**63 - 1 once scaled) is
+    None, unknown: never 0 (a Node with nothing) nor 2**63 - 1 (a Node with everything)."""
+    if key not in allocatable:
+        return 0
+    try:
+        number = parse_quantity(allocatable[key])
+    except ValueError:
+        return None
+    if not number.is_finite() or number < 0 or number * scale > MAX_QUANTITY:
+        return None
+    return quantity_int(number, scale)
+
+
 def quantity_int(value: Decimal, scale: int = 1, rounding: str | None = None) -> int:
     """`value * scale` as an integer within [0, 2**63 - 1]."""
     scaled = min(value * scale, MAX_QUANTITY)

@@ -75,13 +75,12 @@ from sunkd.kubernetes.listwatch import (
 from sunkd.kubernetes.normalize import (
     GPU_RESOURCE,
     PodFacts,
-    _decimal_or_zero,
     _matches,
     clean_payload,
     clean_text,
+    node_quantity,
     parse_nodeset,
     pod_version,
-    quantity_int,
     slim_node,
     slim_nodeset,
     slim_pod,
@@ -563,6 +562,14 @@ class KubernetesSource:
             )
         )
         pin = annotations.get(ANNOTATION_PIN)
+        quantities = {key: node_quantity(allocatable, key, scale) for key, scale in
+                      (("cpu", 1000), ("memory", 1), (GPU_RESOURCE, 1))}
+        unparsed = tuple(key for key, value in quantities.items() if value is None)
+        if unparsed:
+            log.warning("kubernetes.node_quantity_unparsed", node=clean_text(name),
+                        resources=list(unparsed), values=[
+                            clean_text(repr(allocatable.get(key)))[:100] for key in unparsed],
+                        treated_as="unknown capacity")
         return K8sNodeObserved(
             node=name,
             slurm_node=slurm_node,
@@ -577,9 +584,10 @@ class KubernetesSource:
                 if k in relevant_keys or k.startswith(SUNKD_PREFIX)
             ),
             pin=str(pin) if pin else None,
-            cpu_millis=quantity_int(_decimal_or_zero(allocatable.get("cpu", 0)), 1000),
-            memory_bytes=quantity_int(_decimal_or_zero(allocatable.get("memory", 0))),
-            gpus=quantity_int(_decimal_or_zero(allocatable.get(GPU_RESOURCE, 0))),
+            cpu_millis=quantities["cpu"] or 0,
+            memory_bytes=quantities["memory"] or 0,
+            gpus=quantities[GPU_RESOURCE] or 0,
+            unparsed=unparsed,
         )
 
     def _workload_payload(

@@ -126,6 +126,8 @@ def _k8s_nodes_needed(state: ClusterState, pool: PoolSpec, members: list[NodeSta
     if not pods:
         return 0
     sizes = [m.k8s for m in members if m.k8s is not None]
+    if any(k.unparsed for k in sizes):
+        return len(pods)  # a member's capacity is unknown: no packing by a made-up number
     requests = (
         sum(max(pod.cpu_millis, 0) for pod in pods),
         sum(max(pod.memory_bytes, 0) for pod in pods),
