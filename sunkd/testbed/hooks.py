@@ -8,7 +8,8 @@ this checkout with the system python3 (the hook is standard library only), setti
 `hook.conf` so that the daemon's URL can be filled in once it listens, and "site"
 scripts chained with `--chain`: the prolog records each job's nodes and start time
 (`marks/start.JOBID`, Slurm's moment of the start, for benchmarks) and exits with
-`site-exit`'s code, the epilog records its end time (`marks/end.JOBID`).
+`site-exit`'s code, the epilog records its end time (`marks/end.JOBID`); the wrappers
+record when slurmctld started them (`marks/prolog.JOBID`, `marks/epilog.JOBID`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class HookScripts:
             script = self.dir / name
             script.write_text(
                 "#!/bin/sh\n"
+                # When slurmctld started the hook: the interpreter's start is after it.
+                f"date +%s.%N > {self.marks}/{name[:-3]}.$SLURM_JOB_ID\n"
                 f"PYTHONPATH={REPO} exec {PYTHON} -m sunkd.slurm.hook {event}"
                 f" --config {self.config}{extra}\n")
             script.chmod(0o755)
@@ -82,7 +85,8 @@ class HookScripts:
         path.chmod(0o644)
 
     def moment(self, kind: str, job: int | str) -> float | None:
-        """When the site prolog (`start`) or epilog (`end`) ran for `job`, if it did."""
+        """When the site prolog (`start`) or epilog (`end`) ran for `job`, or the hook's
+        wrapper started (`prolog`, `epilog`), if it did."""
         try:
             return float((self.marks / f"{kind}.{job}").read_text())
         except (OSError, ValueError):
