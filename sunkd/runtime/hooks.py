@@ -185,17 +185,17 @@ class HookReceiver:
         now = time.monotonic()
         for name in confirmed:
             attempt, _ = self._confirm.pop(name)
-            if _completing(source.nodes.get(name)) and attempt + 1 < len(CONFIRM_DELAYS):
+            if cleaning_up(source.nodes.get(name)) and attempt + 1 < len(CONFIRM_DELAYS):
                 self._confirm[name] = (attempt + 1, now + CONFIRM_DELAYS[attempt + 1])
         for hook, named in hooks:
             if hook.event not in END_EVENTS:
                 continue
             for name in named:
-                if name not in self._confirm and _completing(source.nodes.get(name)):
+                if name not in self._confirm and cleaning_up(source.nodes.get(name)):
                     self._confirm[name] = (0, now + CONFIRM_DELAYS[0])
 
 
-def _completing(observed: SlurmNodeObserved | None) -> bool:
+def cleaning_up(observed: SlurmNodeObserved | None) -> bool:
     return observed is not None and "COMPLETING" in observed.flags
 
 

@@ -252,3 +252,24 @@ async def test_the_route_authenticates_bounds_and_limits(tmp_path: Path) -> None
     rendered = view.metrics.render().decode()
     for result in ("unauthorized", "bad_request", "too_large", "not_leader", "rate_limited"):
         assert f'result="{result}"' in rendered
+
+
+@pytest.mark.parametrize(("observed", "again"), [
+    # What slurmrestd 22.05 answers right after EpilogSlurmctld of the node's only job
+    # (measured with bench/hooks.py --trace): no COMPLETING flag, no job, but the CPUs
+    # are still allocated. The policy sees it busy, so the end hook must read again.
+    (SlurmNodeObserved(node="n1", state="IDLE", flags=("DRAIN",), alloc_cpus=2), True),
+    (SlurmNodeObserved(node="n1", state="ALLOCATED", flags=("COMPLETING",), alloc_cpus=2),
+     True),
+    (SlurmNodeObserved(node="n1", state="IDLE", flags=("COMPLETING", "DRAIN")), True),
+    (SlurmNodeObserved(node="n1", state="IDLE", flags=("DRAIN",)), False),
+    (SlurmNodeObserved(node="n1", state="IDLE"), False),
+    # Another job still runs there: no read will see it free before that job ends.
+    (SlurmNodeObserved(node="n1", state="MIXED", alloc_cpus=1, jobs=1), False),
+    (None, False),
+])
+def test_an_end_hook_reads_again_while_the_node_still_cleans_up(
+        observed: SlurmNodeObserved | None, again: bool) -> None:
+    from sunkd.runtime.hooks import cleaning_up
+
+    assert cleaning_up(observed) is again
