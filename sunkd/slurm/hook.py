@@ -31,8 +31,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # `typing` and `collections.abc` cost ~8 ms of the hook's start
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
 EVENTS = ("prolog-slurmctld", "epilog-slurmctld", "epilog")
 DEFAULT_CONFIG = "/etc/sunkd/hook.conf"
@@ -282,14 +285,16 @@ def tell_sunkd(options: Mapping[str, str | bool], env: Mapping[str, str]) -> int
 
 
 def run_chain(script: str) -> int:
-    """The site's own script, with Slurm's environment; its status is ours."""
-    import subprocess
-
+    """The site's own script, with Slurm's environment; its status is ours. Spawned with
+    `os` alone: importing `subprocess` took longer than the rest of the hook's start."""
     try:
-        return subprocess.call([script])
+        pid = os.posix_spawnp(script, [script], os.environ)
+        _, status = os.waitpid(pid, 0)
     except OSError as error:
         warn(f"cannot run --chain {script}: {error}")
         return 1  # the site's script did not run: say so to Slurm, as it would have
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code  # killed by a signal: as sh reports it
 
 
 def main(argv: Sequence[str] | None = None) -> int:

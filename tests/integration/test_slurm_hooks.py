@@ -117,9 +117,11 @@ def _busy(daemon: Daemon, node: str) -> bool:
 
 
 def _free(daemon: Daemon, node: str) -> bool:
+    """Free as the policy sees it (`slurm_busy`): no job, not COMPLETING, and no CPUs
+    allocated (22.05 still shows them allocated right after EpilogSlurmctld)."""
     observed = _slurm(daemon, node)
     return (observed is not None and observed.state == "IDLE"
-            and "COMPLETING" not in observed.flags and observed.jobs == 0)
+            and not slurm_busy(observed) and observed.jobs == 0)
 
 
 def _hook_batches(events: list[RecordedEvent], job: int) -> dict[str, list[RecordedEvent]]:
