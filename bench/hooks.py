@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine import _EmulatorKube, _pct
 from bench.hooktrace import Trace, dump, table
-from sunkd.testbed.hooks import PYTHON, REPO, HookScripts
+from sunkd.testbed.hooks import HOOK, PYTHON, HookScripts
 
 NODES = "hb[1-3]"
 
@@ -69,14 +69,15 @@ def python_start_ms(runs: int) -> float:
 
 
 def hook_start_ms(runs: int) -> float:
-    """Median wall time of one `sunkd-hook` run that cannot reach sunkd (fail-open)."""
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "SLURM_JOB_ID": "1",
+    """Median wall time of one hook run that cannot reach sunkd (fail-open), as the
+    testbed's wrappers run it (`python3 -I -S .../sunkd/slurm/hook.py`)."""
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "1",
            "SLURM_JOB_NODELIST": "hb1", "SUNKD_HOOK_URL": "http://127.0.0.1:9",
            "SUNKD_HOOK_TOKEN_FILE": "/dev/null", "SUNKD_HOOK_CONFIG": "/nonexistent"}
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        subprocess.run([PYTHON, "-m", "sunkd.slurm.hook", "prolog-slurmctld"], env=env,
+        subprocess.run([PYTHON, "-I", "-S", str(HOOK), "prolog-slurmctld"], env=env,
                        check=True, capture_output=True)
         times.append((time.perf_counter() - started) * 1000)
     return round(statistics.median(times), 1)

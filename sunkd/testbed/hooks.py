@@ -26,6 +26,9 @@ import sunkd
 
 REPO = Path(sunkd.__file__).resolve().parent.parent
 PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+# Run as the file, isolated and without `site` (it is standard library only): what the
+# interpreter does before the hook's first line is start time Slurm waits for.
+HOOK = REPO / "sunkd" / "slurm" / "hook.py"
 
 
 class HookScripts:
@@ -61,7 +64,7 @@ class HookScripts:
                 "#!/bin/sh\n"
                 # When slurmctld started the hook: the interpreter's start is after it.
                 f"date +%s.%N > {self.marks}/{name[:-3]}.$SLURM_JOB_ID\n"
-                f"PYTHONPATH={REPO} exec {PYTHON} -m sunkd.slurm.hook {event}"
+                f"exec {PYTHON} -I -S {HOOK} {event}"
                 f" --config {self.config}{extra}\n")
             script.chmod(0o755)
         self.configure("http://127.0.0.1:9")
