@@ -133,21 +133,26 @@ def test_the_hook_imports_nothing_heavy() -> None:
 def test_the_hook_run_as_a_file_chains_without_importing_subprocess_or_typing(
         tmp_path: Path) -> None:
     """Every import is start time Slurm waits for: run as the file with `-I -S` (no
-    `site`, no package), the chain is spawned with `os` alone and the annotations cost
-    nothing at run time."""
+    `site`, no package), the chain is spawned with `os` alone, the annotations cost
+    nothing at run time, and an ASCII host is resolved without the idna codec (which
+    imports `re`)."""
     site = tmp_path / "site.sh"
     marker = tmp_path / "ran"
     site.write_text(f'#!/bin/sh\necho "$SLURM_JOB_ID" > {marker}\nexit 3\n')
     site.chmod(0o755)
+    token = tmp_path / "token"
+    token.write_text("secret\n")
     code = (f"import sys; sys.argv = ['hook', 'prolog-slurmctld', '--chain', {str(site)!r}, "
-            f"'--url', 'http://127.0.0.1:{_closed_port()}', '--token-file', '/nonexistent']; "
+            f"'--url', 'http://127.0.0.1:{_closed_port()}', '--token-file', {str(token)!r}]; "
             f"sys.path.insert(0, {str(REPO / 'sunkd' / 'slurm')!r}); import hook; "
             "status = hook.main(); heavy = [m for m in sys.modules if m in ('subprocess', "
-            "'typing', 'collections.abc', 'runpy', 'site', 'sunkd')]; print(status, heavy)")
+            "'typing', 'collections.abc', 'runpy', 'site', 'sunkd', 'encodings.idna', 're')]"
+            "; print(status, heavy)")
     result = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
                             text=True, check=True, timeout=30,
                             env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "42"})
     assert result.stdout.strip() == "3 []", result.stderr
+    assert "Connection refused" in result.stderr  # it did try to reach sunkd
     assert marker.read_text().strip() == "42"
 
 
