@@ -210,6 +210,9 @@ def _trace_start(trace: Trace, hooks: HookScripts, first: float, done: float) ->
     jobs = [p.name.split(".", 1)[1] for p in hooks.marks.glob("start.*")]
     job = next((j for j in jobs if hooks.moment("start", j) == first), None)
     steps = trace.steps(hooks.moment("prolog", job) if job else None, first, done)
+    if os.environ.get("SUNKD_BENCH_DUMP"):
+        print("\n".join(["start reaction:", *dump(trace.records, first, done)]),
+              file=sys.stderr)
     if steps is not None:
         trace.starts.append(steps)
 
