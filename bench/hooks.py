@@ -25,7 +25,11 @@ Also the hook's start time (`sunkd-hook` with the system python3, sunkd unreacha
 the cost Slurm pays per job and hook). Target: the hooks arm's p99 over both reactions
 below 100 ms. `--quick` runs 1 cycle per arm at 1 s polls.
 
-Usage: python bench/hooks.py [--quick] [--cycles N] [--poll S]. Last line: one JSON object.
+`--trace` times each step of the hooks arm's reactions (bench/hooktrace.py) and prints
+the breakdown; `--hooks-only` skips the polling arm.
+
+Usage: python bench/hooks.py [--quick] [--cycles N] [--poll S] [--trace] [--hooks-only].
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine import _EmulatorKube, _pct
-from sunkd.testbed.hooks import PYTHON, REPO, HookScripts
+from bench.hooktrace import Trace, dump, table
+from sunkd.testbed.hooks import HOOK, PYTHON, HookScripts
 
 NODES = "hb[1-3]"
 
@@ -64,21 +69,22 @@ def python_start_ms(runs: int) -> float:
 
 
 def hook_start_ms(runs: int) -> float:
-    """Median wall time of one `sunkd-hook` run that cannot reach sunkd (fail-open)."""
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "SLURM_JOB_ID": "1",
+    """Median wall time of one hook run that cannot reach sunkd (fail-open), as the
+    testbed's wrappers run it (`python3 -I -S .../sunkd/slurm/hook.py`)."""
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "1",
            "SLURM_JOB_NODELIST": "hb1", "SUNKD_HOOK_URL": "http://127.0.0.1:9",
            "SUNKD_HOOK_TOKEN_FILE": "/dev/null", "SUNKD_HOOK_CONFIG": "/nonexistent"}
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        subprocess.run([PYTHON, "-m", "sunkd.slurm.hook", "prolog-slurmctld"], env=env,
+        subprocess.run([PYTHON, "-I", "-S", str(HOOK), "prolog-slurmctld"], env=env,
                        check=True, capture_output=True)
         times.append((time.perf_counter() - started) * 1000)
     return round(statistics.median(times), 1)
 
 
-async def arm(cluster: Any, hooks: HookScripts, use_hooks: bool, cycles: int, poll: float
-              ) -> tuple[list[float], list[float]]:
+async def arm(cluster: Any, hooks: HookScripts, use_hooks: bool, cycles: int, poll: float,
+              trace: Trace | None = None) -> tuple[list[float], list[float]]:
     from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
     from sunkd.runtime.daemon import Daemon
     from sunkd.slurm.client import SlurmRestClient
@@ -153,6 +159,8 @@ async def arm(cluster: Any, hooks: HookScripts, use_hooks: bool, cycles: int, po
             done = await until(partial(outcome_after, None, ("kubernetes/lock",), before))
             first = min(hooks.started_since(before), default=started)
             starts.append((done - first) * 1000)
+            if trace is not None:
+                _trace_start(trace, hooks, first, done)
             commands.append((started - before) * 1000)
             await until(lambda: set(owners().values()) == {"slurm"} and len(owners()) == count
                         and all((s := nodes_now(daemon, n)) is not None and s.jobs == 1
@@ -170,6 +178,8 @@ async def arm(cluster: Any, hooks: HookScripts, use_hooks: bool, cycles: int, po
             done = await until(partial(outcome_after, node, (), before))
             end = await until(partial(hooks.moment, "end", job))
             ends.append((done - end) * 1000)
+            if trace is not None:
+                _trace_end(trace, hooks, job, end, done)
             commands.append((ended - before) * 1000)
             # Back to the start: every job gone, every pod gone, every node Slurm's.
             await until(lambda: "kubernetes" in owners().values())
@@ -196,6 +206,25 @@ async def arm(cluster: Any, hooks: HookScripts, use_hooks: bool, cycles: int, po
     return starts, ends
 
 
+def _trace_start(trace: Trace, hooks: HookScripts, first: float, done: float) -> None:
+    jobs = [p.name.split(".", 1)[1] for p in hooks.marks.glob("start.*")]
+    job = next((j for j in jobs if hooks.moment("start", j) == first), None)
+    steps = trace.steps(hooks.moment("prolog", job) if job else None, first, done)
+    if os.environ.get("SUNKD_BENCH_DUMP"):
+        print("\n".join(["start reaction:", *dump(trace.records, first, done)]),
+              file=sys.stderr)
+    if steps is not None:
+        trace.starts.append(steps)
+
+
+def _trace_end(trace: Trace, hooks: HookScripts, job: int, end: float, done: float) -> None:
+    steps = trace.steps(hooks.moment("epilog", job), end, done)
+    if os.environ.get("SUNKD_BENCH_DUMP"):
+        print("\n".join(["end reaction:", *dump(trace.records, end, done)]), file=sys.stderr)
+    if steps is not None:
+        trace.ends.append(steps)
+
+
 def nodes_now(daemon: Any, name: str) -> Any:
     node = daemon.state().nodes.get(name)
     return node.slurm if node is not None else None
@@ -209,7 +238,8 @@ def _job_on(cluster: Any, node: str) -> tuple[str, int]:
     return task, int(job)
 
 
-async def measure(cycles: int, poll: float) -> dict[str, Any]:
+async def measure(cycles: int, poll: float, traced: bool = False, hooks_only: bool = False
+                  ) -> dict[str, Any]:
     from sunkd.testbed.slurm import SlurmCluster
 
     hooks = HookScripts()
@@ -219,7 +249,25 @@ async def measure(cycles: int, poll: float) -> dict[str, Any]:
     figures["slurm"] = cluster.slurm_version or ""
     try:
         for name, use_hooks in (("poll", False), ("hooks", True)):
-            starts, ends = await arm(cluster, hooks, use_hooks, cycles, poll)
+            if hooks_only and not use_hooks:
+                continue
+            trace = Trace() if traced and use_hooks else None
+            if trace is not None:
+                trace.install()
+            try:
+                starts, ends = await arm(cluster, hooks, use_hooks, cycles, poll, trace)
+            finally:
+                if trace is not None:
+                    trace.uninstall()
+            if trace is not None:
+                figures["trace"] = {"start_to_taint": table(trace.starts),
+                                    "end_to_lend_step": table(trace.ends)}
+                for kind, rows in figures["trace"].items():
+                    print(f"trace {kind} ({len(trace.starts if kind[0] == 's' else trace.ends)}"
+                          " reactions):", file=sys.stderr)
+                    for row in rows:
+                        print(f"  {row['step']:<40} median {row['median_ms']:>7} ms  max "
+                              f"{row['max_ms']:>7} ms  {row['what']}", file=sys.stderr)
             both = starts + ends
             print(f"{name}: start->taint p50 {_pct(starts, 0.5)} ms p99 {_pct(starts, 0.99)} "
                   f"ms; end->lend step p50 {_pct(ends, 0.5)} ms p99 {_pct(ends, 0.99)} ms",
@@ -242,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 cycle per arm, 1 s polls")
     parser.add_argument("--cycles", type=int, default=None)
     parser.add_argument("--poll", type=float, default=None, help="seconds (default 5)")
+    parser.add_argument("--trace", action="store_true",
+                        help="time each step of the hooks arm's reactions (bench/hooktrace.py)")
+    parser.add_argument("--hooks-only", action="store_true", help="skip the polling arm")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("bench/hooks.py starts a private Slurm cluster: run it as root", file=sys.stderr)
@@ -255,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sunkd-hook start (system python3, fail-open): {figures['hook_start_ms']} ms; "
           f"python3 -c pass: {figures['python_start_ms']} ms; load average "
           f"{figures['load_average_1m']}", file=sys.stderr)
-    figures.update(asyncio.run(measure(cycles, poll)))
+    figures.update(asyncio.run(measure(cycles, poll, args.trace, args.hooks_only)))
     targets = {"slurm_to_k8s_p99_ms": {"value": figures["hooks_slurm_to_k8s_p99_ms"],
                                        "target": 100, "better": "lower"},
                "hook_start_ms": {"value": figures["hook_start_ms"], "target": 200,

@@ -9,10 +9,11 @@ the same diff as a poll, so only a real change enters the log) and appends a
 `slurm.hook` record with it, for the latency. Hooks that arrive together are read
 together (one reader), and a read naming more than `TARGETED_MAX` nodes is a full poll.
 
-End hooks arrive before the node leaves COMPLETING (about 17 ms before, measured on
-22.05.8: slurmctld runs EpilogSlurmctld and slurmd its Epilog while it still cleans up),
-so after an end hook the named nodes are read again on `CONFIRM_DELAYS` until none of
-them is COMPLETING. Polling stays the fallback for everything, and the only source of
+End hooks arrive before the node is free (about 17 ms before, measured on 22.05.8:
+slurmctld runs EpilogSlurmctld and slurmd its Epilog while it still cleans up: the node
+is COMPLETING, or shows no job but its CPUs still allocated), so after an end hook the
+named nodes are read again on `CONFIRM_DELAYS` until none of them is cleaning up
+(`cleaning_up`). Polling stays the fallback for everything, and the only source of
 node state changes no hook reports (an administrator's drain or DOWN).
 
 A hook sent before this term began is ignored (stale, like any data of an earlier
@@ -44,7 +45,7 @@ SUBJECT = "slurm"
 TARGETED_MAX = 64  # more named nodes than this: one full poll reads them all
 MAX_NAMES = 100_000  # a hook naming more is read as a full poll
 # After an end hook: read again after these pauses (seconds) until no named node is
-# COMPLETING; then the poll is the fallback.
+# cleaning up (`cleaning_up`); then the poll is the fallback.
 CONFIRM_DELAYS = (0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 END_EVENTS = frozenset({"epilog-slurmctld", "epilog"})
 MAX_QUEUED = 10_000  # hooks waiting for the reader; beyond, they are dropped (polling)
@@ -185,18 +186,25 @@ class HookReceiver:
         now = time.monotonic()
         for name in confirmed:
             attempt, _ = self._confirm.pop(name)
-            if _completing(source.nodes.get(name)) and attempt + 1 < len(CONFIRM_DELAYS):
+            if cleaning_up(source.nodes.get(name)) and attempt + 1 < len(CONFIRM_DELAYS):
                 self._confirm[name] = (attempt + 1, now + CONFIRM_DELAYS[attempt + 1])
         for hook, named in hooks:
             if hook.event not in END_EVENTS:
                 continue
             for name in named:
-                if name not in self._confirm and _completing(source.nodes.get(name)):
+                if name not in self._confirm and cleaning_up(source.nodes.get(name)):
                     self._confirm[name] = (0, now + CONFIRM_DELAYS[0])
 
 
-def _completing(observed: SlurmNodeObserved | None) -> bool:
-    return observed is not None and "COMPLETING" in observed.flags
+def cleaning_up(observed: SlurmNodeObserved | None) -> bool:
+    """The node still clears a job that ended: COMPLETING, or CPUs allocated with no job
+    running. slurmrestd 22.05 answers the latter right after EpilogSlurmctld (measured:
+    IDLE+DRAIN, no job, alloc_cpus 2, no COMPLETING flag); the policy counts allocated
+    CPUs as busy (`slurm_busy`), so without another read the node would wait for a poll.
+    A node where another job still runs is not cleaning up: no read soon sees it free."""
+    if observed is None:
+        return False
+    return "COMPLETING" in observed.flags or (observed.jobs == 0 and observed.alloc_cpus > 0)
 
 
 def _names(hostlist: str) -> tuple[tuple[str, ...], bool]:

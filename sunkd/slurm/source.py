@@ -285,28 +285,24 @@ class SlurmSource:
         self, names: Sequence[str],
         extra: Callable[[Sequence[Event]], Sequence[Event]] | None = None,
     ) -> list[Event]:
-        """A targeted read, for a Slurm hook's hint: `GET node/{name}` for each named
-        node and `GET /jobs` (their running jobs and the partitions' demand), diffed
-        like a poll, appended with `extra(changes)` (the hook's record) in one batch; returns the
-        observations appended. Nodes Slurm does not know, or outside the managed
-        partitions, are skipped; a node missing here is not a vanish (only a full poll
-        says that). Raises on any failure (the caller counts it): the source's health
-        is the poll's to say, so a failed hint changes nothing."""
+        """A targeted read, for a Slurm hook's hint: `GET /nodes` and `GET /jobs` (the
+        named nodes' running jobs and the partitions' demand), the named nodes diffed
+        like a poll, appended with `extra(changes)` (the hook's record) in one batch;
+        returns the observations appended. Nodes Slurm does not know, or outside the
+        managed partitions, are skipped; a node missing here is not a vanish (only a
+        full poll says that). Raises on any failure (the caller counts it): the source's
+        health is the poll's to say, so a failed hint changes nothing.
+
+        Not `GET node/{name}`: on 22.05 its allocation counts stay stale after a job
+        ends (measured: no job, no COMPLETING, CPUs still allocated, for as long as no
+        read of every node came in between, i.e. until the next poll), so an end hook's
+        node looked busy to the policy until then."""
         async with self._reading:
             await self._client.negotiate()
-            unique = list(dict.fromkeys(names))
-            jobs, answers = await asyncio.gather(
-                self._client.get_jobs(),
-                asyncio.gather(*(self._client.get_node(n) for n in unique),
-                               return_exceptions=True))
-            nodes: list[SlurmNode] = []
-            for name, answer in zip(unique, answers, strict=True):
-                if isinstance(answer, SlurmNode):
-                    nodes.append(answer)
-                elif isinstance(answer, SlurmApiError):
-                    log.info("slurm.source.hint_skipped", node=name, error=str(answer)[:200])
-                elif isinstance(answer, BaseException):
-                    raise answer
+            wanted = set(names)
+            jobs, every = await asyncio.gather(self._client.get_jobs(),
+                                               self._client.get_nodes())
+            nodes = [node for node in every if node.name in wanted]
             self._pending_raw = {}
             events = self._node_events(nodes, jobs) + self._demand_events(nodes, jobs)
             batch = [*events, *(extra(events) if extra is not None else ())]

@@ -8,7 +8,8 @@ this checkout with the system python3 (the hook is standard library only), setti
 `hook.conf` so that the daemon's URL can be filled in once it listens, and "site"
 scripts chained with `--chain`: the prolog records each job's nodes and start time
 (`marks/start.JOBID`, Slurm's moment of the start, for benchmarks) and exits with
-`site-exit`'s code, the epilog records its end time (`marks/end.JOBID`).
+`site-exit`'s code, the epilog records its end time (`marks/end.JOBID`); the wrappers
+record when slurmctld started them (`marks/prolog.JOBID`, `marks/epilog.JOBID`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import sunkd
 
 REPO = Path(sunkd.__file__).resolve().parent.parent
 PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+# Run as the file, isolated and without `site` (it is standard library only): what the
+# interpreter does before the hook's first line is start time Slurm waits for.
+HOOK = REPO / "sunkd" / "slurm" / "hook.py"
 
 
 class HookScripts:
@@ -58,7 +62,9 @@ class HookScripts:
             script = self.dir / name
             script.write_text(
                 "#!/bin/sh\n"
-                f"PYTHONPATH={REPO} exec {PYTHON} -m sunkd.slurm.hook {event}"
+                # When slurmctld started the hook: the interpreter's start is after it.
+                f"date +%s.%N > {self.marks}/{name[:-3]}.$SLURM_JOB_ID\n"
+                f"exec {PYTHON} -I -S {HOOK} {event}"
                 f" --config {self.config}{extra}\n")
             script.chmod(0o755)
         self.configure("http://127.0.0.1:9")
@@ -82,7 +88,8 @@ class HookScripts:
         path.chmod(0o644)
 
     def moment(self, kind: str, job: int | str) -> float | None:
-        """When the site prolog (`start`) or epilog (`end`) ran for `job`, if it did."""
+        """When the site prolog (`start`) or epilog (`end`) ran for `job`, or the hook's
+        wrapper started (`prolog`, `epilog`), if it did."""
         try:
             return float((self.marks / f"{kind}.{job}").read_text())
         except (OSError, ValueError):

@@ -21,6 +21,7 @@ from dataclasses import replace
 import pytest
 
 from sunkd.domain.events import RecordedEvent, SlurmHookReceived, SlurmNodeObserved
+from sunkd.domain.slurmnode import slurm_busy
 from sunkd.kubernetes.client import KubeClient
 from sunkd.runtime.config import KubernetesSettings, PoolSettings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
@@ -117,9 +118,11 @@ def _busy(daemon: Daemon, node: str) -> bool:
 
 
 def _free(daemon: Daemon, node: str) -> bool:
+    """Free as the policy sees it (`slurm_busy`): no job, not COMPLETING, and no CPUs
+    allocated (22.05 still shows them allocated right after EpilogSlurmctld)."""
     observed = _slurm(daemon, node)
     return (observed is not None and observed.state == "IDLE"
-            and "COMPLETING" not in observed.flags and observed.jobs == 0)
+            and not slurm_busy(observed) and observed.jobs == 0)
 
 
 def _hook_batches(events: list[RecordedEvent], job: int) -> dict[str, list[RecordedEvent]]:
@@ -168,6 +171,36 @@ async def test_job_start_and_end_reach_sunkd_within_the_bound(
     assert "sunkd_slurm_hook_lag_seconds_count 2.0" in metrics
     # The chained site script ran with Slurm's environment.
     assert (hooks.marks / f"site.{job}").read_text().strip() == "hk2"
+
+
+async def test_a_job_cancelled_on_a_draining_node_is_seen_free_without_a_poll(
+    cluster: SlurmCluster, hooks: Hooks
+) -> None:
+    """What a lend waits for: the last job on a draining node is cancelled. 22.05 answers
+    `GET node/{name}` right after EpilogSlurmctld with no job and no COMPLETING flag but
+    the CPUs still allocated, and keeps answering so to single-node reads (only a read of
+    every node refreshes it); the end hook's reads must still see the node free."""
+    hooks.site_exit(0)
+    async with migrated_database() as database_url:
+        async with hooked_sunkd(database_url, cluster, hooks) as daemon:
+            await asyncio.sleep(0.5)  # let the first poll settle: the next is 30 s away
+            # As bench/hooks.py: every node runs a task of one array, one node drains.
+            array = cluster.sbatch("-N1", "--exclusive", "--array=0-2", wrap="sleep 600",
+                                   partition="gpu")
+            await _until(lambda: all(_busy(daemon, n) for n in ("hk1", "hk2", "hk3")), BOUND,
+                         "the array runs everywhere")
+            await asyncio.sleep(1.0)
+            cluster.scontrol("update", "nodename=hk3", "state=drain", "reason=test: drain")
+            task = cluster.run("squeue", "-h", "-t", "R", "-w", "hk3", "-o", "%i").split()[0]
+            try:
+                cluster.run("scancel", task)
+                await _until(lambda: _free(daemon, "hk3"), BOUND,
+                             "the node free as the policy sees it (no CPUs allocated)")
+            finally:
+                cluster.scancel(array)
+                cluster.scontrol("update", "nodename=hk3", "state=resume", check=False)
+    observed = _slurm(daemon, "hk3")
+    assert observed is not None and "DRAIN" in observed.flags
 
 
 async def test_jobs_run_when_sunkd_is_down(cluster: SlurmCluster, hooks: Hooks) -> None:

@@ -130,6 +130,32 @@ def test_the_hook_imports_nothing_heavy() -> None:
     assert result.stdout.strip() == "[]"
 
 
+def test_the_hook_run_as_a_file_chains_without_importing_subprocess_or_typing(
+        tmp_path: Path) -> None:
+    """Every import is start time Slurm waits for: run as the file with `-I -S` (no
+    `site`, no package), the chain is spawned with `os` alone, the annotations cost
+    nothing at run time, and an ASCII host is resolved without the idna codec (which
+    imports `re`)."""
+    site = tmp_path / "site.sh"
+    marker = tmp_path / "ran"
+    site.write_text(f'#!/bin/sh\necho "$SLURM_JOB_ID" > {marker}\nexit 3\n')
+    site.chmod(0o755)
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    code = (f"import sys; sys.argv = ['hook', 'prolog-slurmctld', '--chain', {str(site)!r}, "
+            f"'--url', 'http://127.0.0.1:{_closed_port()}', '--token-file', {str(token)!r}]; "
+            f"sys.path.insert(0, {str(REPO / 'sunkd' / 'slurm')!r}); import hook; "
+            "status = hook.main(); heavy = [m for m in sys.modules if m in ('subprocess', "
+            "'typing', 'collections.abc', 'runpy', 'site', 'sunkd', 'encodings.idna', 're')]"
+            "; print(status, heavy)")
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                            text=True, check=True, timeout=30,
+                            env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "42"})
+    assert result.stdout.strip() == "3 []", result.stderr
+    assert "Connection refused" in result.stderr  # it did try to reach sunkd
+    assert marker.read_text().strip() == "42"
+
+
 # ----------------------------------------------------------------------- API side
 
 
@@ -252,3 +278,24 @@ async def test_the_route_authenticates_bounds_and_limits(tmp_path: Path) -> None
     rendered = view.metrics.render().decode()
     for result in ("unauthorized", "bad_request", "too_large", "not_leader", "rate_limited"):
         assert f'result="{result}"' in rendered
+
+
+@pytest.mark.parametrize(("observed", "again"), [
+    # What slurmrestd 22.05 answers right after EpilogSlurmctld of the node's only job
+    # (measured with bench/hooks.py --trace): no COMPLETING flag, no job, but the CPUs
+    # are still allocated. The policy sees it busy, so the end hook must read again.
+    (SlurmNodeObserved(node="n1", state="IDLE", flags=("DRAIN",), alloc_cpus=2), True),
+    (SlurmNodeObserved(node="n1", state="ALLOCATED", flags=("COMPLETING",), alloc_cpus=2),
+     True),
+    (SlurmNodeObserved(node="n1", state="IDLE", flags=("COMPLETING", "DRAIN")), True),
+    (SlurmNodeObserved(node="n1", state="IDLE", flags=("DRAIN",)), False),
+    (SlurmNodeObserved(node="n1", state="IDLE"), False),
+    # Another job still runs there: no read will see it free before that job ends.
+    (SlurmNodeObserved(node="n1", state="MIXED", alloc_cpus=1, jobs=1), False),
+    (None, False),
+])
+def test_an_end_hook_reads_again_while_the_node_still_cleans_up(
+        observed: SlurmNodeObserved | None, again: bool) -> None:
+    from sunkd.runtime.hooks import cleaning_up
+
+    assert cleaning_up(observed) is again
