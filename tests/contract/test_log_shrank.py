@@ -98,7 +98,10 @@ async def test_a_leader_whose_partition_vanishes_says_not_to_restart(
         assert await _rows(log) == (0, 0)  # nothing forged meanwhile
         await _admin(f"ALTER TABLE events ATTACH PARTITION {partition} "
                      f"{await _bounds(log, partition)}", postgres_url)
-        assert await _rows(log) == before
+        # Every row is back, gap-free: the daemon may have appended one more (a source's
+        # report) between `before` and the DETACH, never a row with a reused seq.
+        count, last = await _rows(log)
+        assert count == last and count >= before[0], (count, last, before)
     finally:
         await log.close()
 
