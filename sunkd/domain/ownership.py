@@ -352,6 +352,13 @@ def running_pods(node: NodeState) -> list[str]:
     )
 
 
+def no_pods(node: NodeState) -> bool:
+    """The node's Node reported its pods and none of them runs. Unknown pods (no report)
+    are never "no pods": every handover to Slurm and every "idle" count asks this, not
+    `running_pods(node) == []`."""
+    return node.pods is not None and not running_pods(node)
+
+
 def assess_all(state: ClusterState, now: float) -> dict[str, Assessment]:
     """Every node's assessment at `now` (for status, metrics and the read API)."""
     return {name: assess(state, node, now) for name, node in state.nodes.items()}

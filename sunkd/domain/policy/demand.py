@@ -12,10 +12,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from sunkd.domain.events import legacy_node_job_ends
-from sunkd.domain.ownership import Assessment, assess, slurm_busy, slurm_usable
+from sunkd.domain.ownership import Assessment, assess, no_pods, slurm_busy, slurm_usable
 from sunkd.domain.policy.fairness import kubernetes_overrides, slurm_reserves
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
-from sunkd.domain.policy.planner import _active_pods, _Planner
+from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
 
 
@@ -69,7 +69,7 @@ def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand
     idle_k8s = sum(
         1 for n in members
         if n.transition is None and n.owner == OWNER_KUBERNETES
-        and not assessments[n.name].held and not _active_pods(n)
+        and not assessments[n.name].held and no_pods(n)
     )
     idle_slurm = sum(
         1 for n in members

@@ -10,7 +10,7 @@ holds, repair, transitions, pool) all build on this module and on `model`.
 from __future__ import annotations
 
 from sunkd.domain.events import Label, SlurmNodeObserved
-from sunkd.domain.ownership import has_owner_taint, running_pods
+from sunkd.domain.ownership import has_owner_taint, no_pods, running_pods
 from sunkd.domain.policy.model import (
     OBSERVATION_CATCHUP_SECONDS,
     REFUSED_RETRY_SECONDS,
@@ -64,7 +64,7 @@ def _may_resume(node: NodeState) -> bool:
     while Slurm reports it healthy (a DOWN/FAIL/NOT_RESPONDING node is Slurm's to handle:
     sunkd's drain stays until it is well again)."""
     slurm = node.slurm
-    return (has_owner_taint(node.k8s) and not _active_pods(node)
+    return (has_owner_taint(node.k8s) and no_pods(node)
             and not (slurm is not None and slurm_unhealthy(slurm)))
 
 

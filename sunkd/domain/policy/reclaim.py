@@ -72,6 +72,8 @@ def _advance_to_slurm(
         if result == _FAILED:
             planner.abort(node, transition, "adding the owner taint failed")
         return
+    if node.pods is None:
+        return  # unknown is not none: nothing moves until the Node reports its pods
     pods = _active_pods(node)
     if pods:
         told_at = reclaim_grace_started_at(node, transition)
