@@ -24,6 +24,7 @@ from sunkd.testbed.demo import MANIFESTS, POOL_LABEL, node_object
 from sunkd.testbed.kubeapi import KubeAPIEmulator
 from tests.conftest import require
 from tests.integration.test_e2e import (
+    Running,
     assert_log_safe,
     migrated_database,
     pending_pods,
@@ -79,6 +80,11 @@ def _evicted_before_resumed(events: list[RecordedEvent], node: str, pod: str,
             assert evicted, f"seq {event.seq}: {node} resumed in Slurm beside {pod}"
 
 
+async def _back_in_slurm(sunkd: Running, node: str) -> None:
+    await sunkd.until("Slurm has the node back", lambda: sunkd.owner(node) == "slurm"
+                      and sunkd.state().nodes[node].transition is None, within=90)
+
+
 def _reclaim_everything(cluster: Any) -> None:
     for _ in cluster.node_names:  # Slurm wants every node back
         cluster.sbatch("-N1", "--exclusive", wrap="sleep 30", partition="gpu")
@@ -107,9 +113,7 @@ async def test_hole2_a_pod_bound_after_the_node_left_its_nodeset_mid_reclaim_is_
                 # Mid-reclaim the Node leaves the Nodeset, then a pod binds by nodeName.
                 emulator.patch("nodes", lent, {"metadata": {"labels": {POOL_LABEL: None}}})
                 emulator.create(_bound_pod("late", lent), "default")
-                await sunkd.until("Slurm has the node back", lambda:
-                                  sunkd.owner(lent) == "slurm"
-                                  and sunkd.state().nodes[lent].transition is None, within=90)
+                await _back_in_slurm(sunkd, lent)
         finally:
             await emulator.stop()
             slurm_cluster.run("scancel", "--partition=gpu", check=False)
@@ -147,9 +151,7 @@ async def test_hole3_a_rival_claim_fixed_later_never_erases_the_real_nodes_pod(
                                   not sunkd.state().nodes[lent].k8s_rivals, within=30)
                 assert running_pods(sunkd.state().nodes[lent]) == [f"default/{pod}"]
                 _reclaim_everything(slurm_cluster)
-                await sunkd.until("Slurm has the node back", lambda:
-                                  sunkd.owner(lent) == "slurm"
-                                  and sunkd.state().nodes[lent].transition is None, within=90)
+                await _back_in_slurm(sunkd, lent)
         finally:
             await emulator.stop()
             slurm_cluster.run("scancel", "--partition=gpu", check=False)
@@ -196,9 +198,7 @@ async def test_hole1_a_config_file_pools_lent_node_is_not_resumed_beside_its_pod
                     sunkd.state().nodes[node]) == ["default/web"], within=30)
                 mark = sunkd.state().last_seq
                 _pin(emulator, node, "slurm")
-                await sunkd.until("Slurm has the node back", lambda:
-                                  sunkd.owner(node) == "slurm"
-                                  and sunkd.state().nodes[node].transition is None, within=90)
+                await _back_in_slurm(sunkd, node)
         finally:
             await emulator.stop()
         events = await read_all(database_url)
