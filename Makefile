@@ -11,10 +11,10 @@ DEMO_ARGS ?= --duration 120
 
 all: test
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml testbed/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,plot]'
+	$(BIN)/pip install -q -e '.[dev,plot,testbed]' -e ./testbed
 	touch $@
 
 venv: $(BIN)/.installed
@@ -33,7 +33,7 @@ kube-binaries:
 
 # Slurm 24.11 (Debian 13) and 26.05 (sid) for the Slurm contract tests, beside the host's
 # 22.05, and 22.05 (bookworm) for the slurmd image the real kubelet Nodes run
-# (sunkd/testbed/images.py): minimal Debian roots made with debootstrap once per machine
+# (testbed/sunkd_testbed/images.py): minimal Debian roots made with debootstrap once per machine
 # and cached outside the clone (/var/cache/sunkd/slurm-root-SUITE; about two minutes each
 # cold, instant warm). When one cannot be made its tests skip, or fail under
 # SUNKD_TEST_STRICT=1, saying why.
@@ -41,7 +41,7 @@ slurm-roots:
 	scripts/prepare-slurm-root.sh trixie sid bookworm || echo "slurm-roots: not ready; the Slurm 24.11/26.05 and slurmd-pod tests will say why" >&2
 
 lint: venv
-	$(BIN)/ruff check sunkd tests bench
+	$(BIN)/ruff check sunkd testbed tests bench
 	$(BIN)/mypy
 
 # Every benchmark once with --quick: it must run and print its JSON last line (figures
@@ -64,4 +64,4 @@ demo: venv system-deps
 bench: bench-smoke
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info sunkd.db
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info testbed/*.egg-info testbed/build sunkd.db

@@ -282,8 +282,8 @@ class _EmulatorKube:
 
     async def start(self, node_names: list[str], nodeset: dict[str, Any]) -> None:
         from sunkd.kubernetes.client import KubeClient
-        from sunkd.testbed.demo import KubeStandIn, populate
-        from sunkd.testbed.kubeapi import KubeAPIEmulator
+        from sunkd_testbed.demo import KubeStandIn, populate
+        from sunkd_testbed.kubeapi import KubeAPIEmulator
 
         self.emulator = KubeAPIEmulator()
         await self.emulator.start()
@@ -307,7 +307,7 @@ class _EmulatorKube:
 
 
 class _RealKube:
-    """The real control plane (sunkd.testbed.kubernetes): kube-scheduler binds the pool's
+    """The real control plane (sunkd_testbed.kubernetes): kube-scheduler binds the pool's
     pods (no extender: the owner taint keeps them off Slurm's nodes), the harness kubelet
     reports them Running and finishes evicted ones; sunkd uses the admin kubeconfig."""
 
@@ -315,8 +315,8 @@ class _RealKube:
 
     async def start(self, node_names: list[str], nodeset: dict[str, Any]) -> None:
         from sunkd.kubernetes.client import KubeClient, nodesets
-        from sunkd.testbed.demo import MANIFESTS, POOL, POOL_LABEL
-        from sunkd.testbed.kubernetes import HarnessKubelet, KubeControlPlane
+        from sunkd_testbed.demo import MANIFESTS, POOL, POOL_LABEL
+        from sunkd_testbed.kubernetes import HarnessKubelet, KubeControlPlane
 
         self.plane = KubeControlPlane()
         await asyncio.to_thread(self.plane.start)
@@ -371,7 +371,7 @@ async def measure_reaction(cycles: int, poll_interval: float,
       that reclaims the lent node has been applied (its action.succeeded event).
     Slurm is polled every `poll_interval` seconds, so the second includes up to one
     poll interval by construction."""
-    from sunkd.testbed.slurm import SlurmCluster
+    from sunkd_testbed.slurm import SlurmCluster
 
     hostlist = "react[1-3]"
     cluster = SlurmCluster(hostlist, partitions={"gpu": hostlist})
@@ -408,7 +408,7 @@ async def _react(cluster: Any, kube: Any, cycles: int,
     from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
     from sunkd.runtime.daemon import Daemon
     from sunkd.slurm.client import SlurmRestClient
-    from sunkd.testbed.demo import nodeset_object, pod_object
+    from sunkd_testbed.demo import nodeset_object, pod_object
 
     for name in cluster.node_names:  # idle, undrained nodes (a previous backend's run)
         cluster.scontrol("update", f"nodename={name}", "state=resume", check=False)

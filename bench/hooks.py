@@ -10,7 +10,7 @@ the hooks in slurm.conf (run as SlurmUser with the system python3).
 
 Per cycle, two reactions, each timed from Slurm's moment to the Kubernetes-side action's
 `action.succeeded` (its time in the log). Slurm's moment is taken by the site scripts the
-hooks chain (`sunkd.testbed.hooks`), which run first in both arms: the start of the first
+hooks chain (`sunkd_testbed.hooks`), which run first in both arms: the start of the first
 job (its PrologSlurmctld), or the end of the cancelled one (its EpilogSlurmctld):
 
 * start -> taint: a node is lent to Kubernetes (a pending pool pod); then a job array
@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine import _EmulatorKube, _pct
 from bench.hooktrace import Trace, dump, table
-from sunkd.testbed.hooks import HOOK, PYTHON, HookScripts
+from sunkd_testbed.hooks import HOOK, PYTHON, HookScripts
 
 NODES = "hb[1-3]"
 
@@ -88,7 +88,7 @@ async def arm(cluster: Any, hooks: HookScripts, use_hooks: bool, cycles: int, po
     from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
     from sunkd.runtime.daemon import Daemon
     from sunkd.slurm.client import SlurmRestClient
-    from sunkd.testbed.demo import nodeset_object, pod_object
+    from sunkd_testbed.demo import nodeset_object, pod_object
 
     for name in cluster.node_names:
         cluster.scontrol("update", f"nodename={name}", "state=resume", check=False)
@@ -240,7 +240,7 @@ def _job_on(cluster: Any, node: str) -> tuple[str, int]:
 
 async def measure(cycles: int, poll: float, traced: bool = False, hooks_only: bool = False
                   ) -> dict[str, Any]:
-    from sunkd.testbed.slurm import SlurmCluster
+    from sunkd_testbed.slurm import SlurmCluster
 
     hooks = HookScripts()
     figures: dict[str, Any] = {"cycles": cycles, "poll_interval_s": poll}

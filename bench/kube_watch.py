@@ -1,6 +1,6 @@
 """Kubernetes watch benchmark: how fast a cluster change becomes a sunkd observation, and what
 a full relist costs, at 5,000 nodes and 50,000 pods, in the API emulator and in the real
-kube-apiserver (sunkd.testbed.kubernetes; built by scripts/build-kubernetes.sh), in one run.
+kube-apiserver (sunkd_testbed.kubernetes; built by scripts/build-kubernetes.sh), in one run.
 
 Why: sunkd's decisions are only as fresh as its view of the cluster. After a 410 (or a
 restart) the source relists everything; that must stay a bounded, cheap operation at the scale
@@ -60,8 +60,8 @@ from sunkd.kubernetes.client import (
 from sunkd.kubernetes.listwatch import ListWatch, Relisted
 from sunkd.kubernetes.normalize import pod_version, slim_pod
 from sunkd.kubernetes.source import KubernetesSource
-from sunkd.testbed.kubeapi import KubeAPIEmulator
-from sunkd.testbed.kubernetes import KubeControlPlane
+from sunkd_testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubernetes import KubeControlPlane
 
 CRD = Path(__file__).resolve().parent.parent / "manifests" / "crds" / "nodeset.yaml"
 # LIST page size. The emulator used to build every page by scanning and sorting the whole
@@ -217,7 +217,7 @@ class EmulatorTarget:
 
 
 class RealTarget:
-    """kube-apiserver and etcd (sunkd.testbed.kubernetes); writes are HTTP PATCHes."""
+    """kube-apiserver and etcd (sunkd_testbed.kubernetes); writes are HTTP PATCHes."""
 
     name = "real"
     CRDS = ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions",

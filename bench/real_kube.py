@@ -1,6 +1,6 @@
 """The real Kubernetes control plane as bench/scale.py's Kubernetes (`--real-apiserver`).
 
-`RealKube` starts `sunkd.testbed.kubernetes.KubeControlPlane` with only what the benchmark
+`RealKube` starts `sunkd_testbed.kubernetes.KubeControlPlane` with only what the benchmark
 needs, so the world stays as it was populated:
 - etcd (no fsync; `--quota-backend-bytes` 8 GiB, as 100,000 pods and their status writes
   outgrow the default 2 GiB before the API server's compaction runs);
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kube_watch import crd_object, node_object, nodeset_objects, pod_object
 
-from sunkd.testbed.kubernetes import KUBE_VERSION, KubeAPIError, KubeControlPlane
+from sunkd_testbed.kubernetes import KUBE_VERSION, KubeAPIError, KubeControlPlane
 
 CONTROLLERS = "serviceaccount-controller,serviceaccount-token-controller,namespace-controller"
 ETCD_QUOTA = 8 * 2**30

@@ -5,7 +5,7 @@ Why: a site runs sunkd for years on thousands of nodes. The log must grow with w
 changes (not with nodes x polls), `sunkd run` must stay flat in memory, and both a first
 start and a restart must reach their first decision quickly. Each phase is a subcommand;
 `all` (the default) runs them in turn. Everything runs on this machine: the Kubernetes API
-emulator (`sunkd.testbed.kubeapi`, populated as `bench/kube_watch.py` does: N nodes with
+emulator (`sunkd_testbed.kubeapi`, populated as `bench/kube_watch.py` does: N nodes with
 labels pool=p0..p9, 10 Nodesets pool0..pool9 in namespace `ml` selecting them and the Slurm
 partitions part0..part9, M pods spread over the nodes, 1 % pending), a fake slurmrestd of
 this file (v0.0.39 dialect, the same N node names, node i in partition part{i % 10}, one
@@ -66,7 +66,7 @@ line of output is one JSON object.
 
 `--real-apiserver` (daemon phases only: `memory`, `sync`, `restart`, `daemon`; `log` always
 uses the emulator) runs them against the real Kubernetes control plane instead of the
-emulator: `sunkd.testbed.kubernetes.KubeControlPlane` from the cached v1.37.2 binaries
+emulator: `sunkd_testbed.kubernetes.KubeControlPlane` from the cached v1.37.2 binaries
 (bench/real_kube.py; exit 2 when `available()` says they are missing). What runs: etcd
 (no fsync, `--quota-backend-bytes` 8 GiB), kube-apiserver with the harness's flags (no
 others were needed: the admin user is in system:masters, exempt from API Priority and
@@ -138,7 +138,7 @@ from sunkd.runtime.engine import load_state
 from sunkd.slurm.model import SlurmJob, SlurmNode
 from sunkd.slurm.source import SlurmSource
 from sunkd.store.eventlog import EventLog
-from sunkd.testbed.kubernetes import free_ports
+from sunkd_testbed.kubernetes import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 SUNKD = ROOT / ".venv" / "bin" / "sunkd"
@@ -457,7 +457,7 @@ class Carry:
 
 async def log_growth(nodes: int, pods: int, steps: int, busy: tuple[float, float],
                      rates: Rates) -> dict[str, Any]:
-    from sunkd.testbed.kubeapi import KubeAPIEmulator
+    from sunkd_testbed.kubeapi import KubeAPIEmulator
 
     api = KubeAPIEmulator(history_size=100_000)
     started = time.perf_counter()
@@ -820,7 +820,7 @@ class Kube:
         plan = self.plan
         t0 = time.perf_counter()
         if not plan.real:
-            from sunkd.testbed.kubeapi import KubeAPIEmulator
+            from sunkd_testbed.kubeapi import KubeAPIEmulator
 
             self.api = KubeAPIEmulator(history_size=100_000)
             populate(self.api, plan.nodes, plan.pods)
@@ -1202,12 +1202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the daemon's temp directory")
     parser.add_argument("--real-apiserver", action="store_true",
                         help="daemon phases: the real kube-apiserver + etcd "
-                             "(sunkd.testbed.kubernetes) instead of the emulator")
+                             "(sunkd_testbed.kubernetes) instead of the emulator")
     parser.add_argument("--concurrency", type=int, default=48,
                         help="--real-apiserver: population requests in flight")
     args = parser.parse_args(argv)
     if args.real_apiserver:
-        from sunkd.testbed.kubernetes import available
+        from sunkd_testbed.kubernetes import available
 
         ok, why = available()
         if not ok:

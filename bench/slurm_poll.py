@@ -10,7 +10,7 @@ payload (node shapes as in tests/fixtures/slurm), then times, in the same run:
   cycle (`SlurmSource`'s diff, 1% of the nodes changed), i.e. what the daemon does.
 
 Target: cycle <= 2x parse floor. Peak memory of a cycle comes from tracemalloc (in a
-separate, untimed run). Then, on a real private cluster (sunkd.testbed.slurm), the
+separate, untimed run). Then, on a real private cluster (sunkd_testbed.slurm), the
 median drain and resume round trip through `SlurmActuator` (REST or scontrol).
 
 Usage: python bench/slurm_poll.py [--quick]. Last line: one JSON object.
@@ -156,7 +156,7 @@ def bench_family(family: str, repeats: int) -> dict[str, float]:
 
 async def bench_actuator(rounds: int) -> dict[str, float] | None:
     from sunkd.slurm.actuator import SlurmActuator
-    from sunkd.testbed.slurm import SlurmCluster, available
+    from sunkd_testbed.slurm import SlurmCluster, available
 
     ok, why = available()
     if not ok:

@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/capture-slurm-fixtures.py 24.11 [--out DIR]
 
-Starts a private cluster of that Slurm generation (sunkd.testbed.slurm; 24.11 and 26.05
+Starts a private cluster of that Slurm generation (sunkd_testbed.slurm; 24.11 and 26.05
 from the roots of scripts/prepare-slurm-root.sh), walks four nodes through the states
 sunkd reads (idle, mixed/allocated, draining, drained, just resumed, admin DOWN, DOWN +
 NOT_RESPONDING) and stores each answer unchanged, per REST version:
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sunkd.slurm.auth import mint_jwt
-from sunkd.testbed.slurm import SLURM_VERSIONS, SlurmCluster, root_stamp
+from sunkd_testbed.slurm import SLURM_VERSIONS, SlurmCluster, root_stamp
 
 # Per generation: the negotiated REST version (every state) and the other served ones
 # captured for the states listed in PARTIAL.
@@ -279,7 +279,7 @@ def capture(version: str, out: Path) -> Path:
                 if cluster.root is not None
                 else "the host's Debian packages"
             ),
-            "harness": "sunkd.testbed.slurm.SlurmCluster (private cluster, 4 x slurmd -N)",
+            "harness": "sunkd_testbed.slurm.SlurmCluster (private cluster, 4 x slurmd -N)",
             "captured_by": "scripts/capture-slurm-fixtures.py",
             "captured_at": _now(),
             "files": cap.index,

@@ -34,10 +34,10 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt_install "${need_pkgs[@]}" curl || echo "ensure-system-deps: could not install Slurm packages" >&2
 fi
 
-# The test bed's real kubelet Nodes (sunkd/testbed/kubelet.py): Debian 12's containerd
+# The test bed's real kubelet Nodes (testbed/sunkd_testbed/kubelet.py): Debian 12's containerd
 # 1.6 and runc, the CNI loopback plugin (a loopback-only network makes the runtime report
 # NetworkReady; pods use the host network), a static busybox and debootstrap for the
-# locally built test images (sunkd/testbed/images.py). No recommends: iptables is not
+# locally built test images (testbed/sunkd_testbed/images.py). No recommends: iptables is not
 # needed (the kubelet runs with makeIPTablesUtilChains: false).
 kube_pkgs=()
 for pair in containerd:containerd runc:runc ctr:containerd debootstrap:debootstrap; do

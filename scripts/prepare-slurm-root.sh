@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # prepare-slurm-root.sh SUITE...  -  a minimal Debian SUITE root with Debian's own Slurm
-# packages, for the test harness (sunkd/testbed/slurm.py, SlurmCluster(version=...)):
+# packages, for the test harness (testbed/sunkd_testbed/slurm.py, SlurmCluster(version=...)):
 #
 #   trixie (Debian 13) -> Slurm 24.11      sid -> Slurm 26.05
 #   bookworm (Debian 12) -> Slurm 22.05, for hosts that are not Debian 12 and for the
-#   slurmd image of the real kubelet Nodes (sunkd/testbed/images.py)
+#   slurmd image of the real kubelet Nodes (testbed/sunkd_testbed/images.py)
 #
 # The host's Debian 12 Slurm (22.05) needs no root. The root is built once per machine
 # and cached OUTSIDE the clone:

@@ -66,11 +66,17 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_sim_kubeapi(args: argparse.Namespace, settings: Settings) -> int:
-    from sunkd.testbed.kubeapi import run_cli
+    from sunkd_testbed.kubeapi import run_cli
 
     exit_code: int = run_cli(port=args.port, kubeconfig_out=args.kubeconfig_out,
                              load=args.load or [], listen_host=args.host)
     return exit_code
+
+
+TESTBED_MISSING = (
+    "sunkd {command}: this command runs the test bed, which is not part of sunkd's "
+    "production install. Install it with `pip install 'sunkd[testbed]'`, or from a clone "
+    "of the repository `pip install -e . -e ./testbed` (`make demo` does it).")
 
 
 def _optional(module: str, attribute: str) -> Handler:
@@ -82,6 +88,22 @@ def _optional(module: str, attribute: str) -> Handler:
         return result
 
     return handler
+
+
+def _needs_testbed(command: str, handler: Handler) -> Handler:
+    """`demo` and `sim` run the test bed, a separate distribution (`sunkd[testbed]`):
+    without it they say how to get it, rather than print a traceback."""
+
+    def guarded(args: argparse.Namespace, settings: Settings) -> int:
+        try:
+            return handler(args, settings)
+        except ModuleNotFoundError as missing:
+            if not (missing.name or "").startswith("sunkd_testbed"):
+                raise
+            print(TESTBED_MISSING.format(command=command), file=sys.stderr)
+            return 2
+
+    return guarded
 
 
 # ----------------------------------------------------------------------- parser
@@ -180,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--to", help="end: ISO time or a duration ago like 1d (default now)")
     audit.add_argument("--json", action="store_true")
 
-    demo = add("demo", _optional("sunkd.testbed.demo", "cmd_demo"),
+    demo = add("demo", _needs_testbed("demo", _optional("sunkd_testbed.demo", "cmd_demo")),
                "run the whole system locally: real Slurm, the Kubernetes emulator, SQLite")
     database(demo)
     demo.add_argument("--duration", type=float, help="seconds; run until Ctrl-C without it")
@@ -199,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_commands = sim.add_subparsers(dest="sim_command", metavar="SIMULATOR", required=True)
     kubeapi = sim_commands.add_parser(
         "kubeapi", help="a Kubernetes API emulator (not a real API server)")
-    kubeapi.set_defaults(handler=cmd_sim_kubeapi)
+    kubeapi.set_defaults(handler=_needs_testbed("sim kubeapi", cmd_sim_kubeapi))
     kubeapi.add_argument("--port", type=int, default=0)
     kubeapi.add_argument("--host", default="127.0.0.1")
     kubeapi.add_argument("--kubeconfig-out", type=Path)

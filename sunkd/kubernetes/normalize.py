@@ -493,7 +493,7 @@ def workload_selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
     without a workload selector must not claim every pod in the cluster. This is the one
     deliberate difference from the API server's label selectors (where an empty selector
     selects everything), hence its own name; the emulator's `label_selector_matches` in
-    sunkd/testbed/kubeapi/selectors.py follows the API server."""
+    testbed/sunkd_testbed/kubeapi/selectors.py follows the API server."""
     if not isinstance(selector, Mapping) or not selector:
         return False
     if "matchLabels" not in selector and "matchExpressions" not in selector:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 from tests.integration.kube_backends import (  # noqa: F401  (fixtures, used by name)
     kube,
     kube_backend,

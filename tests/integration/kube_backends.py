@@ -3,9 +3,9 @@
 A test that takes the `kube` fixture runs once per backend (`kube_backend`, a module-scoped
 parameter, so pytest runs a module's emulator pass, then its real pass):
 
-- `emulator`: a fresh `KubeAPIEmulator` per test (sunkd.testbed.kubeapi), over HTTP;
+- `emulator`: a fresh `KubeAPIEmulator` per test (sunkd_testbed.kubeapi), over HTTP;
 - `real`: kube-apiserver, etcd and kube-controller-manager built from Go modules
-  (sunkd.testbed.kubernetes; docs/kubernetes-build.md), one plane per module (bring-up
+  (sunkd_testbed.kubernetes; docs/kubernetes-build.md), one plane per module (bring-up
   ~3.5 s), emptied after every test (`reset_real`): Nodes, and in every namespace Pods
   (force-deleted), Events, PDBs, Leases and Nodesets. No kube-scheduler (pods stay where a
   test puts them, as on the emulator); the controller manager runs every controller, so
@@ -41,8 +41,8 @@ import aiohttp
 import pytest
 
 from sunkd.kubernetes.client import NODES, KubeApiError, KubeClient
-from sunkd.testbed.kubeapi import KubeAPIEmulator
-from sunkd.testbed.kubernetes import KubeControlPlane, available
+from sunkd_testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubernetes import KubeControlPlane, available
 from tests.conftest import require
 from tests.integration.kubeapi_support import Raw
 

@@ -312,7 +312,7 @@ async def install_crd(client: KubeClient) -> ResourceType:
 
 @contextlib.asynccontextmanager
 async def running_emulator(**options: Any) -> AsyncIterator[Any]:
-    from sunkd.testbed.kubeapi import KubeAPIEmulator
+    from sunkd_testbed.kubeapi import KubeAPIEmulator
 
     emulator = KubeAPIEmulator(**options)
     await emulator.start("127.0.0.1")

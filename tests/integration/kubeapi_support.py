@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 
 JSON = dict[str, Any]
 MERGE = "application/merge-patch+json"

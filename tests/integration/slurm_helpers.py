@@ -12,7 +12,7 @@ import pytest
 
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import SlurmNode
-from sunkd.testbed.slurm import SLURM_VERSIONS, SlurmCluster, SlurmClusterError, available
+from sunkd_testbed.slurm import SLURM_VERSIONS, SlurmCluster, SlurmClusterError, available
 from tests.conftest import require
 
 VERSIONS_ENV = "SUNKD_TEST_SLURM_VERSIONS"

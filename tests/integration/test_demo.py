@@ -33,7 +33,7 @@ async def sunkd(*args: str, cwd: Path) -> tuple[int, str]:
 
 
 async def test_demo_moves_nodes_both_ways_and_serves_everything(tmp_path: Path) -> None:
-    from sunkd.testbed.slurm import available
+    from sunkd_testbed.slurm import available
     from tests.conftest import require
 
     installed, why = available()
@@ -107,7 +107,7 @@ async def test_demo_moves_nodes_both_ways_and_serves_everything(tmp_path: Path) 
 
 
 def test_a_new_demo_keeps_the_previous_log_aside(tmp_path: Path) -> None:
-    from sunkd.testbed.demo import set_aside_previous_log
+    from sunkd_testbed.demo import set_aside_previous_log
 
     (tmp_path / "sunkd.db").write_text("earlier run")
     (tmp_path / "sunkd.db-wal").write_text("wal")

@@ -233,3 +233,33 @@ def test_build_context_builds_the_wheel(tmp_path: Path) -> None:
     assert "sunkd/cli/main.py" in names
     assert any(n.startswith("sunkd/store/migrations/versions/") for n in names), \
         "the migrations ship in the wheel (`sunkd migrate` runs in the image)"
+    assert_no_testbed(names)
+
+
+def assert_no_testbed(names: list[str]) -> None:
+    testbed = [n for n in names if n.startswith(("sunkd_testbed/", "sunkd/testbed/"))
+               or "slurmrestd.py" in n or "kubeapi" in n]
+    assert testbed == [], f"test bed code in the production wheel: {testbed[:5]}"
+
+
+def test_the_production_wheel_from_the_whole_checkout_holds_no_testbed(tmp_path: Path) -> None:
+    """Built from the whole source tree, not only the image's context: the test bed
+    (testbed/sunkd_testbed, its own distribution) stays out of sunkd's wheel."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "__pycache__", "*.pyc", "*.db", ".mypy_cache", ".hypothesis",
+        "*.egg-info", "build", ".ruff_cache", ".pytest_cache"))
+    assert (source / "testbed" / "sunkd_testbed" / "slurm.py").is_file()
+    wheels = tmp_path / "wheels"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--wheel-dir", str(wheels),
+         str(source)], capture_output=True, text=True, timeout=240, check=False)
+    if result.returncode != 0 and re.search(r"Could not find a version|NewConnectionError|"
+                                            r"No matching distribution", result.stderr):
+        require(False, f"pip cannot fetch the build backend: {result.stderr[-500:]}")
+    assert result.returncode == 0, result.stderr
+    (wheel,) = wheels.glob("sunkd-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "sunkd/runtime/daemon.py" in names
+    assert_no_testbed(names)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 from tests.integration.kube_helpers import token_plugin, write_exec_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -40,8 +40,8 @@ from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.store.eventlog import EventLog
-from sunkd.testbed.demo import KubeStandIn, nodeset_object, pod_object, populate
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.demo import KubeStandIn, nodeset_object, pod_object, populate
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 from tests.conftest import fresh_postgres_database, require
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -51,7 +51,7 @@ NODES = "e2e[1-4]"
 
 @pytest.fixture(scope="module")
 def slurm_cluster() -> Any:
-    from sunkd.testbed.slurm import SlurmCluster
+    from sunkd_testbed.slurm import SlurmCluster
 
     cluster = SlurmCluster(NODES, partitions={"gpu": NODES}, slurmd_timeout=5)
     try:

@@ -20,8 +20,8 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.events import ActionRequested, RecordedEvent
 from sunkd.domain.ownership import running_pods
 from sunkd.runtime.config import PoolSettings
-from sunkd.testbed.demo import MANIFESTS, POOL_LABEL, node_object
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.demo import MANIFESTS, POOL_LABEL, node_object
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 from tests.conftest import require
 from tests.integration.test_e2e import (
     Running,
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def slurm_cluster() -> Iterator[Any]:
-    from sunkd.testbed.slurm import SlurmCluster
+    from sunkd_testbed.slurm import SlurmCluster
 
     nodes = "fc[1-2]"
     cluster = SlurmCluster(nodes, partitions={"gpu": nodes}, slurmd_timeout=5)

@@ -1,6 +1,6 @@
 """End to end against the real Kubernetes control plane: a real Slurm cluster, etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler (built from Go modules;
-sunkd.testbed.kubernetes), the real PostgreSQL, and sunkd's daemon, driven like production.
+sunkd_testbed.kubernetes), the real PostgreSQL, and sunkd's daemon, driven like production.
 
 What the emulator version (test_e2e.py) fakes, this one does not: kube-scheduler places
 the pool's pods (sunkd's owner taint alone keeps them off Slurm-owned nodes; the
@@ -45,9 +45,9 @@ from sunkd.kubernetes.client import (
 from sunkd.runtime.config import KubernetesSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.slurm.client import SlurmRestClient
-from sunkd.testbed.demo import POOL, POOL_LABEL, nodeset_object, pod_object
-from sunkd.testbed.kubernetes import HarnessKubelet, KubeControlPlane
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.demo import POOL, POOL_LABEL, nodeset_object, pod_object
+from sunkd_testbed.kubernetes import HarnessKubelet, KubeControlPlane
+from sunkd_testbed.slurm import SlurmCluster
 from tests.conftest import require
 from tests.integration.kube_backends import (
     SUNKD_NAMESPACE,

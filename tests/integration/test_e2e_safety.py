@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def slurm_cluster() -> Iterator[Any]:
-    from sunkd.testbed.slurm import SlurmCluster
+    from sunkd_testbed.slurm import SlurmCluster
 
     nodes = "saf[1-3]"
     cluster = SlurmCluster(nodes, partitions={"gpu": nodes}, slurmd_timeout=5)

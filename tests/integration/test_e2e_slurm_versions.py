@@ -26,8 +26,8 @@ from sunkd.kubernetes.client import KubeClient
 from sunkd.runtime.config import SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.slurm.client import SlurmRestClient
-from sunkd.testbed.kubeapi import KubeAPIEmulator
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import slurm_test_versions, start_cluster
 from tests.integration.test_e2e import (
     Running,

@@ -9,7 +9,7 @@ pin in tests/helm/go.mod) and kubectl.
   reason, and each named difference must still occur (the list cannot rot);
 - RBAC checked against `sunkd.kubernetes.actuator.API_CALLS` in both directions;
 - bad values fail with the schema's message (values.schema.json);
-- installed on the real control plane (sunkd.testbed.kubernetes): `helm install`, the
+- installed on the real control plane (sunkd_testbed.kubernetes): `helm install`, the
   objects and the CRD, the ServiceAccount's rights with `kubectl auth can-i` (every API
   call sunkd makes yes, others no), the pods admitted under Pod Security "restricted"
   (they stay Pending: there is no kubelet), `helm upgrade` with changed values, then
@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sunkd.testbed.kubernetes import KubeControlPlane, available, cache_root, default_bin_dir
+from sunkd_testbed.kubernetes import KubeControlPlane, available, cache_root, default_bin_dir
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ With INSERT on `events` revoked from the daemon's role (PostgreSQL's privileges,
 roles `sunkd log grants` prints), every poll's append fails while the lease still
 renews (an UPDATE of the leadership row). `/readyz` used to stay 200 "ready: leader",
 `sunkd_source_fresh{source="slurm"}` 1, and the leader kept its lease, so a healthy
-standby never took over. Slurm here is the fake slurmrestd of tests/fakes (the fault
+standby never took over. Slurm here is the fake slurmrestd of testbed/sunkd_testbed (the fault
 is the database's, and PostgreSQL is real)."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.store import archive, migrations_api
 from sunkd.store.eventlog import create_engine
+from sunkd_testbed.slurmrestd import FakeSlurmrestd
 from tests.conftest import fresh_postgres_database
 from tests.contract.test_roles import _PASSWORD, _admin, _as
-from tests.fakes.slurmrestd import FakeSlurmrestd
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -364,7 +364,7 @@ async def test_an_exec_plugin_failing_at_start_is_retried_not_fatal(
     """kubernetes-asyncio runs a kubeconfig's exec plugin when the client is built: a plugin
     failing then (its identity provider unreachable) is not a configuration to fix. The
     daemon keeps running and builds the client once the plugin answers."""
-    from sunkd.testbed.kubeapi import KubeAPIEmulator
+    from sunkd_testbed.kubeapi import KubeAPIEmulator
     from tests.integration.kube_helpers import token_plugin, write_exec_kubeconfig
 
     down = tmp_path / "provider-down"

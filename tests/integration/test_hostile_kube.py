@@ -29,8 +29,8 @@ from sunkd.domain.events import (
 from sunkd.kubernetes.client import NODES, PODS, KubeClient, ResourceType
 from sunkd.kubernetes.source import KubernetesSource
 from sunkd.store.eventlog import EventLog, StaleLeaderError
-from sunkd.testbed.kubeapi import KubeAPIEmulator
-from sunkd.testbed.kubeapi.store import HistoryEvent
+from sunkd_testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubeapi.store import HistoryEvent
 
 from .kube_helpers import (
     ListSink,

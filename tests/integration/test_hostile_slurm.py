@@ -1,5 +1,5 @@
 """Issue 12 (hostile inputs), the Slurm side, against the FAKE slurmrestd of
-tests/fakes/slurmrestd.py: every failure of a poll or of its append makes the Slurm
+testbed/sunkd_testbed/slurmrestd.py: every failure of a poll or of its append makes the Slurm
 source stale with a cause (12.1), a duplicate node name invalidates the whole poll
 (12.6), slurmrestd answers are size-capped (12.10), and strings from Slurm are
 sanitised before they reach the log (12.1, NUL on PostgreSQL).
@@ -25,7 +25,7 @@ from sunkd.runtime.daemon import Daemon
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.source import SlurmSource
 from sunkd.store.eventlog import EventLog
-from tests.fakes.slurmrestd import FakeSlurmrestd
+from sunkd_testbed.slurmrestd import FakeSlurmrestd
 
 pytestmark = pytest.mark.timeout(120)
 

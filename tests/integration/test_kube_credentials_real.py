@@ -25,7 +25,7 @@ import yaml
 from sunkd.kubernetes import kubeconfig
 from sunkd.kubernetes.client import LEASES, NODES, PODS, KubeClient
 from sunkd.kubernetes.lease import LeaseElector
-from sunkd.testbed.kubernetes import KubeControlPlane
+from sunkd_testbed.kubernetes import KubeControlPlane
 from tests.integration.kube_backends import (
     SUNKD_NAMESPACE,
     bound_token,

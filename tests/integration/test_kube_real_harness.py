@@ -1,4 +1,4 @@
-"""The real Kubernetes control plane harness (sunkd.testbed.kubernetes) against itself.
+"""The real Kubernetes control plane harness (sunkd_testbed.kubernetes) against itself.
 
 etcd, kube-apiserver, kube-controller-manager and kube-scheduler built from Go modules by
 scripts/build-kubernetes.sh, driven with the kubectl built beside them and with the
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sunkd.testbed.kubernetes import (
+from sunkd_testbed.kubernetes import (
     KUBE_VERSION,
     HarnessKubelet,
     KubeControlPlane,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator, KubeAPIError
+from sunkd_testbed.kubeapi import KubeAPIEmulator, KubeAPIError
 from tests.integration.kube_backends import Kube
 from tests.integration.kubeapi_support import MERGE, Raw, pod
 

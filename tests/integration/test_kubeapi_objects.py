@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 from tests.integration.kubeapi_support import Raw, node, pod
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 from tests.integration.kubeapi_support import (
     JSONPATCH,
     MERGE,

@@ -17,8 +17,8 @@ import yaml
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator, running_emulator
-from sunkd.testbed.kubeapi.cli import serve
+from sunkd_testbed.kubeapi import KubeAPIEmulator, running_emulator
+from sunkd_testbed.kubeapi.cli import serve
 from tests.integration.kubeapi_support import Raw, node, pod
 
 TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}

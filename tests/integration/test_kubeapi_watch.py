@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 from tests.integration.kubeapi_support import Raw, emulator, node, pod
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sunkd.kubernetes.client import EVENTS, LEASES, NODES, KubeClient, nodesets
-from sunkd.testbed.kubernetes import available, default_bin_dir
+from sunkd_testbed.kubernetes import available, default_bin_dir
 from tests.conftest import require
 from tests.integration.kube_backends import Kube
 from tests.integration.kube_helpers import create_node_object

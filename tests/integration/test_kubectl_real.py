@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from sunkd.kubernetes.client import NODES, PODS, nodesets
-from sunkd.testbed.kubernetes import KubeControlPlane
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.kubernetes import KubeControlPlane
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration import test_e2e_real_kube as e2e_real
 from tests.integration.kube_backends import SUNKD_NAMESPACE
 from tests.integration.test_e2e import migrated_database, reset_slurm

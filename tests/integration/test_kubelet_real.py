@@ -1,5 +1,5 @@
-"""Real kubelet Nodes (sunkd.testbed.kubelet) against the real control plane, running real
-pods: a busybox shell and slurmd, from images built here (sunkd.testbed.images).
+"""Real kubelet Nodes (sunkd_testbed.kubelet) against the real control plane, running real
+pods: a busybox shell and slurmd, from images built here (sunkd_testbed.images).
 
 One module-scoped bed: the control plane, three kubelets (Nodes 127.0.0.10-12, each with
 its own containerd) and the images imported into each. The slurmd pods join clusters of
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from sunkd.testbed import images as images_mod
-from sunkd.testbed.containerd import pids_with_arg
-from sunkd.testbed.images import Image, ImageError
-from sunkd.testbed.kubelet import (
+from sunkd_testbed import images as images_mod
+from sunkd_testbed.containerd import pids_with_arg
+from sunkd_testbed.images import Image, ImageError
+from sunkd_testbed.kubelet import (
     SYSCTLS,
     KubeletNodes,
     available,
@@ -34,9 +34,9 @@ from sunkd.testbed.kubelet import (
     slurmd_pod,
     sysctl_path,
 )
-from sunkd.testbed.kubernetes import KUBE_VERSION, KubeControlPlane
-from sunkd.testbed.kubernetes import available as plane_available
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.kubernetes import KUBE_VERSION, KubeControlPlane
+from sunkd_testbed.kubernetes import available as plane_available
+from sunkd_testbed.slurm import SlurmCluster
 from tests.conftest import require
 from tests.integration.slurm_helpers import slurm_test_versions, start_cluster
 

@@ -28,7 +28,7 @@ from sunkd.runtime import engine as engine_module
 from sunkd.runtime.config import KubernetesSettings, PoolSettings, Settings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.store.eventlog import EventLog
-from tests.fakes.slurmrestd import FakeSlurmrestd, fake_node
+from sunkd_testbed.slurmrestd import FakeSlurmrestd, fake_node
 
 NODES = 4000
 PARTITIONS = 10

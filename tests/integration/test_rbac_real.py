@@ -1,7 +1,7 @@
 """RBAC proven on the real API server: sunkd with a bound token of its ServiceAccount and
 exactly the rights manifests/base/rbac.yaml gives it (ClusterRole `sunkd`, Role
 `sunkd-leader-election`), kube-apiserver with `--authorization-mode=Node,RBAC` and an
-audit log (sunkd.testbed.kubernetes).
+audit log (sunkd_testbed.kubernetes).
 
 `exercise` drives every Kubernetes call sunkd makes, through sunkd's own components (the
 source's list-then-watch of Nodes, Pods and Nodesets; the actuator's taint, cordon,
@@ -48,7 +48,7 @@ from sunkd.kubernetes.client import (
 )
 from sunkd.kubernetes.lease import LeaseElector
 from sunkd.kubernetes.source import KubernetesSource
-from sunkd.testbed.kubernetes import KubeControlPlane
+from sunkd_testbed.kubernetes import KubeControlPlane
 from tests.integration.kube_backends import (
     RBAC_MANIFEST,
     SUNKD_NAMESPACE,

@@ -29,9 +29,9 @@ import yaml
 
 from sunkd.domain.state import Phase
 from sunkd.kubernetes.client import NODES, PODS, KubeClient
-from sunkd.testbed.demo import pod_object
-from sunkd.testbed.kubernetes import KubeControlPlane
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.demo import pod_object
+from sunkd_testbed.kubernetes import KubeControlPlane
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration import test_e2e_real_kube as e2e_real
 from tests.integration.kube_backends import (
     SCHEDULER_CONFIG,
@@ -242,7 +242,7 @@ async def test_extender_down_fails_closed_when_not_ignorable(tmp_path: Path) -> 
     try:
         admin = await KubeClient.connect(str(plane.kubeconfig))
         try:
-            from sunkd.testbed.kubernetes import HarnessKubelet
+            from sunkd_testbed.kubernetes import HarnessKubelet
 
             async with HarnessKubelet(plane) as kubelet:
                 await kubelet.register_node("lonely")

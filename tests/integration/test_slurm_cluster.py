@@ -25,7 +25,7 @@ from sunkd.slurm.actuator import SlurmActuator
 from sunkd.slurm.auth import mint_jwt
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import SlurmAuthError
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import (
     NEGOTIATED,
     SERVED,

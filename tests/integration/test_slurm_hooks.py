@@ -26,9 +26,9 @@ from sunkd.kubernetes.client import KubeClient
 from sunkd.runtime.config import KubernetesSettings, PoolSettings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.slurm.client import SlurmRestClient
-from sunkd.testbed.demo import KubeStandIn
-from sunkd.testbed.hooks import HookScripts as Hooks
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.demo import KubeStandIn
+from sunkd_testbed.hooks import HookScripts as Hooks
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import start_cluster
 from tests.integration.test_e2e import (
     migrated_database,

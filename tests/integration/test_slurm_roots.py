@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sunkd.testbed.slurm import (
+from sunkd_testbed.slurm import (
     SLURM_GENERATIONS,
     SlurmCluster,
     SlurmClusterError,

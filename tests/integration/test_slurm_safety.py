@@ -17,7 +17,7 @@ from sunkd.domain.policy import RequestAction, decide
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.slurm.actuator import SlurmActuator
 from sunkd.slurm.client import SlurmRestClient
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import jwt_client, start_cluster, wait_node
 from tests.unit.domain_world import PARTITION, POOL, Log, k8s_obs, pool_spec
 from tests.unit.test_domain_policy import _record, _succeed

@@ -22,7 +22,7 @@ from sunkd.slurm.actuator import SlurmActuator
 from sunkd.slurm.auth import mint_jwt
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.source import SlurmSource
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import (
     jwt_client,
     start_cluster,

@@ -3,7 +3,7 @@
 `slurm.demand.observed` carries partition counters only, so its size does not grow with
 the number of busy nodes, and it is emitted only when a counter changes.
 
-Against the FAKE slurmrestd of tests/fakes/slurmrestd.py (v0.0.42 JSON through the real
+Against the FAKE slurmrestd of testbed/sunkd_testbed/slurmrestd.py (v0.0.42 JSON through the real
 client and normalizer): it lets a test move a running job's end time by seconds, which
 a real slurmctld does only in whole minutes (`scontrol update TimeLimit=`). The real
 cluster's view of the same events is in test_slurm_source.py."""
@@ -18,7 +18,7 @@ import pytest
 from sunkd.domain.events import Event, SlurmDemandObserved, SlurmNodeObserved, payload_to_json
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.source import JOB_END_TOLERANCE_SECONDS, SlurmSource
-from tests.fakes.slurmrestd import FakeSlurmrestd, fake_node
+from sunkd_testbed.slurmrestd import FakeSlurmrestd, fake_node
 
 pytestmark = pytest.mark.timeout(120)
 

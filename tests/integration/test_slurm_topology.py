@@ -28,7 +28,7 @@ from sunkd.domain.topology import (
     to_conf,
     to_yaml,
 )
-from sunkd.testbed.slurm import SlurmCluster
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import slurm_test_versions, start_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from sunkd.domain import wellknown as wk
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 LEAF = "network.topology.nvidia.com/leaf"

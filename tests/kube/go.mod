@@ -8,7 +8,7 @@
 // replace list also names k8s.io/sample-cli-plugin and k8s.io/sample-controller, which no
 // binary needs and the module proxy does not serve at v0.37.2: left out.
 // Changing the version: docs/kubernetes-build.md, and KUBE_VERSION in
-// sunkd/testbed/kubernetes.py (a test checks they agree).
+// testbed/sunkd_testbed/kubernetes.py (a test checks they agree).
 module sunkd.invalid/tests/kube
 
 go 1.26.0

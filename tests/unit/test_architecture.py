@@ -21,8 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "kubernetes": {"domain"},
     "api": {"domain", "store", "runtime"},
     "runtime": {"domain", "store", "slurm", "kubernetes", "api"},
-    "cli": {"domain", "store", "slurm", "kubernetes", "api", "runtime", "testbed", "simulate"},
-    "testbed": {"domain", "store", "slurm", "kubernetes", "api", "runtime"},
+    "cli": {"domain", "store", "slurm", "kubernetes", "api", "runtime", "simulate"},
     "simulate": {"domain"},
 }
 # Third-party modules the pure domain may not import (it does no I/O, keeps no clock).
@@ -46,7 +45,7 @@ def _imports(path: Path) -> list[str]:
     # `__import__("sunkd.x", ...)` and `_optional("sunkd.x", ...)` name modules in strings.
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if re.fullmatch(r"sunkd(\.\w+)+", node.value):
+            if re.fullmatch(r"sunkd(\.\w+)+|sunkd_testbed(\.\w+)*", node.value):
                 found.append(node.value)
     return found
 
@@ -73,6 +72,17 @@ def test_imports_follow_the_layers(path: Path) -> None:
         if target == package or target not in ALLOWED:
             continue
         assert target in ALLOWED[package], f"{path.name} in {package}/ imports {module}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_test_bed_commands_import_the_test_bed(path: Path) -> None:
+    """The test bed is a separate distribution (testbed/, `sunkd[testbed]`) that the
+    production wheel and image do not hold: only `sunkd demo` and `sunkd sim`, in cli/main,
+    reach for it, and they say how to install it when it is missing."""
+    allowed = path == PACKAGE / "cli" / "main.py"
+    for module in _imports(path):
+        if module.split(".")[0] == "sunkd_testbed":
+            assert allowed, f"{path.relative_to(PACKAGE)} imports {module}"
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "domain").rglob("*.py")),

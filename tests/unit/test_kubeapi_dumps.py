@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sunkd.testbed.kubeapi.server import dumps
+from sunkd_testbed.kubeapi.server import dumps
 
 
 class Colour(enum.StrEnum):

@@ -14,7 +14,7 @@ from sunkd.domain.events import encode_payload
 from sunkd.slurm.model import SlurmPayloadError
 from sunkd.slurm.normalize import clean_text, normalize_jobs, normalize_nodes
 from sunkd.store.eventlog import dumps_json
-from tests.fakes.slurmrestd import fake_node
+from sunkd_testbed.slurmrestd import fake_node
 
 
 def _body(*nodes: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ An in-process aiohttp server that reproduces the wire protocol and the semantics
 and kubectl depend on (see `docs/kubernetes.md`, "API emulator"). It is an emulator, not a
 Kubernetes API server: no authn/authz, admission, managedFields, protobuf (a protobuf body
 is an honest 415), or controllers beyond the few stand-ins documented there. The contract
-suite runs against it and against the real kube-apiserver (sunkd.testbed.kubernetes); the
+suite runs against it and against the real kube-apiserver (sunkd_testbed.kubernetes); the
 differences found are listed in docs/kubernetes.md, "Emulator vs the real API server".
 """
 

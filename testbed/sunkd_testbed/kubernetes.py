@@ -1,6 +1,6 @@
 """The real Kubernetes control plane on this machine, for tests, benchmarks and the demo.
 
-The API emulator (`sunkd.testbed.kubeapi`) answers as Kubernetes should; this harness runs
+The API emulator (`sunkd_testbed.kubeapi`) answers as Kubernetes should; this harness runs
 Kubernetes itself: etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built
 from Go modules by `scripts/build-kubernetes.sh` (pins in tests/kube/go.mod) into
 `${SUNKD_KUBE_CACHE:-/var/cache/sunkd}/kubernetes-<version>/bin`, with the matching kubectl.
@@ -224,7 +224,7 @@ class KubeControlPlane:
     as on the API emulator). `audit=True` has kube-apiserver write every request at level
     Metadata to `audit_log` (`audit_events()` reads it: who did what, and the answer's code).
     `kubelet_client=True` has kube-apiserver present the admin certificate to kubelets
-    (`kubectl logs`/`exec` on real kubelet Nodes, sunkd.testbed.kubelet).
+    (`kubectl logs`/`exec` on real kubelet Nodes, sunkd_testbed.kubelet).
     """
 
     def __init__(
@@ -1205,7 +1205,7 @@ class HarnessKubelet:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m sunkd.testbed.kubernetes`: bring a plane up, print its kubeconfig, wait."""
+    """`python -m sunkd_testbed.kubernetes`: bring a plane up, print its kubeconfig, wait."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

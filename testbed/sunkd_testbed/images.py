@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sunkd.testbed.kubernetes import KUBE_VERSION, cache_root
-from sunkd.testbed.slurm import SLURM_GENERATIONS, root_dir, root_stamp
+from sunkd_testbed.kubernetes import KUBE_VERSION, cache_root
+from sunkd_testbed.slurm import SLURM_GENERATIONS, root_dir, root_stamp
 
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Left out of every layer: the runtime mounts the first four; a root's munge.key is not
@@ -128,7 +128,7 @@ def write_docker_archive(
                 "User": user,
             },
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
-            "history": [{"created": created, "created_by": f"sunkd.testbed.images {rootfs}"}],
+            "history": [{"created": created, "created_by": f"sunkd_testbed.images {rootfs}"}],
         }
         config_bytes = json.dumps(config, separators=(",", ":")).encode()
         config_name = f"{hashlib.sha256(config_bytes).hexdigest()}.json"
@@ -251,7 +251,7 @@ def slurm_image(version: str) -> Image:
 
 
 def main() -> int:
-    """`python -m sunkd.testbed.images [VERSION...]`: make (or find) the images, list them."""
+    """`python -m sunkd_testbed.images [VERSION...]`: make (or find) the images, list them."""
     import sys
 
     images = [pause_image(), busybox_image()]

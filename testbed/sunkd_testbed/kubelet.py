@@ -1,6 +1,6 @@
 """Real kubelet Nodes on this machine, for the tests that need pods with processes in them.
 
-`HarnessKubelet` (sunkd.testbed.kubernetes) only writes what a kubelet would write; the
+`HarnessKubelet` (sunkd_testbed.kubernetes) only writes what a kubelet would write; the
 slurmd-pod tests need the real thing. `KubeletNodes(plane, count)` runs `count` real
 kubelets (v1.37.2, `scripts/build-kubelet.sh`, the control plane's own Go module pins),
 each with its own containerd (Debian 12's 1.6 and runc 1.1: two kubelets on one
@@ -9,13 +9,13 @@ started with `kubelet_client=True`. Node i is named `127.0.0.(10+i)`: a kubelet 
 `--hostname-override` is an IP reports it as both InternalIP and Hostname unvalidated
 (upstream `pkg/kubelet/nodestatus/setters.go`), binds there, and kube-apiserver reaches it
 on loopback; no /etc/hosts entry is needed. Images are imported from local tars
-(sunkd.testbed.images) and pods use `imagePullPolicy: Never` and `hostNetwork: true`
+(sunkd_testbed.images) and pods use `imagePullPolicy: Never` and `hostNetwork: true`
 (there is no pod network: a loopback-only CNI config makes the runtime NetworkReady).
 
 What this host kind needs, each learnt the hard way (docs/kubernetes-build.md):
 - cgroup v1: v1.37's KubeletConfiguration defaults `failCgroupV1` to true; set false,
   with `cgroupDriver: cgroupfs`; each Node gets its own existing `cgroupRoot`.
-- root without CAP_SYS_RESOURCE, no pod network: see sunkd.testbed.containerd.
+- root without CAP_SYS_RESOURCE, no pod network: see sunkd_testbed.containerd.
 - `makeIPTablesUtilChains: false`, else KUBE-FIREWALL and friends stay in the host's
   iptables after the kubelet stops.
 - The kubelet rewrites vm.overcommit_memory, kernel.panic and kernel.panic_on_oops
@@ -50,9 +50,9 @@ from typing import IO, Any
 import structlog
 import yaml
 
-from sunkd.testbed.containerd import CNI_BIN_DIR, Containerd, rss_mib, stop_process
-from sunkd.testbed.images import Image
-from sunkd.testbed.kubernetes import KUBE_VERSION, KubeControlPlane, cache_root, free_ports
+from sunkd_testbed.containerd import CNI_BIN_DIR, Containerd, rss_mib, stop_process
+from sunkd_testbed.images import Image
+from sunkd_testbed.kubernetes import KUBE_VERSION, KubeControlPlane, cache_root, free_ports
 
 log = structlog.get_logger(__name__)
 

@@ -1,9 +1,9 @@
 """`sunkd demo`: the whole system on one machine, on embedded defaults.
 
 What runs:
-  * a real Slurm cluster from Debian's packages (sunkd.testbed.slurm): slurmctld,
+  * a real Slurm cluster from Debian's packages (sunkd_testbed.slurm): slurmctld,
     one slurmd per node, slurmrestd on a unix socket;
-  * the Kubernetes API emulator (sunkd.testbed.kubeapi; not a real API server) with one
+  * the Kubernetes API emulator (sunkd_testbed.kubeapi; not a real API server) with one
     Node per Slurm node, the Nodeset CRD and a Nodeset for the pool, and a PDB;
   * sunkd itself (`Daemon`, exactly what `sunkd run` runs) on an SQLite log
     (`SUNKD_DATABASE_URL`, default ./sunkd.db) serving HTTP on --listen;
@@ -348,8 +348,8 @@ async def run_demo(settings: Settings, *, duration: float | None, node_count: in
     from sunkd.kubernetes.client import KubeClient
     from sunkd.runtime.daemon import Daemon
     from sunkd.slurm.client import SlurmRestClient
-    from sunkd.testbed.kubeapi import KubeAPIEmulator
-    from sunkd.testbed.slurm import SlurmCluster
+    from sunkd_testbed.kubeapi import KubeAPIEmulator
+    from sunkd_testbed.slurm import SlurmCluster
 
     if node_count < 2:
         print("sunkd demo: --nodes must be at least 2", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""A private containerd for one real kubelet Node (sunkd.testbed.kubelet).
+"""A private containerd for one real kubelet Node (sunkd_testbed.kubelet).
 
 Debian 12's containerd 1.6 with runc, its own socket, state and config under a directory
 of the test bed and its own root (imported images, unpacked), so it never touches
@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from sunkd.testbed.images import Image
+from sunkd_testbed.images import Image
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
 

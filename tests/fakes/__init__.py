@@ -1,1 +1,0 @@
-"""Fakes for tests (not the real thing): tests/fakes/slurmrestd.py."""
