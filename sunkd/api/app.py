@@ -50,7 +50,7 @@ EXTENDER_KEY = web.AppKey("sunkd_extender", Extender)
 WORKER_KEY = web.AppKey("sunkd_extender_worker", ThreadPoolExecutor)
 SLOTS_KEY = web.AppKey("sunkd_extender_slots", asyncio.Semaphore)
 
-# Every route is reachable without authentication (issue 12), so the HTTP server bounds
+# Every route is reachable without authentication, so the HTTP server bounds
 # what one client can hold: an idle or slowly-sending connection is closed after
 # `HTTP_IDLE_TIMEOUT` seconds (aiohttp's keep-alive timer also runs while the request
 # line and headers trickle in), a body must arrive within `BODY_TIMEOUT`, and at most
@@ -410,7 +410,7 @@ async def _extender_call(request: web.Request, verb: str) -> web.Response:
         work = extender.filter_bytes if verb == "filter" else extender.prioritize_bytes
         try:
             # Off the event loop: a big answer must not delay health checks, metrics or
-            # the lease renewal (issue 12). One thread, so calls never run concurrently.
+            # the lease renewal. One thread, so calls never run concurrently.
             payload = await asyncio.get_running_loop().run_in_executor(
                 app[WORKER_KEY], work, body)
         except TooLarge as error:
@@ -481,7 +481,7 @@ async def start_http(app: web.Application, host: str, port: int, *,
                      idle_timeout: float = HTTP_IDLE_TIMEOUT) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (HTTPS with `ssl_context`); returns the runner (call its
     `cleanup()`) and the bound port. Connections idle, or sending their request slower
-    than `idle_timeout` allows, are closed (slowloris, issue 12)."""
+    than `idle_timeout` allows, are closed (slowloris)."""
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)

@@ -25,7 +25,7 @@ no pending Slurm demand (+5) and nodes long in KUBERNETES (+1 per hour, up to +5
 Per-node verdicts are cached and recomputed only for nodes the fold changed, so a
 filter over 10,000 nodes costs a set lookup per node plus JSON (bench/extender.py).
 
-Bounds (issue 12): the extender is reachable without authentication, so the work per
+Bounds: the extender is reachable without authentication, so the work per
 request is bounded by the number of nodes (`MAX_NODES`, beyond it `TooLarge`: HTTP 413),
 not only by bytes, and JSON nested too deeply is a `BadRequest` (400). The HTTP layer runs
 `filter_bytes`/`prioritize_bytes` in one worker thread, off the event loop (sunkd/api/app.py),

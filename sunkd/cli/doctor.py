@@ -154,7 +154,7 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
             report = await slurm_report(settings)
         except Exception as error:
             # Whatever slurmrestd (or something pretending to be it) answers, the doctor
-            # says what went wrong in a sentence, never with a traceback (issue 12): a
+            # says what went wrong in a sentence, never with a traceback: a
             # truncated body, a bad status line and JSON nested too deeply are findings.
             kind = (
                 "auth"

@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         if settings.log_level == "debug":
             raise
-        # An operator tool answers with a sentence, not a traceback (issue 12).
+        # An operator tool answers with a sentence, not a traceback.
         print(f"sunkd {args.command}: {type(error).__name__}: {error} (run with "
               "--log-level debug for the traceback)", file=sys.stderr)
         return 1

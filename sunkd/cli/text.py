@@ -1,7 +1,7 @@
 """Text for terminals. Reasons, pins and names come from outside (Slurm reasons, node
 annotations, operators' `--reason`): printed as they are, an escape sequence in one of
 them would drive the reader's terminal (clear the screen, hide lines, retitle the
-window). `printable` shows such characters as escapes instead (issue 12)."""
+window). `printable` shows such characters as escapes instead."""
 
 from __future__ import annotations
 

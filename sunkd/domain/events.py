@@ -84,7 +84,7 @@ class Label:
 class NodeJobEnd:
     """When the jobs running on a Slurm node are expected to end (max end time).
 
-    Only in logs written before job ends moved to `slurm.node.observed` (issue 15):
+    Only in logs written before job ends moved to `slurm.node.observed`:
     `legacy_node_job_ends` decodes it from an old `slurm.demand.observed` row."""
 
     node: str
@@ -174,9 +174,10 @@ class SlurmNodeVanished(Payload):
 class SlurmDemandObserved(Payload):
     """Per partition: what pending jobs wait for, and how many jobs run (counters only).
 
-    Rows written before issue 15 also carried `node_job_ends` (every busy node's expected
-    job end): such a row decodes with it in `extra`, re-encodes unchanged, and still
-    means what it meant (`legacy_node_job_ends`, read by the policy's `_job_ends`)."""
+    Rows written before job ends moved into node observations also carried
+    `node_job_ends` (every busy node's expected job end): such a row decodes with it in
+    `extra`, re-encodes unchanged, and still means what it meant (`legacy_node_job_ends`,
+    read by the policy's `_job_ends`)."""
 
     KIND: ClassVar[str] = "slurm.demand.observed"
     partition: str = ""
@@ -474,7 +475,7 @@ LEGACY_NODE_JOB_ENDS = "node_job_ends"
 
 def legacy_node_job_ends(demand: SlurmDemandObserved) -> tuple[NodeJobEnd, ...]:
     """The per-node job ends an old-format `slurm.demand.observed` carried (empty for a
-    current one). Decoded on read: such rows are only in logs older than issue 15."""
+    current one). Decoded on read: such rows are only in logs older than that move."""
     raw = demand.extra.get(LEGACY_NODE_JOB_ENDS)
     if not raw:
         return ()
@@ -684,7 +685,7 @@ def _decoder_for(cls: type) -> tuple[dict[str, Any], bool]:
 
 # Short strings of a decoded payload are interned: the fold keeps the latest observation of
 # every node, and the same few values (node, pool, partition and state names, namespaces,
-# phases) recur in all of them; a JSON decoder makes a new copy each time (issue 15: the
+# phases) recur in all of them; a JSON decoder makes a new copy each time (the
 # fold's memory is per node, not per event). Interned strings are freed like any other.
 _INTERN_UP_TO = 64
 

@@ -1,6 +1,6 @@
 """Busy and idle node-seconds per pool and owner: the figure the pool exists to raise.
 
-A shared pool pays when it turns idle node-hours into busy ones (issue 16). This module
+A shared pool pays when it turns idle node-hours into busy ones. This module
 measures that from the log, as a small incremental fold of its own over the recorded
 events, so `sunkd audit`, the status page and the `sunkd_node_seconds_total` counter
 all count the same thing the same way. It is pure: time comes from each event's

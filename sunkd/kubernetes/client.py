@@ -280,7 +280,7 @@ def checked_name(value: Any, field: str, *, required: bool = True) -> str:
     """A name (or namespace) that can serve as an identity: a non-empty string of at most
     253 characters without control characters, spaces or `/`. Real API servers enforce
     stricter rules; anything else comes from a broken server, proxy or emulator, and is
-    rejected rather than recorded as node "" or pool "/" (issue 12)."""
+    rejected rather than recorded as node "" or pool "/"."""
     if type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and \
             _BAD_NAME_CHARACTERS.search(value) is None:
         return value  # the common case, first
@@ -784,7 +784,7 @@ class KubeClient:
 
 # The longest watch line (one event) read before giving up on the stream. A real API server
 # never sends one this long (etcd limits an object to ~1.5 MiB); kubernetes-asyncio's read
-# buffer made it the effective limit already, but as an uncaught LineTooLong (issue 12).
+# buffer made it the effective limit already, but as an uncaught LineTooLong.
 MAX_WATCH_LINE_BYTES = 4 * 1024 * 1024
 
 

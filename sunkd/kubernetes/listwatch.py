@@ -129,10 +129,10 @@ class ListWatch(Generic[T]):
     The cache holds each object after `transform` (drop what you do not need: a relist diff
     only compares resourceVersions, read from a cached object by `version`, so the
     transform may keep anything it likes). A list transforms each page as it arrives, so
-    only one page of raw objects is alive at a time (issue 15: the raw 100,000-pod list
+    only one page of raw objects is alive at a time (the raw 100,000-pod list
     set the daemon's peak memory).
 
-    One bad object never stops the loop (issue 12): an object without a usable name, or one
+    One bad object never stops the loop: an object without a usable name, or one
     the transform refuses (`MalformedObject`, or any error in it), is rejected and logged
     with the field at fault. A new object is then not cached; a known one keeps its last
     good version (the last good state stands, as for a bad Slurm poll).

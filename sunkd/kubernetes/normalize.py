@@ -44,7 +44,7 @@ PayloadT = TypeVar("PayloadT", bound=Payload)
 # Strings from the API server reach the log. PostgreSQL's JSONB refuses `\u0000`, lone
 # surrogates cannot be encoded at all, and control characters turn `sunkd status` into a
 # terminal-escape injection: every string of an observation is cleaned before it is
-# emitted (issue 12). Identities (object names) are checked instead (`checked_name`): a
+# emitted. Identities (object names) are checked instead (`checked_name`): a
 # name that needs cleaning is rejected, since a cleaned name would be someone else's.
 
 MAX_TEXT = 1024  # longest free-text field kept (annotation values are unbounded upstream)
@@ -120,7 +120,7 @@ def clean_payload(payload: PayloadT) -> PayloadT:
 # memory, and the relist diff (resourceVersion equality) still works. The transforms also
 # check the shape of what they keep: a field no real API server would send in that shape
 # raises `MalformedObject`, and the informer rejects that one object instead of the payload
-# code failing on it later (issue 12).
+# code failing on it later.
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -170,7 +170,7 @@ def slim_node(obj: JSON) -> JSON:
     ready = [c for c in _objects(status.get("conditions"), "status.conditions")
              if c.get("type") == "Ready"]
     # Maps shared between nodes with equal ones (allocatable of one hardware type, no
-    # sunkd annotations), strings interned: 10,000 nodes are mostly alike (issue 15).
+    # sunkd annotations), strings interned: 10,000 nodes are mostly alike.
     return {
         "metadata": {
             "name": sys.intern(str(meta.get("name"))),
@@ -213,7 +213,7 @@ def _requests(containers: Any, where: str) -> list[dict[str, Any]]:
 @dataclass(frozen=True, slots=True)
 class PodFacts:
     """What sunkd keeps of a Pod: a slotted object of shared strings, not the API's nested
-    dicts (issue 15: the dict form cost ~2.3-8 KB a pod, this ~0.34 KB: test_pod_facts). The
+    dicts (the dict form cost ~2.3-8 KB a pod, this ~0.34 KB: test_pod_facts). The
     requests and the schedulability are computed once, when the pod is admitted."""
 
     namespace: str

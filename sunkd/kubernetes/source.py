@@ -14,7 +14,7 @@ After that first sync, anything the seed (payloads from the fold) knows but the 
 longer has is reported gone: `K8sNodeVanished`, a Nodeset with `deleted=True`, an empty
 workload or demand.
 
-Failures (issue 12): nothing that comes from the cluster or the log ends `run()`, except the
+Failures: nothing that comes from the cluster or the log ends `run()`, except the
 errors the owner names fatal (`fatal_errors`: the daemon passes StaleLeaderError, whose
 term is over). A failed append makes the source stale with cause `append_failed` (recorded
 as soon as the log takes an event again), everything is recomputed and retried with

@@ -113,7 +113,7 @@ class Settings:
     # each lease renewal); an offset larger than this stops acting (docs/safety.md).
     max_clock_skew_seconds: float = 10.0
     snapshot_every: int = 1000
-    # Snapshots kept after each save, besides an archive's base (issue 15): a snapshot is
+    # Snapshots kept after each save, besides an archive's base: a snapshot is
     # a cache of the fold, so fewer only means a longer replay if the newest is unreadable.
     snapshots_kept: int = 3
     # Where a snapshot of 1,000 nodes or more is encoded: "thread" (no second process; the
@@ -141,7 +141,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 # Every number in the settings, with its allowed range [low, high] (`low_open`: low
 # itself excluded). Values outside, NaN and infinities are refused naming the key: a
 # NaN lease length poisoned the shared leadership row, a NaN poll interval polled in a
-# tight loop (issue 12.4). Pool keys are checked for every [[pools]] entry.
+# tight loop. Pool keys are checked for every [[pools]] entry.
 _DAY = 86400.0
 _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "lease_seconds": (3.0, 3600.0, False),

@@ -70,7 +70,7 @@ DEFAULT_TIMEOUT = 20.0
 # slurmctld, faster is a refused JWT.
 AMBIGUOUS_500_SLOW = 4.0
 # The largest answer read (slurm.max_response_bytes): a 400 MB answer took RSS to
-# 1.45 GB before answers were capped (issue 12.10). A v0.0.42 node is ~1 KB of JSON, so
+# 1.45 GB before answers were capped. A v0.0.42 node is ~1 KB of JSON, so
 # 64 MiB is ~60,000 nodes; `GET /jobs` grows with the queue (a few KB per job).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 _READ_CHUNK = 256 * 1024

@@ -21,7 +21,7 @@ from sunkd.slurm.model import SlurmApiError, SlurmJob, SlurmNode, SlurmPayloadEr
 # ----------------------------------------------------------------------- sanitizing
 
 # C0 and C1 control characters (NUL, ESC, DEL ...) and lone surrogates: a `\u0000` in a
-# node comment made PostgreSQL's JSONB refuse the append (issue 12.1), an ESC reaches
+# node comment made PostgreSQL's JSONB refuse the append, an ESC reaches
 # terminals through `sunkd status`, a lone surrogate is not UTF-8. Slurm's free text
 # (reasons, comments, partitions, features, job fields) has them replaced by U+FFFD
 # before anything reaches the log; identifiers a node is known by (name, state, flags)
@@ -398,7 +398,7 @@ def normalize_nodes(body: Any) -> list[SlurmNode]:
 def _refuse_duplicates(nodes: list[SlurmNode]) -> None:
     """A node listed twice (with different states, in the fault run) would alternate
     between its two descriptions every poll; which one is true is unknowable, so the
-    whole answer is invalid (issue 12.6)."""
+    whole answer is invalid."""
     first: dict[str, int] = {}
     for index, node in enumerate(nodes):
         seen = first.setdefault(node.name, index)

@@ -7,7 +7,7 @@ diff on our side. This module does that diff: it emits `slurm.node.observed` onl
 a node's normalized content changed (its running jobs and their latest expected end
 included, within `JOB_END_TOLERANCE_SECONDS`), `slurm.node.vanished` when it disappears,
 `slurm.demand.observed` per partition when its counters changed (never a per-node list:
-an event's size does not grow with the busy nodes, issue 15.3), and `source.health` when
+an event's size does not grow with the busy nodes), and `source.health` when
 the source turns fresh / stale / lost (with the cause). Seeded with the last payloads
 from the fold, a restarted daemon does not re-emit what the log already has.
 
@@ -18,7 +18,7 @@ explains are typed below this module (`SlurmError`: `auth`, `timeout`,
 `bad_payload` (naming the field), `duplicate_node`, `too_large`, `truncated`,
 `bad_response`); whatever else goes wrong in a poll is caught here, at the source
 boundary: `append_failed` when the sink refused the observations (the log would not
-take them), `internal_error` for anything else (the exception named). Issue 12.1.
+take them), `internal_error` for anything else (the exception named).
 """
 
 from __future__ import annotations
