@@ -48,18 +48,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sunkd.domain.events import Event
-from sunkd.kubernetes.client import (
-    NODES,
-    PODS,
-    KubeApiError,
-    KubeClient,
-    ResourceType,
-    gc_paused,
-    nodesets,
-)
+from sunkd.kubernetes.client import NODES, PODS, KubeApiError, KubeClient, ResourceType, nodesets
 from sunkd.kubernetes.listwatch import ListWatch, Relisted
 from sunkd.kubernetes.normalize import pod_version, slim_pod
 from sunkd.kubernetes.source import KubernetesSource
+from sunkd.kubernetes.wire import gc_paused
 from sunkd_testbed.kubeapi import KubeAPIEmulator
 from sunkd_testbed.kubernetes import KubeControlPlane
 

@@ -45,9 +45,8 @@ from sunkd.kubernetes.client import (
     KubeApiError,
     KubeClient,
     ResourceType,
-    format_time,
-    utcnow,
 )
+from sunkd.kubernetes.wire import format_time, utcnow
 
 log = structlog.get_logger("sunkd.kubernetes.actuator")
 

@@ -31,14 +31,8 @@ from typing import Any
 import aiohttp
 import structlog
 
-from sunkd.kubernetes.client import (
-    JSON,
-    LEASES,
-    KubeApiError,
-    KubeClient,
-    format_micro_time,
-    utcnow,
-)
+from sunkd.kubernetes.client import JSON, LEASES, KubeApiError, KubeClient
+from sunkd.kubernetes.wire import format_micro_time, utcnow
 
 log = structlog.get_logger("sunkd.lease")
 

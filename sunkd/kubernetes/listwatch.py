@@ -17,13 +17,9 @@ from typing import Any, Generic, Literal, TypeVar
 import aiohttp
 import structlog
 
-from sunkd.kubernetes.client import (
-    JSON,
-    KubeApiError,
-    KubeClient,
+from sunkd.kubernetes.client import JSON, KubeApiError, KubeClient, ResourceType, WatchLineTooLong
+from sunkd.kubernetes.wire import (
     MalformedObject,
-    ResourceType,
-    WatchLineTooLong,
     checked_key,
     gc_paused,
     object_key,

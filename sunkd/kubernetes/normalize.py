@@ -27,12 +27,8 @@ from sunkd.domain.events import (
     OwnershipSpec,
     Payload,
 )
-from sunkd.kubernetes.client import (
-    JSON,
-    MalformedObject,
-    checked_name,
-    parse_quantity,
-)
+from sunkd.kubernetes.client import JSON
+from sunkd.kubernetes.wire import MalformedObject, checked_name, parse_quantity
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 

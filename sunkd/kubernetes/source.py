@@ -55,16 +55,7 @@ from sunkd.domain.events import (
     Taint,
 )
 from sunkd.domain.ports import EventSink
-from sunkd.kubernetes.client import (
-    JSON,
-    NODES,
-    NODESETS,
-    PODS,
-    KubeClient,
-    MalformedObject,
-    ResourceType,
-    resource_version,
-)
+from sunkd.kubernetes.client import JSON, NODES, NODESETS, PODS, KubeClient, ResourceType
 from sunkd.kubernetes.listwatch import (
     ListWatch,
     Relisted,
@@ -86,6 +77,7 @@ from sunkd.kubernetes.normalize import (
     slim_pod,
     workload_selector_matches,
 )
+from sunkd.kubernetes.wire import MalformedObject, resource_version
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from sunkd.domain.events import K8sNodeObserved, K8sNodesetObserved, Label, OwnershipSpec
-from sunkd.kubernetes.client import MalformedObject, checked_key, parse_quantity
 from sunkd.kubernetes.kubeconfig import KubeConfigNotFound, find_kubeconfig
 from sunkd.kubernetes.normalize import (
     MAX_TEXT,
@@ -22,6 +21,7 @@ from sunkd.kubernetes.normalize import (
     slim_nodeset,
     slim_pod,
 )
+from sunkd.kubernetes.wire import MalformedObject, checked_key, parse_quantity
 
 
 def test_clean_text_replaces_control_characters_and_bounds_length() -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sunkd.kubernetes.client import loads
+from sunkd.kubernetes.wire import loads
 
 # Every JSON value, including what only Python's parser writes and reads back: NaN and
 # the infinities, integers of any size, lone surrogates in strings.

@@ -8,21 +8,14 @@ from decimal import Decimal
 import pytest
 
 from sunkd.domain.events import Label, OwnershipSpec
-from sunkd.kubernetes.client import (
-    NODES,
-    PODS,
-    format_micro_time,
-    format_time,
-    nodesets,
-    parse_quantity,
-    parse_time,
-)
+from sunkd.kubernetes.client import NODES, PODS, nodesets
 from sunkd.kubernetes.normalize import (
     parse_duration,
     parse_nodeset,
     pod_is_pending_unschedulable,
     pod_requests,
 )
+from sunkd.kubernetes.wire import format_micro_time, format_time, parse_quantity, parse_time
 
 
 @pytest.mark.parametrize(
