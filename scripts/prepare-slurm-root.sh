@@ -25,8 +25,10 @@
 # root's is checked: exit 0 if the harness's plugins are there, 1 naming the first missing).
 set -euo pipefail
 
-RECIPE=1
-PACKAGES=(slurmctld slurmd slurmrestd slurm-client munge slurm-wlm-jwt-plugin)
+RECIPE=2
+# python3 (with its standard library): slurmctld runs `sunkd hook` (standard library only)
+# as PrologSlurmctld/EpilogSlurmctld, and inside a root that is the root's interpreter.
+PACKAGES=(slurmctld slurmd slurmrestd slurm-client munge slurm-wlm-jwt-plugin python3)
 
 usage() { echo "usage: $0 [--force|--check] bookworm|trixie|sid... | --check-plugins DIR" >&2; exit 2; }
 
@@ -151,7 +153,19 @@ cp /etc/hosts "$build/etc/hosts"
 printf '#!/bin/sh\nexit 101\n' > "$build/usr/sbin/policy-rc.d"
 chmod 755 "$build/usr/sbin/policy-rc.d"
 mount -t proc proc "$build/proc"
-mount --bind /dev "$build/dev"
+# A private /dev, never the host's: maintainer scripts run as root in here, and a bind of
+# the host's /dev would let one of them change the host's device nodes (a host's
+# /dev/null was once found mode 0644 after a build, which makes every non-root daemon
+# abort on open). apt and dpkg need only these (the modes and numbers of devices.txt in
+# the Linux kernel's documentation).
+mount -t tmpfs -o mode=0755,nosuid dev-sunkd "$build/dev"
+for node in "null c 1 3" "zero c 1 5" "full c 1 7" "random c 1 8" "urandom c 1 9" "tty c 5 0"; do
+  set -- $node
+  mknod -m 0666 "$build/dev/$1" "$2" "$3" "$4"
+done
+mkdir -m 1777 "$build/dev/shm"
+mkdir -m 0755 "$build/dev/pts"
+ln -s /proc/self/fd "$build/dev/fd"
 mount --bind /sys "$build/sys"
 
 in_root() { chroot "$build" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C \

@@ -20,6 +20,29 @@ STRICT = os.environ.get("SUNKD_TEST_STRICT") == "1"
 DEFAULT_PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 
 
+def _dev_null() -> tuple[int, int, int]:
+    status = os.stat("/dev/null")
+    return status.st_mode, status.st_rdev, status.st_ctime_ns
+
+
+@pytest.fixture(autouse=True)
+def host_dev_null_kept() -> Any:
+    """The host's /dev/null is still a character device anyone may write (0666) after
+    each test. The harness runs Debian maintainer scripts and Slurm daemons in chroots
+    that may see the host's /dev; once a host's /dev/null was found 0644 after a session,
+    and every non-root daemon started afterwards aborted on opening it (slurmctld 24.11:
+    "slurmscriptd failed to send return code"). This names the test that did it, and
+    puts the mode back so the rest of the run is not lost to it."""
+    before = _dev_null()
+    yield
+    after = _dev_null()
+    if after[:2] != before[:2]:
+        if after[1] == before[1]:
+            os.chmod("/dev/null", before[0] & 0o7777)
+        pytest.fail(f"this test changed the host's /dev/null: mode {before[0]:o} -> "
+                    f"{after[0]:o}, device {before[1]} -> {after[1]}")
+
+
 def require(condition: bool, why: str) -> None:
     """Skip (or, in strict mode, fail) when a real peer the test needs is missing."""
     if condition:
