@@ -20,20 +20,9 @@ from sunkd.runtime.logs import redact_text
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from sunkd.store import migrations_api
-    from sunkd.store.eventlog import create_engine
 
-    async def run() -> str | None:
-        engine = create_engine(settings.database_url)
-        try:
-            if args.downgrade:
-                await migrations_api.downgrade(engine, args.downgrade)
-            else:
-                await migrations_api.upgrade(engine, args.revision)
-            return await migrations_api.current_revision(engine)
-        finally:
-            await engine.dispose()
-
-    revision = asyncio.run(run())
+    revision = asyncio.run(migrations_api.migrate(
+        settings.database_url, revision=args.revision, downgrade_to=args.downgrade))
     print(f"database {redact_text(settings.database_url)} at revision {revision or 'base'}")
     return 0
 
