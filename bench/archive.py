@@ -64,7 +64,7 @@ async def _admin(sql: str) -> None:
 async def seed(log: EventLog, events: int, partition: int) -> float:
     started = time.perf_counter()
     async with log.engine.begin() as connection:
-        for part in await archive.partitions(log.engine):
+        for part in await archive.partitions(log):
             await connection.execute(text(f'DROP TABLE "{part.name}"'))
         await connection.execute(text("UPDATE sunkd_partitioning SET partition_size = :s"),
                                  {"s": partition})
@@ -106,7 +106,7 @@ async def run(events: int, partition: int) -> dict[str, Any]:
             result = await archive.archive(log, out, upto_seq=cut)
             seconds = time.perf_counter() - started
             assert result is not None and result.events == cut, result
-            assert await archive.live_range(log.engine) == (cut + 1, total + 1)
+            assert await log.live_range() == (cut + 1, total + 1)
         finally:
             await log.close()
         archive_bytes = sum(path.stat().st_size for path in out.iterdir())

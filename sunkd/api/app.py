@@ -3,7 +3,7 @@
 One aiohttp application serves everything an operator, Prometheus, the kubelet probes
 and kube-scheduler need from a running daemon (docs/architecture.md). It only
 *reads*: the live `ClusterState` through `DaemonView`, and the SQL read models
-(`sunkd.store.projections`) for history. Nothing here appends to the log.
+(`EventLog.read_models`) for history. Nothing here appends to the log.
 
 The daemon (and the demo) implement `DaemonView`; keep it small.
 """
@@ -31,13 +31,11 @@ from sunkd.api.extender import ApiPool, BadRequest, Extender, TooLarge
 from sunkd.api.hooks import HookEndpoint
 from sunkd.api.metrics import CONTENT_TYPE, NO_POOL, Metrics
 from sunkd.domain.events import Label
-from sunkd.domain.ownership import assess
+from sunkd.domain.ownership import assess, observed
 from sunkd.domain.policy import PoolSpec, effective_pools, membership, unpooled_marks
 from sunkd.domain.state import ClusterState, NodeState
 from sunkd.runtime.config import PoolSettings, pool_spec
-from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
-from sunkd.store.projections import observed
 
 log = structlog.get_logger(__name__)
 
@@ -231,7 +229,7 @@ def node_json(state: ClusterState, node: NodeState, pool: str | None, now: float
 
 def visible_nodes(state: ClusterState) -> list[str]:
     """Names of the nodes the API lists, sorted: not the phantoms a pin of a name never
-    observed creates (`projections.observed`); `GET /api/v1/nodes/{name}` still shows one,
+    observed creates (`ownership.observed`); `GET /api/v1/nodes/{name}` still shows one,
     with its pending pin."""
     return sorted(name for name, node in state.nodes.items() if observed(node))
 
@@ -344,8 +342,8 @@ async def node_history(request: web.Request) -> web.Response:
         since = parse_since(request.query.get("since"), datetime.now(UTC))
     except ValueError as error:
         raise web.HTTPBadRequest(text=str(error)) from None
-    rows = await projections.intervals(event_log.engine, node=name, since=since,
-                                       limit=limit + 1, offset=offset)
+    rows = await event_log.read_models.intervals(node=name, since=since, limit=limit + 1,
+                                                 offset=offset)
     more = len(rows) > limit
     return web.json_response({
         "node": name,

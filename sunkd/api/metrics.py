@@ -43,11 +43,10 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.ownership import assess
+from sunkd.domain.ownership import assess, observed
 from sunkd.domain.policy import PoolSpec, membership, unpooled_marks
 from sunkd.domain.state import ClusterState, Phase
 from sunkd.domain.utilization import BUSY, IDLE, Key, Utilization, node_busy, node_counted
-from sunkd.store.projections import observed
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 NO_POOL = "none"  # pool label of nodes in no pool

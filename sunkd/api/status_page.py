@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING
 
-from sunkd.store import projections
 from sunkd.store.eventlog import EventLog
+from sunkd.store.projections import Interval
 from sunkd.store.utilization import RollingUtilization
 
 if TYPE_CHECKING:
@@ -128,11 +128,11 @@ async def render_status(view: DaemonView, *, hours: float, offset: int) -> str:
                      "in transit counts for the side it comes from.</p>")
 
     # ------------------------------------------------------------- timeline
-    intervals: list[projections.Interval] = []
+    intervals: list[Interval] = []
     if event_log is not None and page:
-        intervals = await projections.intervals(
-            event_log.engine, nodes=page, since=start_dt, until=now_dt, limit=100_000)
-    by_node: dict[str, list[projections.Interval]] = {}
+        intervals = await event_log.read_models.intervals(
+            nodes=page, since=start_dt, until=now_dt, limit=100_000)
+    by_node: dict[str, list[Interval]] = {}
     for interval in intervals:
         by_node.setdefault(interval.node, []).append(interval)
     if intervals:

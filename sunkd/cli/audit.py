@@ -4,7 +4,7 @@
 and why; `audit` summarizes a period: hours per pool and owner, busy and idle
 node-hours per pool and owner (the figure the pool exists to raise), transitions by
 direction and outcome, aborts, the slowest drains and failed actions. They read the SQL
-read models (`sunkd.store.projections`) and, for busy/idle, the log itself through the
+read models (`EventLog.read_models`) and, for busy/idle, the log itself through the
 utilization fold (`sunkd.store.utilization`), so they work on SQLite and PostgreSQL
 alike and never need the daemon. Tables for people, `--json` for scripts.
 """
@@ -71,8 +71,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) ->
 
 async def history(event_log: EventLog, node: str, since: datetime | None
                   ) -> list[projections.Interval]:
-    return await projections.intervals(event_log.engine, node=node, since=since,
-                                       limit=100_000)
+    return await event_log.read_models.intervals(node=node, since=since, limit=100_000)
 
 
 def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -129,13 +128,9 @@ async def node_hours(event_log: EventLog, since: datetime, until: datetime,
 async def audit_report(event_log: EventLog, since: datetime, until: datetime,
                        pools: Sequence[PoolSpec] = ()) -> dict[str, Any]:
     """The audit of [since, until) as plain data (what `--json` prints)."""
-    engine = event_log.engine
-    dialect = engine.dialect.name
-    params = {"since": projections.bind_time(dialect, since),
-              "until": projections.bind_time(dialect, until)}
+    read_models = event_log.read_models
     hours: dict[tuple[str, str], float] = {}
-    for interval in await projections.intervals(engine, since=since, until=until,
-                                                limit=10_000_000):
+    for interval in await read_models.intervals(since=since, until=until, limit=10_000_000):
         if interval.pool is None:
             continue
         begin = max(interval.from_at, since)
@@ -143,20 +138,14 @@ async def audit_report(event_log: EventLog, since: datetime, until: datetime,
         if end > begin:
             key = (interval.pool, interval.owner)
             hours[key] = hours.get(key, 0.0) + (end - begin).total_seconds() / 3600
-    moves = await projections.rows(engine, (
-        "SELECT transition_id, node, pool, direction, started_at, ended_at, outcome, reason, "
-        "abort_reason, duration_s, decided_by FROM transitions "
-        "WHERE started_at >= :since AND started_at < :until ORDER BY start_seq"), params)
-    failed = await projections.rows(engine, (
-        "SELECT action_id, node, side, verb, attempt, requested_at, error, retryable "
-        "FROM action_latency WHERE outcome = 'failed' AND requested_at >= :since "
-        "AND requested_at < :until ORDER BY request_seq"), params)
+    moves = await read_models.transitions(since, until)
+    failed = await read_models.failed_actions(since, until)
 
     def clean(row: dict[str, Any]) -> dict[str, Any]:
         result = dict(row)
         for key in ("started_at", "ended_at", "requested_at"):
             if key in result:
-                moment = projections.as_utc(result[key])
+                moment = result[key]
                 result[key] = moment.isoformat() if moment else None
         if "retryable" in result and result["retryable"] is not None:
             result["retryable"] = bool(result["retryable"])

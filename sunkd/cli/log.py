@@ -20,20 +20,9 @@ from sunkd.runtime.logs import redact_text
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from sunkd.store import migrations_api
-    from sunkd.store.eventlog import create_engine
 
-    async def run() -> str | None:
-        engine = create_engine(settings.database_url)
-        try:
-            if args.downgrade:
-                await migrations_api.downgrade(engine, args.downgrade)
-            else:
-                await migrations_api.upgrade(engine, args.revision)
-            return await migrations_api.current_revision(engine)
-        finally:
-            await engine.dispose()
-
-    revision = asyncio.run(run())
+    revision = asyncio.run(migrations_api.migrate(
+        settings.database_url, revision=args.revision, downgrade_to=args.downgrade))
     print(f"database {redact_text(settings.database_url)} at revision {revision or 'base'}")
     return 0
 
@@ -76,7 +65,6 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     """`sunkd events [--after SEQ] [--follow] [--json] ...`. Reads row by row, tolerantly:
     a row that does not decode is printed as corrupt and the listing goes on."""
     from sunkd.store.eventlog import EventLog
-    from sunkd.store.projections import read_tolerant
 
     kinds = args.kind or None
     out: TextIO = sys.stdout
@@ -87,8 +75,8 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
             position, remaining = args.after, args.limit
             while args.follow or remaining > 0:
                 size = 1000 if args.follow else min(remaining, 1000)
-                batch = await read_tolerant(event_log.engine, position, size, kinds=kinds,
-                                            subject=args.subject)
+                batch = await event_log.read_tolerant(position, size, kinds=kinds,
+                                                      subject=args.subject)
                 for recorded in batch:
                     print(_event_line(recorded, args.json), file=out, flush=args.follow)
                 if batch:
@@ -138,7 +126,7 @@ def cmd_log_archive(args: argparse.Namespace, settings: Settings) -> int:
         event_log = await EventLog.open(settings.database_url, access="write")
         try:
             upto = args.upto_seq if args.upto_seq is not None else \
-                await archive.cutoff_seq(event_log.engine, args.older_than)
+                await archive.cutoff_seq(event_log, args.older_than)
             return await archive.archive(event_log, args.to, upto_seq=upto), upto
         finally:
             await event_log.close()
@@ -181,7 +169,7 @@ def cmd_log_restore(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> archive.RestoreResult:
         event_log = await EventLog.open(settings.database_url, access="write")
         try:
-            return await archive.restore(event_log.engine, args.source, from_seq=first,
+            return await archive.restore(event_log, args.source, from_seq=first,
                                          upto_seq=last)
         finally:
             await event_log.close()
@@ -211,9 +199,8 @@ def cmd_log_partitions(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> tuple[int, list[archive.Partition], tuple[int, int] | None]:
         event_log = await EventLog.open(settings.database_url, access="write")
         try:
-            created = await archive.extend_partitions(event_log.engine, args.ahead)
-            return (created, await archive.partitions(event_log.engine),
-                    await archive.live_range(event_log.engine))
+            created = await archive.extend_partitions(event_log, args.ahead)
+            return (created, await archive.partitions(event_log), await event_log.live_range())
         finally:
             await event_log.close()
 

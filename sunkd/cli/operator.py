@@ -18,15 +18,15 @@ from typing import Any
 
 from sunkd.cli.text import printable, shortened
 from sunkd.domain.events import Event, OperatorPinned, RecordedEvent
-from sunkd.domain.ownership import assess, explain, slurm_state_text
+from sunkd.domain.ownership import assess, explain, observed, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership, unpooled_marks
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import EMPTY, ClusterState, fold
 from sunkd.runtime.config import Settings, pool_spec
 from sunkd.runtime.engine import ArchivedLogError, load_state
-from sunkd.store import archive, projections
+from sunkd.store import archive
 from sunkd.store.eventlog import EventLog
-from sunkd.store.projections import CorruptRow, observed
+from sunkd.store.projections import CorruptRow
 
 
 def _when(moment: float | None) -> str:
@@ -202,12 +202,12 @@ async def replay_check(event_log: EventLog, *, archives: Sequence[Path] = (),
     def note(row: CorruptRow) -> None:
         corrupt.setdefault(row.seq, row)
 
-    live = await archive.live_range(event_log.engine)
+    live = await event_log.live_range()
     live_first = live[0] if live is not None else 1
     base_seq = await event_log.archive_base_seq()
     start = EMPTY
     if archives:
-        found, archive_problems = await archive.verify_against_log(event_log.engine,
+        found, archive_problems = await archive.verify_against_log(event_log,
                                                                    list(archives))
         problems += [f"archive: {p}" for p in archive_problems]
         archived_upto = found[-1].upto_seq if found else 0
@@ -256,11 +256,11 @@ async def replay_check(event_log: EventLog, *, archives: Sequence[Path] = (),
                      for d in compare_states(full, incremental)]
     except ArchivedLogError as error:
         problems.append(f"the daemon could not load this log: {error}")
-    first, _last, count = await archive.restored_range(event_log.engine)
+    first, _last, count = await archive.restored_range(event_log)
     covered = live_first == 1 or (first == 1 and count == live_first - 1)
     if covered:
         problems += [f"read models: {d}"
-                     for d in await projections.check_against_state(event_log.engine, full)]
+                     for d in await event_log.read_models.check_against_state(full)]
     else:
         said.append(f"read models not compared: they cover the live log (from seq "
                     f"{live_first}) and {count} restored events; `sunkd log restore` the "
@@ -290,9 +290,7 @@ def cmd_replay(args: Any, settings: Settings) -> int:
             settings.database_url, access="write" if getattr(args, "rebuild", False) else "read")
         try:
             if getattr(args, "rebuild", False):
-                from sunkd.store import projections
-
-                await projections.rebuild(event_log.engine)
+                await event_log.read_models.rebuild()
                 print("read models rebuilt from the log")
             started = time.perf_counter()
             notes: list[str] = []

@@ -77,6 +77,7 @@ __all__ = [
     "is_lend_drain",
     "is_mirror_drain",
     "is_ours",
+    "observed",
     "our_drain",
     "our_hold_taint",
     "running_pods",
@@ -357,6 +358,17 @@ def no_pods(node: NodeState) -> bool:
     are never "no pods": every handover to Slurm and every "idle" count asks this, not
     `running_pods(node) == []`."""
     return node.pods is not None and not running_pods(node)
+
+
+def observed(node: NodeState) -> bool:
+    """Whether the log ever said anything about `node` besides a pin: an observation from
+    either side, a transition, an action or an owner. A pin of a name never observed
+    (`sunkd pin --force typo-node`) makes the fold create the node; it is a phantom until
+    observed: the `node_ownership` read model has no row for it, and `status`, `/metrics`
+    and the API lists leave it out."""
+    return (node.slurm is not None or node.k8s is not None or node.slurm_seq > 0
+            or node.k8s_seq > 0 or node.transition is not None or bool(node.open_actions)
+            or node.owner != OWNER_NONE)
 
 
 def assess_all(state: ClusterState, now: float) -> dict[str, Assessment]:

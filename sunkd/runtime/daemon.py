@@ -55,7 +55,6 @@ from sunkd.runtime.engine import (
 from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.runtime.logs import configure_logging
 from sunkd.runtime.malloc import ARENAS, limit_arenas
-from sunkd.store.archive import log_origin
 from sunkd.store.eventlog import EventLog, Lease, LogShrankError, StaleLeaderError
 
 log = structlog.get_logger(__name__)
@@ -392,7 +391,7 @@ class Daemon:
         `sunkd log archive` removed it, as the `log.archived` event recorded it. A
         recreated database has another one (or none yet)."""
         assert self.event_log is not None
-        return await log_origin(self.event_log.engine)
+        return await self.event_log.origin()
 
     async def check_log(self) -> None:
         """Raise LogShrankError when the log ends before what we folded, and

@@ -59,7 +59,6 @@ from sunkd.runtime import malloc
 from sunkd.runtime.forkencode import encode_in_child
 from sunkd.runtime.groupcommit import GroupAppender
 from sunkd.runtime.outbox import ActionQueue
-from sunkd.store.archive import live_range
 from sunkd.store.eventlog import (
     SNAPSHOTS_KEPT,
     EventLog,
@@ -68,7 +67,7 @@ from sunkd.store.eventlog import (
     StaleLeaderError,
     dumps_json,
 )
-from sunkd.store.projections import CorruptRow, first_corrupt_row, read_tolerant
+from sunkd.store.projections import CorruptRow
 
 log = structlog.get_logger(__name__)
 
@@ -116,7 +115,7 @@ async def locate_corrupt_row(event_log: EventLog, after_seq: int, error: BaseExc
     """Turn a failed read after `after_seq` into the CorruptRowError naming the row, or
     re-raise `error` when every row there decodes (the failure was something else)."""
     try:
-        row = await first_corrupt_row(event_log.engine, after_seq, upto)
+        row = await event_log.first_corrupt_row(after_seq, upto)
     except Exception:
         row = None
     if row is None:
@@ -509,7 +508,7 @@ async def load_state(event_log: EventLog, *, from_snapshot: bool = True,
             # A snapshot is only a cache: an unreadable one (older format) costs a
             # full replay, never correctness.
             log.warning("engine.snapshot_unreadable", seq=seq, error=str(error))
-    live = await live_range(event_log.engine)
+    live = await event_log.live_range()
     if live is not None and live[0] > state.last_seq + 1:
         # Folding on would skip archived history (`sunkd log archive`) without a word.
         raise ArchivedLogError(
@@ -529,8 +528,8 @@ async def load_state(event_log: EventLog, *, from_snapshot: bool = True,
             corrupt = await locate_corrupt_row(event_log, position, error, upto)
             if on_corrupt is None:
                 raise corrupt from error
-            page = await read_tolerant(event_log.engine, position, corrupt.row.seq - position,
-                                       upto=corrupt.row.seq)
+            page = await event_log.read_tolerant(position, corrupt.row.seq - position,
+                                                 upto=corrupt.row.seq)
             good = [item for item in page if isinstance(item, RecordedEvent)]
             for item in page:
                 if isinstance(item, CorruptRow):

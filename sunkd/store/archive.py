@@ -3,11 +3,12 @@ read an archive back, keep PostgreSQL's partitions ahead of the append point, an
 database roles that keep the daemon from ever removing history (issue 15).
 
 Why a module of its own: everything here is maintenance, run by `sunkd log ...` under
-the maintenance role, never by the daemon (which only reads `archive_base_seq` and
-`log_origin`). The order of `archive` is the safety argument, so it is spelled out
-there: nothing leaves the database before the files holding it are written, fsynced,
-re-read and found equal to what was meant to be written, the `log.archived` event is
-recorded and the new base snapshot saved.
+the maintenance role, never by the daemon (which only reads the EventLog's
+`archive_base_seq` and `origin`). The order of `archive` is the safety argument, so it is
+spelled out there: nothing leaves the database before the files holding it are written,
+fsynced, re-read and found equal to what was meant to be written, the `log.archived`
+event is recorded and the new base snapshot saved. Its functions take the EventLog, whose
+database engine stays inside sunkd/store.
 
 The archive format, `sunkd-archive/1` (docs/operations.md, "Archive format"), readable
 with `zcat` and `jq`, no sunkd needed:
@@ -43,13 +44,12 @@ from typing import IO, Any
 import orjson
 import structlog
 from sqlalchemy import func, select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sunkd.domain.events import (
     ArchiveFile,
     Event,
     LogArchived,
-    decode_payload,
 )
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import EMPTY, ClusterState, fold
@@ -120,51 +120,10 @@ class ArchiveResult:
 # ------------------------------------------------------------------ small queries
 
 
-async def live_range(engine: AsyncEngine) -> tuple[int, int] | None:
-    """(first, last) seq still in `events`, None when it is empty."""
-    async with engine.connect() as connection:
-        row = (await connection.execute(select(func.min(events.c.seq),
-                                               func.max(events.c.seq)))).one()
-    return None if row[0] is None else (int(row[0]), int(row[1]))
-
-
-async def _latest_archived_row(connection: AsyncConnection) -> tuple[int, LogArchived] | None:
-    row = (await connection.execute(
-        select(events.c.seq, events.c.payload).where(events.c.kind == LogArchived.KIND)
-        .order_by(events.c.seq.desc()).limit(1))).first()
-    if row is None:
-        return None
-    body = row.payload if isinstance(row.payload, dict) else json.loads(row.payload)
-    payload = decode_payload(LogArchived.KIND, body)
-    return (int(row.seq), payload) if isinstance(payload, LogArchived) else None
-
-
-async def latest_archive(engine: AsyncEngine) -> tuple[int, LogArchived] | None:
-    """The newest `log.archived` event (its seq and payload), if any."""
-    async with engine.connect() as connection:
-        return await _latest_archived_row(connection)
-
-
-async def log_origin(engine: AsyncEngine) -> tuple[str, str, str] | None:
-    """What identifies this log (the daemon's guard against a database recreated under
-    it): its first event's (recorded_at ISO, kind, subject), from the row at seq 1, or,
-    once that is archived, as the newest `log.archived` event recorded it."""
-    async with engine.connect() as connection:
-        row = (await connection.execute(
-            select(events.c.recorded_at, events.c.kind, events.c.subject)
-            .where(events.c.seq == 1))).first()
-        if row is not None:
-            return (as_utc(row.recorded_at).isoformat(), str(row.kind), str(row.subject))
-        archived = await _latest_archived_row(connection)
-    if archived is None or not archived[1].origin_kind:
-        return None
-    payload = archived[1]
-    return (payload.origin_recorded_at, payload.origin_kind, payload.origin_subject)
-
-
-async def cutoff_seq(engine: AsyncEngine, older_than: timedelta) -> int:
+async def cutoff_seq(event_log: EventLog, older_than: timedelta) -> int:
     """The last seq recorded more than `older_than` ago (0: none), by the database's
     clock on PostgreSQL (event times are the database's)."""
+    engine = event_log.engine
     async with engine.connect() as connection:
         if engine.dialect.name == "postgresql":
             now = as_utc((await connection.execute(text("SELECT clock_timestamp()")))
@@ -182,8 +141,9 @@ async def cutoff_seq(engine: AsyncEngine, older_than: timedelta) -> int:
 _BOUND = re.compile(r"FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)")
 
 
-async def partitions(engine: AsyncEngine) -> list[Partition]:
+async def partitions(event_log: EventLog) -> list[Partition]:
     """The range partitions of `events` (PostgreSQL), lowest first; [] on SQLite."""
+    engine = event_log.engine
     if engine.dialect.name != "postgresql":
         return []
     async with engine.connect() as connection:
@@ -199,11 +159,12 @@ async def partitions(engine: AsyncEngine) -> list[Partition]:
     return sorted(found, key=lambda part: part.lower)
 
 
-async def extend_partitions(engine: AsyncEngine, ahead: int = PARTITIONS_AHEAD) -> int:
+async def extend_partitions(event_log: EventLog, ahead: int = PARTITIONS_AHEAD) -> int:
     """Create the partitions up to `ahead` partitions beyond the last seq, and move rows
     that landed in the DEFAULT partition into theirs (`sunkd_events_extend`, migration
     0003). Returns how many partitions were created; 0 on SQLite. Needs the
     maintenance role (DDL)."""
+    engine = event_log.engine
     if engine.dialect.name != "postgresql":
         return 0
     async with engine.begin() as connection:
@@ -439,7 +400,7 @@ async def state_at(event_log: EventLog, seq: int) -> ClusterState:
             break
         except (KeyError, ValueError, TypeError) as error:
             log.warning("archive.snapshot_unreadable", seq=int(row.seq), error=str(error))
-    live = await live_range(event_log.engine)
+    live = await event_log.live_range()
     if start is None:
         if live is not None and live[0] > 1:
             raise ArchiveError(f"no readable snapshot at or before seq {seq}, and the log "
@@ -475,8 +436,8 @@ async def archive(event_log: EventLog, directory: Path, *, upto_seq: int,
     engine = event_log.engine
     postgres = engine.dialect.name == "postgresql"
     if postgres:
-        await extend_partitions(engine)
-    live = await live_range(engine)
+        await extend_partitions(event_log)
+    live = await event_log.live_range()
     if live is None:
         return None
     first, last_live = live
@@ -485,7 +446,7 @@ async def archive(event_log: EventLog, directory: Path, *, upto_seq: int,
     last = min(upto_seq, last_live - 1)
     dropped: list[Partition] = []
     if postgres:
-        dropped = [part for part in await partitions(engine)
+        dropped = [part for part in await partitions(event_log)
                    if part.lower >= first and part.upper - 1 <= last]
         if not dropped:
             return None
@@ -493,9 +454,9 @@ async def archive(event_log: EventLog, directory: Path, *, upto_seq: int,
         first = max(first, dropped[0].lower)
     if last < first:
         return None
-    await _check_chain(engine, directory, first)
+    await _check_chain(event_log, directory, first)
     directory.mkdir(parents=True, exist_ok=True)
-    origin = await log_origin(engine)
+    origin = await event_log.origin()
     clock = time.perf_counter()
     seconds: dict[str, float] = {}
     # One file per dropped partition (PostgreSQL), per PARTITION_SIZE seqs (SQLite).
@@ -540,13 +501,13 @@ async def archive(event_log: EventLog, directory: Path, *, upto_seq: int,
                          [part.name for part in dropped], event_seq, seconds)
 
 
-async def _check_chain(engine: AsyncEngine, directory: Path, first: int) -> None:
+async def _check_chain(event_log: EventLog, directory: Path, first: int) -> None:
     """An archive already in `directory` must verify against this log and end right
     before `first`, or this run would extend a chain that cannot be trusted or has a
     gap: ArchiveError, before anything is written."""
     if not directory.is_dir() or not any(directory.glob("manifest-*.json")):
         return
-    found, problems = await verify_against_log(engine, [directory], start=None)
+    found, problems = await verify_against_log(event_log, [directory], start=None)
     if problems:
         raise ArchiveError(f"the archive already in {directory} does not verify, nothing was "
                            "archived: " + "; ".join(problems[:10])
@@ -608,18 +569,19 @@ class RestoreResult:
         return dict(self.__dict__)
 
 
-async def restore(engine: AsyncEngine, directories: Sequence[Path], *,
+async def restore(event_log: EventLog, directories: Sequence[Path], *,
                   from_seq: int = 1, upto_seq: int | None = None) -> RestoreResult:
     """Copy archived events from_seq..upto_seq into `events_restored`, where the audit
     views (through `sunkd_event_history`) read them and the fold never does. Every file
     is verified first, against the checksums this log recorded (archive_read.py); rows
     still live in `events` are not copied."""
-    found, problems = await verify_against_log(engine, directories)
+    engine = event_log.engine
+    found, problems = await verify_against_log(event_log, directories)
     if problems:
         raise ArchiveError("the archive does not verify, nothing restored: "
                            + "; ".join(problems[:20])
                            + (f"; and {len(problems) - 20} more" if len(problems) > 20 else ""))
-    live = await live_range(engine)
+    live = await event_log.live_range()
     live_first = live[0] if live is not None else None
     postgres = engine.dialect.name == "postgresql"
     if postgres:
@@ -679,9 +641,9 @@ def _fits_orjson(value: Any) -> bool:
     return True
 
 
-async def restored_range(engine: AsyncEngine) -> tuple[int, int, int]:
+async def restored_range(event_log: EventLog) -> tuple[int, int, int]:
     """(first, last, count) of `events_restored` ((0, 0, 0) when empty)."""
-    async with engine.connect() as connection:
+    async with event_log.engine.connect() as connection:
         row = (await connection.execute(text(
             "SELECT min(seq), max(seq), count(*) FROM events_restored"))).one()
     return (0, 0, 0) if row[0] is None else (int(row[0]), int(row[1]), int(row[2]))

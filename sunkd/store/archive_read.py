@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -37,6 +37,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sunkd.domain.events import LogArchived, RecordedEvent, decode_payload
 from sunkd.store.backend import as_utc
 from sunkd.store.models import events
+
+if TYPE_CHECKING:
+    from sunkd.store.eventlog import EventLog
 
 FORMAT = "sunkd-archive/1"
 # Problems listed per file before the rest are counted only.
@@ -182,12 +185,12 @@ async def recorded_archives(engine: AsyncEngine) -> list[Record]:
     return found
 
 
-async def verify_against_log(engine: AsyncEngine, directories: Sequence[Path], *,
+async def verify_against_log(event_log: EventLog, directories: Sequence[Path], *,
                              start: int | None = 1) -> tuple[list[Manifest], list[str]]:
-    """`verify` with the records of the log on `engine`."""
+    """`verify` with the records of `event_log`."""
     import asyncio
 
-    records = await recorded_archives(engine)
+    records = await recorded_archives(event_log.engine)
     return await asyncio.to_thread(verify, directories, records, start=start)
 
 

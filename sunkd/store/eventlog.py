@@ -61,6 +61,7 @@ from sunkd.store.migrate_apart import migrate_in_child
 from sunkd.store.migrations_api import NotASunkdLog, at_head, ensure_schema, require_log
 from sunkd.store.models import LEADERSHIP_ROW, events, leadership, snapshots
 from sunkd.store.postgres import NOTIFY_CHANNEL, PostgresBackend
+from sunkd.store.projections import CorruptRow, ReadModels, first_corrupt_row, read_tolerant
 from sunkd.store.recent import RecentAppends
 from sunkd.store.sqlite import SqliteBackend
 from sunkd.store.writegate import WriteGate
@@ -430,6 +431,49 @@ class EventLog:
             result = await connection.execute(select(func.coalesce(func.max(events.c.seq), 0)))
             return int(result.scalar_one())
 
+    async def live_range(self) -> tuple[int, int] | None:
+        """(first, last) seq still in the log, None when it is empty (`sunkd log archive`
+        removes the oldest seqs, so the first is not always 1)."""
+        async with self.engine.connect() as connection:
+            row = (await connection.execute(select(func.min(events.c.seq),
+                                                   func.max(events.c.seq)))).one()
+        return None if row[0] is None else (int(row[0]), int(row[1]))
+
+    async def origin(self) -> tuple[str, str, str] | None:
+        """What identifies this log (the daemon's guard against a database recreated under
+        it): its first event's (recorded_at ISO, kind, subject), from the row at seq 1, or,
+        once that is archived, as the newest `log.archived` event recorded it."""
+        async with self.engine.connect() as connection:
+            row = (await connection.execute(
+                select(events.c.recorded_at, events.c.kind, events.c.subject)
+                .where(events.c.seq == 1))).first()
+            if row is not None:
+                return (as_utc(row.recorded_at).isoformat(), str(row.kind), str(row.subject))
+            archived = await _latest_archived(connection)
+        if archived is None or not archived[1].origin_kind:
+            return None
+        payload = archived[1]
+        return (payload.origin_recorded_at, payload.origin_kind, payload.origin_subject)
+
+    async def read_tolerant(self, after_seq: int = 0, limit: int = 1000, *,
+                            kinds: Sequence[str] | None = None, subject: str | None = None,
+                            upto: int | None = None) -> list[RecordedEvent | CorruptRow]:
+        """`read`, except that a row that does not decode comes back as a `CorruptRow`
+        instead of failing the whole read. Slower (the payload is parsed from its text):
+        for tools, and for finding the row when the fast read failed."""
+        return await read_tolerant(self.engine, after_seq, limit, kinds=kinds,
+                                   subject=subject, upto=upto)
+
+    async def first_corrupt_row(self, after_seq: int = 0, upto: int | None = None
+                                ) -> CorruptRow | None:
+        """The first row after `after_seq` (up to `upto`) that does not decode, if any."""
+        return await first_corrupt_row(self.engine, after_seq, upto)
+
+    @functools.cached_property
+    def read_models(self) -> ReadModels:
+        """The audit views over this log (intervals, transitions, ...): store/projections.py."""
+        return ReadModels(self.engine)
+
     async def subscribe(self, after_seq: int = 0, *, batch_size: int = 1000,
                         kinds: Iterable[str] | None = None) -> AsyncIterator[RecordedEvent]:
         """Yield every event with seq > after_seq exactly once, in order, forever.
@@ -624,16 +668,33 @@ class EventLog:
         return int(row.seq), dict(row.state)
 
 
-async def _archive_base_seq(connection: AsyncConnection) -> int | None:
-    """`base_seq` of the newest `log.archived` event (the (kind, seq) index finds it)."""
+async def _latest_archived_body(connection: AsyncConnection) -> tuple[int, Any] | None:
+    """The seq and JSON body of the newest `log.archived` event (the (kind, seq) index
+    finds it), if any."""
     row = (await connection.execute(
-        select(events.c.payload).where(events.c.kind == LogArchived.KIND)
+        select(events.c.seq, events.c.payload).where(events.c.kind == LogArchived.KIND)
         .order_by(events.c.seq.desc()).limit(1))).first()
     if row is None:
         return None
-    body = json.loads(row.payload) if isinstance(row.payload, str) else row.payload
-    base = body.get("base_seq") if isinstance(body, dict) else None
+    return int(row.seq), json.loads(row.payload) if isinstance(row.payload, str) else row.payload
+
+
+async def _archive_base_seq(connection: AsyncConnection) -> int | None:
+    """`base_seq` of the newest `log.archived` event, read leniently (a snapshot's pruning
+    must not fail on it)."""
+    found = await _latest_archived_body(connection)
+    base = found[1].get("base_seq") if found is not None and isinstance(found[1], dict) \
+        else None
     return base if isinstance(base, int) and not isinstance(base, bool) else None
+
+
+async def _latest_archived(connection: AsyncConnection) -> tuple[int, LogArchived] | None:
+    """The newest `log.archived` event, decoded (its seq and payload), if any."""
+    found = await _latest_archived_body(connection)
+    if found is None:
+        return None
+    payload = decode_payload(LogArchived.KIND, found[1])
+    return (found[0], payload) if isinstance(payload, LogArchived) else None
 
 
 def _in_memory(url: str) -> bool:

@@ -124,6 +124,23 @@ async def downgrade(engine: AsyncEngine, revision: str) -> None:
     await _run(engine, command.downgrade, revision)
 
 
+async def migrate(url: str, *, revision: str = "head", downgrade_to: str | None = None
+                  ) -> str | None:
+    """`sunkd migrate`: upgrade the database at `url` to `revision` (or, `downgrade_to`,
+    down to that revision); returns the revision it is at then (None: base)."""
+    from sunkd.store.eventlog import create_engine  # eventlog imports this module
+
+    engine = create_engine(url)
+    try:
+        if downgrade_to:
+            await downgrade(engine, downgrade_to)
+        else:
+            await upgrade(engine, revision)
+        return await current_revision(engine)
+    finally:
+        await engine.dispose()
+
+
 async def at_head(engine: AsyncEngine) -> bool:
     """Whether the schema is at `SCHEMA_HEAD`, read with SQLAlchemy alone."""
     async with engine.connect() as connection:

@@ -50,10 +50,13 @@ Internal helper views (`sunkd_leaders`, `sunkd_transition_events`,
 Timestamps are `timestamptz` on PostgreSQL and SQLAlchemy's naive-UTC text on
 SQLite; the helpers below return aware UTC datetimes on both.
 
-Two helpers serve the tools that must keep working on a damaged log (issue 12):
-`read_tolerant` returns a row sunkd cannot decode as a `CorruptRow` (seq, kind, raw text,
-why) instead of raising, and `observed` tells a node the fold knows only from an operator
-pin (`sunkd pin --force` of a name never seen: no view row, shown nowhere) from real ones.
+Callers reach the views through `ReadModels` (`EventLog.read_models`), never through
+SQL of their own. A node the fold knows only from an operator pin (`sunkd pin --force` of
+a name never seen: `sunkd.domain.ownership.observed` is false) has no view row.
+
+`read_tolerant` serves the tools that must keep working on a damaged log (through
+`EventLog.read_tolerant`): it returns a row sunkd cannot decode as a `CorruptRow` (seq,
+kind, raw text, why) instead of raising.
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ from sqlalchemy import Text, cast, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sunkd.domain.events import RecordedEvent, decode_payload
-from sunkd.domain.state import OWNER_NONE, NodeState
+from sunkd.domain.ownership import observed
+from sunkd.domain.state import ClusterState
 from sunkd.store.migrations_api import SchemaError
 from sunkd.store.models import events
 
@@ -129,58 +133,6 @@ def _interval(row: Mapping[str, Any]) -> Interval:
     )
 
 
-async def rebuild(engine: AsyncEngine) -> None:
-    """`sunkd replay --rebuild`: the read models are views, always equal to the log, so
-    there is nothing to recompute. Checks that they exist (the schema is at 0002+) and
-    raises SchemaError otherwise."""
-    async with engine.connect() as connection:
-        for name in READ_MODELS:
-            try:
-                await connection.execute(text(f"SELECT 1 FROM {name} LIMIT 1"))
-            except Exception as error:
-                raise SchemaError(
-                    f"read model {name} is missing: run `sunkd migrate` ({error})") from error
-
-
-async def intervals(
-    engine: AsyncEngine,
-    *,
-    node: str | None = None,
-    nodes: Sequence[str] | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    limit: int = 1000,
-    offset: int = 0,
-) -> list[Interval]:
-    """Ownership intervals overlapping [since, until), oldest first (by node, then time
-    when several nodes are asked for)."""
-    dialect = engine.dialect.name
-    where = ["1 = 1"]
-    params: dict[str, Any] = {"limit": limit, "offset": offset}
-    if node is not None:
-        where.append("node = :node")
-        params["node"] = node
-    if nodes is not None:
-        if not nodes:
-            return []
-        names = {f"n{index}": name for index, name in enumerate(nodes)}
-        where.append(f"node IN ({', '.join(':' + key for key in names)})")
-        params.update(names)
-    if since is not None:
-        where.append("(to_at IS NULL OR to_at > :since)")
-        params["since"] = bind_time(dialect, since)
-    if until is not None:
-        where.append("from_at < :until")
-        params["until"] = bind_time(dialect, until)
-    query = text(
-        "SELECT node, pool, owner, phase, from_at, to_at, duration_s, transition_id, reason, "
-        f"cause, decided_by FROM ownership_intervals WHERE {' AND '.join(where)} "
-        "ORDER BY node, seq LIMIT :limit OFFSET :offset")
-    async with engine.connect() as connection:
-        rows = (await connection.execute(query, params)).all()
-    return [_interval(dict(row._mapping)) for row in rows]
-
-
 async def rows(engine: AsyncEngine, sql: str, params: Mapping[str, Any] | None = None
                ) -> list[dict[str, Any]]:
     """Run a read-only query and return its rows as dicts (timestamps left as stored)."""
@@ -189,40 +141,110 @@ async def rows(engine: AsyncEngine, sql: str, params: Mapping[str, Any] | None =
         return [dict(row._mapping) for row in result.all()]
 
 
-def observed(node: NodeState) -> bool:
-    """Whether the log ever said anything about `node` besides a pin: an observation from
-    either side, a transition, an action or an owner. A pin of a name never observed
-    (`sunkd pin --force typo-node`) makes the fold create the node; it is a phantom until
-    observed: `node_ownership` has no row for it, and `status`, `/metrics` and the API
-    lists leave it out (issue 12)."""
-    return (node.slurm is not None or node.k8s is not None or node.slurm_seq > 0
-            or node.k8s_seq > 0 or node.transition is not None or bool(node.open_actions)
-            or node.owner != OWNER_NONE)
+class ReadModels:
+    """The views of one log, as the queries callers need (`EventLog.read_models`): the
+    SQL and the database's timestamp format stay here."""
 
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
 
-async def check_against_state(engine: AsyncEngine, state: Any) -> list[str]:
-    """Differences between the `node_ownership` view and a folded state (node ->
-    owner, and whether a transition is open), for `sunkd replay --check`. Phantom nodes
-    (`observed` is false: only pinned) have no row by design."""
-    problems: list[str] = []
-    view = {row["node"]: row for row in await rows(engine, "SELECT * FROM node_ownership")}
-    for name, node in sorted(state.nodes.items()):
-        if not observed(node) and name not in view:
-            continue
-        row = view.get(name)
-        if row is None:
-            problems.append(f"node_ownership has no row for {name}")
-            continue
-        if row["owner"] != node.owner:
-            problems.append(f"node_ownership says {name} is owned by {row['owner']!r}, "
-                            f"the fold says {node.owner!r}")
-        moving = str(row["phase"]).upper() in ("TO_K8S", "TO_SLURM")
-        if moving != (node.transition is not None):
-            problems.append(f"node_ownership phase of {name} is {row['phase']!r}, the fold's "
-                            f"open transition is {node.transition}")
-    for name in sorted(set(view) - set(state.nodes)):
-        problems.append(f"node_ownership has {name}, which the fold does not know")
-    return problems
+    async def rebuild(self) -> None:
+        """`sunkd replay --rebuild`: the read models are views, always equal to the log,
+        so there is nothing to recompute. Checks that they exist (the schema is at 0002+)
+        and raises SchemaError otherwise."""
+        async with self._engine.connect() as connection:
+            for name in READ_MODELS:
+                try:
+                    await connection.execute(text(f"SELECT 1 FROM {name} LIMIT 1"))
+                except Exception as error:
+                    raise SchemaError(f"read model {name} is missing: run `sunkd migrate` "
+                                      f"({error})") from error
+
+    async def intervals(
+        self,
+        *,
+        node: str | None = None,
+        nodes: Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[Interval]:
+        """Ownership intervals overlapping [since, until), oldest first (by node, then
+        time when several nodes are asked for)."""
+        dialect = self._engine.dialect.name
+        where = ["1 = 1"]
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if node is not None:
+            where.append("node = :node")
+            params["node"] = node
+        if nodes is not None:
+            if not nodes:
+                return []
+            names = {f"n{index}": name for index, name in enumerate(nodes)}
+            where.append(f"node IN ({', '.join(':' + key for key in names)})")
+            params.update(names)
+        if since is not None:
+            where.append("(to_at IS NULL OR to_at > :since)")
+            params["since"] = bind_time(dialect, since)
+        if until is not None:
+            where.append("from_at < :until")
+            params["until"] = bind_time(dialect, until)
+        query = ("SELECT node, pool, owner, phase, from_at, to_at, duration_s, transition_id, "
+                 "reason, cause, decided_by FROM ownership_intervals "
+                 f"WHERE {' AND '.join(where)} ORDER BY node, seq LIMIT :limit OFFSET :offset")
+        return [_interval(row) for row in await rows(self._engine, query, params)]
+
+    async def transitions(self, since: datetime, until: datetime) -> list[dict[str, Any]]:
+        """The `transitions` rows started in [since, until), in order (timestamps as
+        aware UTC datetimes)."""
+        return await self._timed_rows(
+            "SELECT transition_id, node, pool, direction, started_at, ended_at, outcome, "
+            "reason, abort_reason, duration_s, decided_by FROM transitions "
+            "WHERE started_at >= :since AND started_at < :until ORDER BY start_seq",
+            since, until, ("started_at", "ended_at"))
+
+    async def failed_actions(self, since: datetime, until: datetime) -> list[dict[str, Any]]:
+        """The `action_latency` rows of actions requested in [since, until) that failed,
+        in order (timestamps as aware UTC datetimes)."""
+        return await self._timed_rows(
+            "SELECT action_id, node, side, verb, attempt, requested_at, error, retryable "
+            "FROM action_latency WHERE outcome = 'failed' AND requested_at >= :since "
+            "AND requested_at < :until ORDER BY request_seq", since, until, ("requested_at",))
+
+    async def _timed_rows(self, sql: str, since: datetime, until: datetime,
+                          times: Sequence[str]) -> list[dict[str, Any]]:
+        dialect = self._engine.dialect.name
+        found = await rows(self._engine, sql, {"since": bind_time(dialect, since),
+                                               "until": bind_time(dialect, until)})
+        for row in found:
+            row.update((key, as_utc(row[key])) for key in times)
+        return found
+
+    async def check_against_state(self, state: ClusterState) -> list[str]:
+        """Differences between the `node_ownership` view and a folded state (node ->
+        owner, and whether a transition is open), for `sunkd replay --check`. Phantom
+        nodes (`observed` is false: only pinned) have no row by design."""
+        problems: list[str] = []
+        view = {row["node"]: row
+                for row in await rows(self._engine, "SELECT * FROM node_ownership")}
+        for name, node in sorted(state.nodes.items()):
+            if not observed(node) and name not in view:
+                continue
+            row = view.get(name)
+            if row is None:
+                problems.append(f"node_ownership has no row for {name}")
+                continue
+            if row["owner"] != node.owner:
+                problems.append(f"node_ownership says {name} is owned by {row['owner']!r}, "
+                                f"the fold says {node.owner!r}")
+            moving = str(row["phase"]).upper() in ("TO_K8S", "TO_SLURM")
+            if moving != (node.transition is not None):
+                problems.append(f"node_ownership phase of {name} is {row['phase']!r}, the "
+                                f"fold's open transition is {node.transition}")
+        for name in sorted(set(view) - set(state.nodes)):
+            problems.append(f"node_ownership has {name}, which the fold does not know")
+        return problems
 
 
 # ----------------------------------------------------------------- damaged logs

@@ -325,12 +325,12 @@ def render_table(state: ClusterState, generator: Generator, elapsed: float,
 def set_aside_previous_log(database_url: str) -> None:
     """Each demo starts a new cluster, so it starts a new log: an earlier demo's SQLite
     log is renamed (never deleted) so `sunkd status` shows this run."""
-    from sqlalchemy.engine import make_url
+    from sunkd.store.eventlog import sqlite_path
 
-    url = make_url(database_url)
-    if not url.drivername.startswith("sqlite") or not url.database:
+    database = sqlite_path(database_url)
+    if database is None:
         return
-    path = Path(url.database)
+    path = Path(database)
     if not path.exists():
         return
     stamp = time.strftime("%Y%m%d-%H%M%S")

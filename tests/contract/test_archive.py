@@ -36,11 +36,11 @@ async def small_partitions(log: EventLog, size: int = SIZE) -> None:
         return
     assert await log.latest_seq() == 0
     async with log.engine.begin() as connection:
-        for part in await archive.partitions(log.engine):
+        for part in await archive.partitions(log):
             await connection.execute(text(f'DROP TABLE "{part.name}"'))
         await connection.execute(text("UPDATE sunkd_partitioning SET partition_size = :s"),
                                  {"s": size})
-    await archive.extend_partitions(log.engine, ahead=1)
+    await archive.extend_partitions(log, ahead=1)
 
 
 async def seeded(url: str) -> ClockedLog:
@@ -61,7 +61,7 @@ async def test_archive_restore_and_replay_check(database_url: str, tmp_path: Pat
         everything = await all_events(log)
         latest = everything[-1].seq
         before = await transitions(log)
-        origin = await archive.log_origin(log.engine)
+        origin = await log.origin()
         full_fold = fold(everything)
         await log.save_snapshot(15, state_to_json(fold(everything[:15])))
 
@@ -90,7 +90,7 @@ async def test_archive_restore_and_replay_check(database_url: str, tmp_path: Pat
         assert lines[0]["payload"] == encode_payload(everything[0].payload)
 
         # The database: the range is gone, the log.archived event and the base are there.
-        assert await archive.live_range(log.engine) == (cut + 1, latest + 1)
+        assert await log.live_range() == (cut + 1, latest + 1)
         recorded = (await log.read(latest))[0]
         assert isinstance(recorded.payload, LogArchived)
         assert (recorded.payload.from_seq, recorded.payload.upto_seq,
@@ -99,7 +99,7 @@ async def test_archive_restore_and_replay_check(database_url: str, tmp_path: Pat
             [e["sha256"] for e in manifest["files"]]
         assert recorded.payload.manifest_sha256 == \
             hashlib.sha256(result.manifest.read_bytes()).hexdigest()
-        assert await archive.log_origin(log.engine) == origin  # the daemon's log guard
+        assert await log.origin() == origin  # the daemon's log guard
         assert cut in await log.snapshot_seqs()
 
         # The base survives pruning while it is the base; older snapshots do not.
@@ -121,10 +121,10 @@ async def test_archive_restore_and_replay_check(database_url: str, tmp_path: Pat
 
         # The audit views lost the archived transitions; a restore brings them back.
         assert len(await transitions(log)) < len(before)
-        restored = await archive.restore(log.engine, [tmp_path])
+        restored = await archive.restore(log, [tmp_path])
         assert (restored.restored, restored.present, restored.skipped_live) == (cut, 0, 0)
         assert await transitions(log) == before
-        again = await archive.restore(log.engine, [tmp_path], from_seq=2, upto_seq=4)
+        again = await archive.restore(log, [tmp_path], from_seq=2, upto_seq=4)
         assert (again.restored, again.present) == (0, 3)
         notes = []
         assert await replay_check(log, archives=[tmp_path], notes=notes) == []
@@ -142,7 +142,7 @@ async def test_a_second_archive_chains_onto_the_first(database_url: str,
         assert first is not None and first.upto_seq == SIZE
         second = await archive.archive(log, tmp_path, upto_seq=latest - 5)
         assert second is not None and second.from_seq == SIZE + 1
-        found, problems = await archive.verify_against_log(log.engine, [tmp_path])
+        found, problems = await archive.verify_against_log(log, [tmp_path])
         assert problems == [] and [m.from_seq for m in found] == [1, SIZE + 1]
         assert await log.archive_base_seq() == second.upto_seq
         assert await replay_check(log, archives=[tmp_path]) == []
@@ -170,8 +170,8 @@ async def test_replay_check_and_restore_refuse_a_tampered_archive(
         problems = await replay_check(log, archives=[tmp_path])
         assert any("sha256" in p and result.files[0]["name"] in p for p in problems)
         with pytest.raises(archive.ArchiveError, match="does not verify"):
-            await archive.restore(log.engine, [tmp_path])
-        assert await archive.restored_range(log.engine) == (0, 0, 0)
+            await archive.restore(log, [tmp_path])
+        assert await archive.restored_range(log) == (0, 0, 0)
     finally:
         await log.close()
 
@@ -186,7 +186,7 @@ async def test_nothing_is_removed_when_the_reread_fails(
                             lambda path, entry: [f"{path.name}: sha256 differs"])
         with pytest.raises(archive.ArchiveError, match="nothing was removed"):
             await archive.archive(log, tmp_path, upto_seq=latest - 5)
-        assert await archive.live_range(log.engine) == (1, latest)
+        assert await log.live_range() == (1, latest)
         assert await log.archive_base_seq() is None
     finally:
         await log.close()
@@ -200,7 +200,7 @@ async def test_only_the_archive_may_delete(database_url: str, tmp_path: Path) ->
         latest = await log.latest_seq()
         refused = ["DELETE FROM events WHERE seq = 1", "UPDATE events SET kind = 'x'"]
         if log.dialect == "postgresql":
-            parts = await archive.partitions(log.engine)
+            parts = await archive.partitions(log)
             refused += ["TRUNCATE events", f'TRUNCATE "{parts[0].name}"',
                         f'DELETE FROM "{parts[0].name}"', "TRUNCATE events_default"]
         for sql in refused:
@@ -210,7 +210,7 @@ async def test_only_the_archive_may_delete(database_url: str, tmp_path: Path) ->
         assert await log.latest_seq() == latest and len(await all_events(log)) == latest
         result = await archive.archive(log, tmp_path, upto_seq=latest - 5)
         assert result is not None and result.removed > 0
-        assert (await archive.live_range(log.engine) or (0, 0))[0] == result.upto_seq + 1
+        assert (await log.live_range() or (0, 0))[0] == result.upto_seq + 1
         if log.dialect == "sqlite":
             rows = await projections.rows(log.engine, "SELECT * FROM sunkd_maintenance")
             assert rows == []  # the permission did not outlive the archive's transaction
@@ -232,11 +232,11 @@ async def test_late_maintenance_moves_default_rows_into_partitions(postgres_url:
                           for i in range(70)], lease.epoch)
         count = await projections.rows(log.engine, "SELECT count(*) AS n FROM events_default")
         assert count == [{"n": 51}]  # seqs 21..71: maintenance ran late
-        created = await archive.extend_partitions(log.engine, ahead=2)
+        created = await archive.extend_partitions(log, ahead=2)
         assert created >= 3
         count = await projections.rows(log.engine, "SELECT count(*) AS n FROM events_default")
         assert count == [{"n": 0}]
-        parts = await archive.partitions(log.engine)
+        parts = await archive.partitions(log)
         assert [(p.lower, p.upper) for p in parts[:4]] == [(1, 21), (21, 41), (41, 61),
                                                            (61, 81)]
         assert len(await all_events(log)) == 71
@@ -346,7 +346,7 @@ async def test_migration_0003_keeps_the_rows_and_the_views(database_url: str) ->
         assert [e.seq for e in await all_events(log)] == [e.seq for e in rows]
         assert await transitions(log) == views
         if log.dialect == "postgresql":
-            assert [p.lower for p in await archive.partitions(log.engine)][:2] == \
+            assert [p.lower for p in await archive.partitions(log)][:2] == \
                 [1, 1 + archive.PARTITION_SIZE]
         await migrations_api.downgrade(log.engine, "0002")
         assert [e.seq for e in await all_events(log)] == [e.seq for e in rows]
@@ -384,10 +384,10 @@ async def _refused(log: EventLog, directory: Path, *needles: str) -> list[str]:
     for needle in needles:
         assert needle in text_of, (needle, problems)
     with pytest.raises(archive.ArchiveError, match="does not verify") as caught:
-        await archive.restore(log.engine, [directory])
+        await archive.restore(log, [directory])
     for needle in needles:
         assert needle in str(caught.value), (needle, str(caught.value))
-    assert await archive.restored_range(log.engine) == (0, 0, 0), "nothing restored"
+    assert await archive.restored_range(log) == (0, 0, 0), "nothing restored"
     return problems
 
 
@@ -471,7 +471,7 @@ async def test_an_archive_the_log_never_recorded_is_refused(
         problems = await replay_check(log, archives=[tmp_path / "other"])
         assert any("no log.archived event" in p for p in problems), problems
         with pytest.raises(archive.ArchiveError, match=r"no log\.archived event"):
-            await archive.restore(log.engine, [tmp_path / "other"])
+            await archive.restore(log, [tmp_path / "other"])
     finally:
         await log.close()
         await other.close()
@@ -485,8 +485,8 @@ async def _problems_of(log: EventLog, directory: Path) -> str:
     problems = await replay_check(log, archives=[directory])
     assert problems
     with pytest.raises(archive.ArchiveError) as caught:
-        await archive.restore(log.engine, [directory])
-    assert await archive.restored_range(log.engine) == (0, 0, 0)
+        await archive.restore(log, [directory])
+    assert await archive.restored_range(log) == (0, 0, 0)
     return "\n".join(problems) + "\n" + str(caught.value)
 
 
@@ -583,13 +583,13 @@ async def test_archive_refuses_to_append_to_a_chain_that_does_not_verify(
         lines = gzip.open(path, "rt").read().splitlines()
         lines[3] = lines[2]  # a seq lost in the files already there
         _rewrite_file(path, lines)
-        live = await archive.live_range(log.engine)
+        live = await log.live_range()
         manifests_before = sorted(p.name for p in tmp_path.glob("manifest-*"))
         with pytest.raises(archive.ArchiveError) as caught:
             await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
         said = str(caught.value)
         assert "nothing was archived" in said and name in said and "seq 4 is missing" in said
-        assert await archive.live_range(log.engine) == live
+        assert await log.live_range() == live
         assert sorted(p.name for p in tmp_path.glob("manifest-*")) == manifests_before
     finally:
         await log.close()
@@ -609,6 +609,6 @@ async def test_archive_refuses_a_gap_in_the_chain_of_its_directory(
         with pytest.raises(archive.ArchiveError, match=f"ends at seq {SIZE}") as caught:
             await archive.archive(log, tmp_path / "a", upto_seq=await log.latest_seq() - 5)
         assert "nothing was archived" in str(caught.value)
-        assert (await archive.live_range(log.engine) or (0, 0))[0] == middle.upto_seq + 1
+        assert (await log.live_range() or (0, 0))[0] == middle.upto_seq + 1
     finally:
         await log.close()

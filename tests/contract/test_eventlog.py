@@ -23,6 +23,7 @@ from sunkd.domain.events import (
 )
 from sunkd.store import migrations_api
 from sunkd.store.eventlog import EventLog, StaleLeaderError, create_engine
+from sunkd.store.projections import CorruptRow
 
 
 def observed(node: str, index: int = 0) -> Event:
@@ -406,5 +407,54 @@ async def test_read_range_pages_a_finite_stretch(database_url: str) -> None:
         assert pages == [[2, 3, 4], [5, 6, 7], [8]]
         everything = [e.seq async for batch in event_log.read_range() for e in batch]
         assert everything == list(range(1, 11))
+    finally:
+        await event_log.close()
+
+
+async def test_live_range_and_origin_name_the_log(database_url: str) -> None:
+    """What the log guard and the tools read: the seqs still in the log and its first
+    event, which a recreated database does not share."""
+    event_log = await EventLog.open(database_url, migrate=True)
+    try:
+        assert await event_log.live_range() is None
+        assert await event_log.origin() is None
+        lease = await event_log.acquire("leader-a")  # seq 1: leader.elected
+        assert lease is not None
+        await event_log.append([observed("n1"), observed("n2")], lease.epoch)
+        assert await event_log.live_range() == (1, 3)
+        first = (await event_log.read(0, 1))[0]
+        assert await event_log.origin() == (first.recorded_at.isoformat(),
+                                            "leader.elected", "leader-a")
+    finally:
+        await event_log.close()
+
+
+async def test_read_tolerant_names_a_corrupt_row_and_reads_past_it(database_url: str) -> None:
+    """A row that does not decode comes back as a CorruptRow (the tools go on past it),
+    and `first_corrupt_row` finds it; `read` itself fails on it."""
+    event_log, epoch = await open_leader(database_url)
+    try:
+        await event_log.append([observed("n1")], epoch)  # seq 2
+        cast = "CAST(:payload AS JSONB)" if event_log.dialect == "postgresql" else ":payload"
+        async with event_log.engine.begin() as connection:  # as a broken tool would write it
+            await connection.execute(text(
+                "INSERT INTO events (seq, recorded_at, kind, subject, epoch, payload) VALUES "
+                f"(3, CURRENT_TIMESTAMP, 'slurm.node.observed', 'n2', 0, {cast})"),
+                {"payload": '{"v": 1, "node": "n2", "cpus": "many"}'})
+        await event_log.append_unfenced([observed("n3")])  # seq 4
+        with pytest.raises((ValueError, TypeError)):
+            await event_log.read(0, 10)
+        rows = await event_log.read_tolerant(1, 10)
+        assert [row.seq for row in rows] == [2, 3, 4]
+        corrupt = rows[1]
+        assert isinstance(corrupt, CorruptRow)
+        assert (corrupt.kind, corrupt.subject) == ("slurm.node.observed", "n2")
+        assert "many" in corrupt.raw and "cpus" in corrupt.error
+        assert [row.seq for row in await event_log.read_tolerant(
+            0, 10, kinds=["slurm.node.observed"], subject="n3")] == [4]
+        assert await event_log.read_tolerant(1, 10, upto=2) == rows[:1]
+        assert await event_log.first_corrupt_row() == corrupt
+        assert await event_log.first_corrupt_row(3) is None
+        assert await event_log.first_corrupt_row(0, upto=2) is None
     finally:
         await event_log.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -105,7 +106,7 @@ async def test_views_on_seeded_history(database_url: str) -> None:
         ]
         assert bool(actions[3]["retryable"]) is True and actions[4]["attempt"] == 2
         assert actions[2]["transition_id"] == "t-reclaim-2"
-        await projections.rebuild(log.engine)  # views: nothing to do, but they exist
+        await log.read_models.rebuild()  # views: nothing to do, but they exist
     finally:
         await log.close()
 
@@ -145,9 +146,52 @@ async def test_downgrade_drops_the_views_and_upgrade_restores_them(database_url:
         await migrations_api.downgrade(log.engine, "0001")
         assert await migrations_api.current_revision(log.engine) == "0001"
         with pytest.raises(Exception, match="read model"):
-            await projections.rebuild(log.engine)
+            await log.read_models.rebuild()
         await migrations_api.upgrade(log.engine)
         rows = await projections.rows(log.engine, "SELECT count(*) AS n FROM node_ownership")
         assert rows == [{"n": 6}]
+    finally:
+        await log.close()
+
+
+async def test_read_models_answer_the_queries_callers_ask(database_url: str) -> None:
+    """`EventLog.read_models`, what history, audit, the API and `replay --check` ask: the
+    same answers on both databases, timestamps as aware UTC datetimes."""
+    log = await open_clocked(database_url)
+    try:
+        await seed_pool_history(log)
+        models = log.read_models
+        n2 = await models.intervals(node="n2")
+        assert [(i.owner, i.phase, i.from_at, i.to_at, i.cause) for i in n2][-3:] == [
+            ("kubernetes", "KUBERNETES", _at(80), _at(150), "completed"),
+            ("kubernetes", "TO_SLURM", _at(150), _at(165), "started"),
+            ("slurm", "SLURM", _at(165), None, "completed"),
+        ]
+        assert n2[-1].decided_by == "sunkd-a" and n2[-1].transition_id == "t-reclaim-2"
+        window = await models.intervals(nodes=["n1", "n2"], since=_at(100), until=_at(160))
+        assert [(i.node, i.phase) for i in window] == [
+            ("n1", "KUBERNETES"), ("n2", "KUBERNETES"), ("n2", "TO_SLURM")]
+        assert await models.intervals(nodes=[]) == []
+        assert [i.phase for i in await models.intervals(node="n2", limit=2, offset=1)] == [
+            "TO_SLURM", "SLURM"]
+
+        moves = await models.transitions(_at(60), _at(150))  # t-reclaim-2 starts at 150
+        assert [(m["transition_id"], m["outcome"]) for m in moves] == [
+            ("t-lend-1", "completed"), ("t-lend-2", "completed"), ("t-lend-4", "completed"),
+            ("t-lend-3", "aborted")]
+        assert (moves[3]["started_at"], moves[3]["ended_at"]) == (_at(120), _at(150))
+        failed = await models.failed_actions(_at(0), _at(300))
+        assert [(a["action_id"], a["error"]) for a in failed] == [
+            ("a-2", "slurmrestd: HTTP 500")]
+        assert failed[0]["requested_at"].tzinfo is not None
+        assert await models.failed_actions(_at(300), _at(400)) == []
+
+        state = fold(await all_events(log))
+        assert await models.check_against_state(state) == []
+        n1 = state.nodes["n1"]
+        assert await models.check_against_state(replace(state, nodes={
+            **state.nodes, "n1": replace(n1, owner="slurm")})) == [
+            "node_ownership says n1 is owned by 'kubernetes', the fold says 'slurm'"]
+        await models.rebuild()
     finally:
         await log.close()

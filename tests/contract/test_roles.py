@@ -81,7 +81,7 @@ async def test_daemon_role_cannot_rewrite_history(tmp_path: Path) -> None:
                     await log.save_snapshot(seq, {"seq": seq}, keep=2)  # prunes: DELETE
                 assert await log.snapshot_seqs() == [3, 4]
                 assert len(await log.read()) == 4
-                assert await archive.log_origin(log.engine) is not None
+                assert await log.origin() is not None
                 await log.release(lease)
             finally:
                 await log.close()
@@ -117,7 +117,7 @@ async def test_daemon_role_cannot_rewrite_history(tmp_path: Path) -> None:
                 result = await archive.archive(log, tmp_path, upto_seq=3)
                 assert result is not None and result.partitions_dropped == ["events_s1"]
                 assert (result.from_seq, result.upto_seq) == (1, 2)
-                assert await archive.live_range(log.engine) == (3, 5)
+                assert await log.live_range() == (3, 5)
             finally:
                 await log.close()
     finally:

@@ -107,10 +107,23 @@ def test_well_known_names_are_spelled_once() -> None:
     assert offenders == []
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "cli").rglob("*.py")),
-                         ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_the_cli_leaves_the_database_driver_to_the_store(path: Path) -> None:
-    """The commands open logs through sunkd.store (which decides read-only, never
-    creating, ...); SQLAlchemy stays inside sunkd/store/."""
+# The store owns the database: outside it, the event log is its methods (and the
+# read-model and retention functions that take it), never SQLAlchemy or its engine. The
+# testbed (test tooling, leaving the package) is not held to it.
+_BEYOND_THE_STORE = sorted(p for p in _modules()
+                           if _package_of(p) not in ("store", "testbed"))
+
+
+@pytest.mark.parametrize("path", _BEYOND_THE_STORE, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_database_driver_stays_in_the_store(path: Path) -> None:
     for module in _imports(path):
-        assert module.split(".")[0] != "sqlalchemy", f"cli/{path.name} imports {module}"
+        assert module.split(".")[0] != "sqlalchemy", \
+            f"{path.relative_to(PACKAGE)} imports {module}"
+    # `x.engine` of anything but `self`: the log's SQLAlchemy engine (`self.engine` is an
+    # object's own field, e.g. the runtime's).
+    tree = ast.parse(path.read_text(), filename=str(path))
+    used = [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr == "engine"
+            and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
+    assert used == [], f"{path.relative_to(PACKAGE)} reaches for a database engine at " \
+                       f"line(s) {used}: give the store a method instead"
