@@ -3,8 +3,10 @@
 `sunkd hook` runs as slurmctld's PrologSlurmctld/EpilogSlurmctld, i.e. as SlurmUser and
 without arguments or the caller's environment (slurm.conf(5)), so a site writes a
 one-line wrapper per hook and a token file SlurmUser can read. This makes the same for a
-`SlurmCluster` (pass `conf_lines` as its `extra_conf`): the wrappers run the hook from
-this checkout with the system python3 (the hook is standard library only), settings in
+`SlurmCluster` (pass `conf_lines` as its `extra_conf`): the wrappers run a copy of the
+hook (`sunkd/slurm/hook.py`, standard library only, so one file is all of it) with the
+system python3, or a root's when slurmctld runs in a Debian root (`directory` then lies
+in the cluster's directory, which the root sees at the same path), settings in
 `hook.conf` so that the daemon's URL can be filled in once it listens, and "site"
 scripts chained with `--chain`: the prolog records each job's nodes and start time
 (`marks/start.JOBID`, Slurm's moment of the start, for benchmarks) and exits with
@@ -34,15 +36,32 @@ HOOK = REPO / "sunkd" / "slurm" / "hook.py"
 class HookScripts:
     """Token, config and wrapper scripts in a fresh directory SlurmUser can read."""
 
-    def __init__(self, slurm_user: str | None = None) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="sunkd-hooks-"))
+    def __init__(self, slurm_user: str | None = None, *, directory: Path | None = None,
+                 python: str = PYTHON, owner: tuple[int, int] | None = None,
+                 chain: bool = True) -> None:
+        """`owner`: (uid, gid) of SlurmUser as slurmctld sees it (a root has its own
+        uids); by default the host's `slurm_user` (`slurm` when it exists). `chain`: the
+        hook runs the site scripts (`--chain`, one `PrologSlurmctld=` line, as 22.05-23.11
+        need); without it slurm.conf lists the site's scripts and the hook's on lines of
+        their own (24.05 and later)."""
+        self.chain = chain
+        if directory is None:
+            self.dir = Path(tempfile.mkdtemp(prefix="sunkd-hooks-"))
+        else:
+            directory.mkdir(parents=True)
+            self.dir = directory
         self.dir.chmod(0o755)
-        user = slurm_user or ("slurm" if _has_user("slurm") else "root")
-        entry = pwd.getpwnam(user)
+        if owner is None:
+            entry = pwd.getpwnam(slurm_user or ("slurm" if _has_user("slurm") else "root"))
+            owner = (entry.pw_uid, entry.pw_gid)
+        self.owner = owner
         self.token_file = self.dir / "token"
         self.token_file.write_text(secrets.token_hex(24) + "\n")
         self.token_file.chmod(0o600)
-        os.chown(self.token_file, entry.pw_uid, entry.pw_gid)
+        os.chown(self.token_file, *owner)
+        hook = self.dir / "hook.py"
+        shutil.copyfile(HOOK, hook)
+        hook.chmod(0o644)
         self.config = self.dir / "hook.conf"
         self.site = self.dir / "site-prolog.sh"
         self.marks = self.dir / "marks"
@@ -57,22 +76,30 @@ class HookScripts:
         site_epilog = self.dir / "site-epilog.sh"
         site_epilog.write_text(f"#!/bin/sh\ndate +%s.%N > {self.marks}/end.$SLURM_JOB_ID\n")
         site_epilog.chmod(0o755)
-        for name, event, extra in (("prolog.sh", "prolog-slurmctld", f" --chain {self.site}"),
-                                   ("epilog.sh", "epilog-slurmctld", f" --chain {site_epilog}")):
+        self.site_epilog = site_epilog
+        for name, event, site in (("prolog.sh", "prolog-slurmctld", self.site),
+                                  ("epilog.sh", "epilog-slurmctld", site_epilog)):
+            extra = f" --chain {site}" if chain else ""
             script = self.dir / name
             script.write_text(
                 "#!/bin/sh\n"
                 # When slurmctld started the hook: the interpreter's start is after it.
                 f"date +%s.%N > {self.marks}/{name[:-3]}.$SLURM_JOB_ID\n"
-                f"exec {PYTHON} -I -S {HOOK} {event}"
+                f"exec {python} -I -S {hook} {event}"
                 f" --config {self.config}{extra}\n")
             script.chmod(0o755)
         self.configure("http://127.0.0.1:9")
 
     @property
     def conf_lines(self) -> list[str]:
-        """slurm.conf lines (Slurm 22.05-23.11 take one PrologSlurmctld)."""
-        return [f"PrologSlurmctld={self.dir / 'prolog.sh'}",
+        """slurm.conf lines: one each, the hook chaining the site's (Slurm 22.05-23.11
+        take one PrologSlurmctld), or the site's script and the hook's on lines of their
+        own (24.05 and later run every line, in order)."""
+        if self.chain:
+            return [f"PrologSlurmctld={self.dir / 'prolog.sh'}",
+                    f"EpilogSlurmctld={self.dir / 'epilog.sh'}"]
+        return [f"PrologSlurmctld={self.site}", f"PrologSlurmctld={self.dir / 'prolog.sh'}",
+                f"EpilogSlurmctld={self.site_epilog}",
                 f"EpilogSlurmctld={self.dir / 'epilog.sh'}"]
 
     def configure(self, url: str, *, fence: bool = False) -> None:

@@ -99,7 +99,7 @@ def _which(binary: str) -> str | None:
 SLURM_GENERATIONS: dict[str, str] = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
 SLURM_VERSIONS: tuple[str, ...] = tuple(SLURM_GENERATIONS)
 # Must match RECIPE in scripts/prepare-slurm-root.sh: an older root is rebuilt, not used.
-ROOT_RECIPE = 1
+ROOT_RECIPE = 2
 DEFAULT_ROOT_CACHE = Path("/var/cache/sunkd")
 ROOT_CACHE_ENV = "SUNKD_SLURM_ROOT_CACHE"
 _ROOT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -216,6 +216,18 @@ def available(version: str | None = None) -> tuple[bool, str]:
     except SlurmClusterError as error:
         return False, str(error)
     return True, "ok"
+
+
+def root_user(version: str, name: str) -> tuple[int, int] | None:
+    """(uid, gid) of `name` inside the root of Slurm `version`, or None (no root, no such
+    user): files its daemons read must be owned as they see it."""
+    suite = SLURM_GENERATIONS.get(version)
+    if suite is None:
+        return None
+    try:
+        return _passwd(root_dir(suite)).get(name)
+    except OSError:
+        return None
 
 
 def _passwd(root: Path) -> dict[str, tuple[int, int]]:

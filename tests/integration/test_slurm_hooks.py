@@ -3,8 +3,8 @@ EpilogSlurmctld (as SlurmUser, with the system python3: the hook is standard lib
 only), and sunkd's daemon, polling every 30 s so that a poll cannot explain what it
 sees, observes job starts and ends at once (docs/slurm.md, "Hooks").
 
-On the host's Slurm (22.05 here): the roots of the newer generations have no python3 and
-no sunkd inside their chroot, so the hook cannot run there yet.
+On the host's Slurm (22.05 here); test_slurm_hooks_versions.py runs the hooks on 24.11
+and 26.05 inside their Debian roots.
 """
 
 from __future__ import annotations
