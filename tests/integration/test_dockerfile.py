@@ -206,6 +206,19 @@ def context_files() -> list[Path]:
     return files
 
 
+def built_wheel(source: Path, wheels: Path) -> Path:
+    """sunkd's wheel built by pip from `source` (no dependencies)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--wheel-dir", str(wheels),
+         str(source)], capture_output=True, text=True, timeout=240, check=False)
+    if result.returncode != 0 and re.search(r"Could not find a version|NewConnectionError|"
+                                            r"No matching distribution", result.stderr):
+        require(False, f"pip cannot fetch the build backend: {result.stderr[-500:]}")
+    assert result.returncode == 0, result.stderr
+    (wheel,) = wheels.glob("sunkd-*.whl")
+    return wheel
+
+
 def test_build_context_builds_the_wheel(tmp_path: Path) -> None:
     files = context_files()
     rels = {p.relative_to(ROOT).as_posix() for p in files}
@@ -217,16 +230,7 @@ def test_build_context_builds_the_wheel(tmp_path: Path) -> None:
         target = context / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    wheels = tmp_path / "wheels"
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--wheel-dir", str(wheels),
-         str(context)], capture_output=True, text=True, timeout=240, check=False)
-    if result.returncode != 0 and re.search(r"Could not find a version|NewConnectionError|"
-                                            r"No matching distribution", result.stderr):
-        require(False, f"pip cannot fetch the build backend: {result.stderr[-500:]}")
-    assert result.returncode == 0, result.stderr
-    (wheel,) = wheels.glob("sunkd-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+    with zipfile.ZipFile(built_wheel(context, tmp_path / "wheels")) as archive:
         names = archive.namelist()
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "sunkd = sunkd.cli.main:main" in archive.read(entry_points).decode()
@@ -250,16 +254,7 @@ def test_the_production_wheel_from_the_whole_checkout_holds_no_testbed(tmp_path:
         ".git", ".venv", "__pycache__", "*.pyc", "*.db", ".mypy_cache", ".hypothesis",
         "*.egg-info", "build", ".ruff_cache", ".pytest_cache"))
     assert (source / "testbed" / "sunkd_testbed" / "slurm.py").is_file()
-    wheels = tmp_path / "wheels"
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--wheel-dir", str(wheels),
-         str(source)], capture_output=True, text=True, timeout=240, check=False)
-    if result.returncode != 0 and re.search(r"Could not find a version|NewConnectionError|"
-                                            r"No matching distribution", result.stderr):
-        require(False, f"pip cannot fetch the build backend: {result.stderr[-500:]}")
-    assert result.returncode == 0, result.stderr
-    (wheel,) = wheels.glob("sunkd-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+    with zipfile.ZipFile(built_wheel(source, tmp_path / "wheels")) as archive:
         names = archive.namelist()
-    assert "sunkd/runtime/daemon.py" in names
+    assert "sunkd/cli/main.py" in names
     assert_no_testbed(names)

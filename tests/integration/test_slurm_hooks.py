@@ -285,6 +285,11 @@ async def test_a_refusing_prolog_keeps_the_job_from_running(
 ) -> None:
     """What the fence relies on: a PrologSlurmctld exiting non-zero (here the chained site
     script, whose status the hook keeps) stops slurmctld from running the job."""
+    await a_refusing_prolog_keeps_the_job_from_running(cluster, hooks)
+
+
+async def a_refusing_prolog_keeps_the_job_from_running(cluster: SlurmCluster,
+                                                       hooks: Hooks) -> None:
     reset_slurm(cluster)
     hooks.configure("http://127.0.0.1:9")
     hooks.site_exit(1)

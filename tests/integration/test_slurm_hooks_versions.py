@@ -29,8 +29,8 @@ from tests.integration.test_slurm_hooks import (
     NODES,
     _busy,
     _free,
-    _job_state,
     _until,
+    a_refusing_prolog_keeps_the_job_from_running,
     hooked_sunkd,
 )
 
@@ -82,15 +82,4 @@ async def test_job_start_and_end_reach_sunkd_from_the_roots_slurmctld(
 async def test_a_refusing_prolog_keeps_the_job_from_running(
     hooked_cluster: tuple[SlurmCluster, Hooks]
 ) -> None:
-    cluster, hooks = hooked_cluster
-    reset_slurm(cluster)
-    hooks.configure("http://127.0.0.1:9")
-    hooks.site_exit(1)
-    try:
-        job = cluster.sbatch(wrap="sleep 1", nodelist="hk1", partition="gpu")
-        await _until(lambda: (hooks.marks / f"site.{job}").exists(), 20, "the prolog ran", 0.2)
-        await asyncio.sleep(3)
-        assert _job_state(cluster, job) not in ("RUNNING", "COMPLETED")
-    finally:
-        hooks.site_exit(0)
-        reset_slurm(cluster)
+    await a_refusing_prolog_keeps_the_job_from_running(*hooked_cluster)
