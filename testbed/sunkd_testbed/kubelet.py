@@ -44,7 +44,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import structlog
@@ -53,6 +52,7 @@ import yaml
 from sunkd_testbed.containerd import CNI_BIN_DIR, Containerd, rss_mib, stop_process
 from sunkd_testbed.images import Image
 from sunkd_testbed.kubernetes import KUBE_VERSION, KubeControlPlane, cache_root, free_ports
+from sunkd_testbed.lifecycle import Service
 
 log = structlog.get_logger(__name__)
 
@@ -261,7 +261,7 @@ class KubeletNode:
         }
 
 
-class KubeletNodes:
+class KubeletNodes(Service):
     """`count` real kubelet Nodes against `plane` (a context manager, or start()/stop()).
 
     `images` are imported into every Node's containerd (the pause image is added);
@@ -303,17 +303,6 @@ class KubeletNodes:
     @property
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
-
-    def __enter__(self) -> KubeletNodes:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _acquire_host_lock(self) -> None:
         HOST_LOCK.parent.mkdir(parents=True, exist_ok=True)

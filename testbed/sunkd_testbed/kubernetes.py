@@ -62,6 +62,8 @@ import aiohttp
 import structlog
 import yaml
 
+from sunkd_testbed.lifecycle import Service
+
 log = structlog.get_logger(__name__)
 
 # Must match k8s.io/kubernetes in tests/kube/go.mod (tests/integration/test_kube_real_harness.py
@@ -210,7 +212,7 @@ def _controller_manager(own_credentials: bool) -> _Identity:
 # ---------------------------------------------------------------------------- control plane
 
 
-class KubeControlPlane:
+class KubeControlPlane(Service):
     """A private, real Kubernetes control plane. A (async) context manager, or start()/stop().
 
     `scheduler_config` is a KubeSchedulerConfiguration file (manifests/scheduler/...); its
@@ -414,28 +416,6 @@ class KubeControlPlane:
         self.stop_seconds = round(time.monotonic() - started, 2)
         if not self.keep_dir and self._base_dir_arg is None and self.base != Path("/nonexistent"):
             shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> KubeControlPlane:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> KubeControlPlane:
-        return await asyncio.to_thread(self.start)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await asyncio.to_thread(self.stop)
 
     # ------------------------------------------------------------------ more for tests
 

@@ -48,7 +48,6 @@ root stops with "No filesystem mounted on /sys/fs/cgroup" unless cgroup.conf say
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import fcntl
 import http.client
@@ -68,7 +67,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TextIO, TypeVar
 
 import structlog
@@ -76,6 +74,7 @@ import structlog
 from sunkd.domain.hostlist import expand
 from sunkd.slurm.auth import mint_jwt
 from sunkd.slurm.client import SUPPORTED_VERSIONS
+from sunkd_testbed.lifecycle import Service
 
 log = structlog.get_logger(__name__)
 
@@ -464,7 +463,7 @@ class Daemon:
     process: subprocess.Popen[bytes]
 
 
-class SlurmCluster:
+class SlurmCluster(Service):
     """A private Slurm cluster. Use as a (async) context manager or start()/stop().
 
     `nodes` is a hostlist (`"gpu-a[001-004]"`). `partitions` maps partition name to a
@@ -666,28 +665,6 @@ class SlurmCluster:
             self._mounts = None
         if not self.keep_dir and self._base_dir_arg is None and self.base != Path("/nonexistent"):
             shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> SlurmCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> SlurmCluster:
-        return await asyncio.to_thread(self.start)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await asyncio.to_thread(self.stop)
 
     # ------------------------------------------------------------------ control
 
