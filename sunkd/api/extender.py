@@ -201,15 +201,6 @@ def _handing_over(node: NodeState) -> bool:
         for action in node.open_actions.values())
 
 
-def build_verdicts(state: ClusterState, pools: Sequence[ApiPool], now: float
-                   ) -> dict[str, Verdict]:
-    """Kubernetes node name -> verdict, for every node in the state (no cache)."""
-    specs = [pool.spec for pool in pools]
-    members = membership(state, specs) if specs else {}
-    return {node.k8s_name or name: _verdict(state, node, members.get(name), now)[0]
-            for name, node in state.nodes.items()}
-
-
 class Extender:
     """Filter and prioritize over the live state. `state` and `pools` are read per call.
 

@@ -471,10 +471,6 @@ class SlurmRestClient:
             "22.05, or slurmrestd started without these openapi plugins (-s)"
         )
 
-    async def ping(self) -> Mapping[str, Any]:
-        result: Mapping[str, Any] = await self.call("GET", "ping")
-        return result
-
     async def get_nodes_raw(self) -> Any:
         # Never `update_time`: 304-empty or HTTP 500 on every release before 26.05.3.
         return await self.call("GET", "nodes")
