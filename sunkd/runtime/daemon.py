@@ -44,17 +44,17 @@ from sunkd.domain.state import ClusterState
 from sunkd.runtime import collector
 from sunkd.runtime.appends import AppendWatch
 from sunkd.runtime.config import Settings, load_settings, parse_listen, pool_spec
-from sunkd.runtime.engine import (
-    ArchivedLogError,
-    CorruptRowError,
-    Engine,
-    LeaderTerm,
-    LogWentBackwardsError,
-    leader_sink,
-)
 from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.runtime.logs import configure_logging
 from sunkd.runtime.malloc import ARENAS, limit_arenas
+from sunkd.runtime.reconciler import (
+    ArchivedLogError,
+    CorruptRowError,
+    LeaderTerm,
+    LogWentBackwardsError,
+    Reconciler,
+    leader_sink,
+)
 from sunkd.store.archive import log_origin
 from sunkd.store.eventlog import EventLog, Lease, LogShrankError, StaleLeaderError
 
@@ -191,7 +191,7 @@ class Daemon:
         self._kube_client = kube_client
         self._slurm_env = slurm_env
         self.event_log: EventLog | None = None
-        self.engine: Engine | None = None
+        self.engine: Reconciler | None = None
         self.metrics = Metrics()
         self.appends = AppendWatch()  # does the log take our sources' appends?
         self._appends_refused = False  # the last term ended for that
@@ -319,7 +319,7 @@ class Daemon:
         self.event_log = await EventLog.open(self.settings.database_url, migrate_apart=True)
         self.event_log.wall_clock = self._wall
         try:
-            self.engine = Engine(
+            self.engine = Reconciler(
                 self.event_log,
                 config_pools=[pool_spec(pool) for pool in self.settings.pools],
                 snapshot_every=self.settings.snapshot_every,
@@ -520,7 +520,7 @@ class Daemon:
             tasks.append(asyncio.create_task(self._renew_forever(), name="sunkd-renew"))
             tasks.append(asyncio.create_task(self._watch_appends(), name="sunkd-appends"))
             try:
-                self.engine.executor = await self._build_executor(term, closers)
+                term = replace(term, executor=await self._build_executor(term, closers))
             except Exception as failure:
                 reason = f"cannot build the actuators: {type(failure).__name__}: {failure}"
                 self._adapter_failed(failure)

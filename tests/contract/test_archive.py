@@ -283,20 +283,20 @@ async def test_a_daemon_follows_and_restarts_across_an_archive(database_url: str
     restart loads the base (or a later) snapshot plus the tail, equal to the whole fold."""
     from sunkd.runtime.config import Settings
     from sunkd.runtime.daemon import Daemon
-    from sunkd.runtime.engine import Engine
+    from sunkd.runtime.reconciler import Reconciler
 
     log = await seeded(database_url)
     try:
         whole = fold(await all_events(log))
         daemon = Daemon(Settings(database_url=database_url))
         daemon.event_log = log
-        daemon.engine = Engine(log)
+        daemon.engine = Reconciler(log)
         await daemon.engine.load()
         await daemon.check_log()  # records the identity
         result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
         assert result is not None
         await daemon.check_log()  # would raise LogWentBackwardsError: "log was replaced"
-        restarted = Engine(log)
+        restarted = Reconciler(log)
         await restarted.load()
         assert state_to_json(fold([], restarted.state))["nodes"] == \
             state_to_json(whole)["nodes"]
@@ -308,7 +308,7 @@ async def test_no_fold_from_nothing_on_an_archived_log(database_url: str,
                                                        tmp_path: Path) -> None:
     """Without a readable snapshot covering the archived range, loading refuses instead
     of folding the live tail onto an empty state (a state without that history)."""
-    from sunkd.runtime.engine import ArchivedLogError, load_state
+    from sunkd.runtime.reconciler import ArchivedLogError, load_state
 
     log = await seeded(database_url)
     try:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sunkd.domain.events import Event, SlurmNodeObserved
-from sunkd.runtime import engine as engine_module
+from sunkd.runtime import reconciler as reconciler_module
 from sunkd.runtime.config import KubernetesSettings, PoolSettings, Settings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.store.eventlog import EventLog
@@ -90,7 +90,7 @@ async def test_one_leader_term_for_the_whole_run_under_load(
 ) -> None:
     # Snapshots are part of the load: every `snapshot_every` events, not the engine's
     # production cadence of 10 events a node (runtime/engine.py, 40,000 events here).
-    monkeypatch.setattr(engine_module, "SNAPSHOT_EVENTS_PER_NODE", 0)
+    monkeypatch.setattr(reconciler_module, "SNAPSHOT_EVENTS_PER_NODE", 0)
     log = await EventLog.open(database_url, migrate=True)
     await log.close()
     rng = random.Random(15)
