@@ -50,8 +50,6 @@ from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
 from sunkd.domain.state import (
     EMPTY,
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
     ClusterState,
     NodeState,
     OpenAction,
@@ -304,8 +302,7 @@ class Reconciler:
                 # action belongs to), not of our outcomes: an outcome only finishes its
                 # action, which `_finished` skips. So freed slots refill while outcomes
                 # stream in.
-                if not caught_up and (state.source_fresh(OWNER_SLURM)
-                                      and state.source_fresh(OWNER_KUBERNETES)):
+                if not caught_up and state.sources_fresh():
                     caught_up = unpaced = True
                 if caught_up and state.last_seq >= self._decided_upto:
                     self._dispatch(state, term, outcomes)
