@@ -1,5 +1,5 @@
 """The leader spends at most DECIDE_SHARE of its time in `decide`: after a decide that
-took d seconds the next one waits 2d (sunkd/runtime/engine.py says why), except the
+took d seconds the next one waits 2d (sunkd/runtime/reconciler.py says why), except the
 first decide on a view with both sources fresh. Gaps are asserted from below; the one
 bound from above (the unpaced decide) has a margin of seconds against a 5 s pacing."""
 

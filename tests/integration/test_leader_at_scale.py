@@ -89,7 +89,7 @@ async def test_one_leader_term_for_the_whole_run_under_load(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Snapshots are part of the load: every `snapshot_every` events, not the engine's
-    # production cadence of 10 events a node (runtime/engine.py, 40,000 events here).
+    # production cadence of 10 events a node (runtime/reconciler.py, 40,000 events here).
     monkeypatch.setattr(reconciler_module, "SNAPSHOT_EVENTS_PER_NODE", 0)
     log = await EventLog.open(database_url, migrate=True)
     await log.close()
