@@ -24,7 +24,7 @@ import contextlib
 import functools
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -46,7 +46,7 @@ from sunkd.domain.policy import (
     effective_pools,
     stale_action,
 )
-from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.domain.ports import ActionError, EventSink, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
 from sunkd.domain.state import (
     EMPTY,
@@ -538,9 +538,6 @@ async def load_state(event_log: EventLog, *, from_snapshot: bool = True,
             state = replace(state, last_seq=max(state.last_seq, corrupt.row.seq))
 
 
-Sink = Callable[[Sequence[Event]], Awaitable[object]]
-
-
 CONFIG_SUBJECT = "config"
 
 
@@ -550,7 +547,7 @@ def configured_pools(pools: Sequence[PoolSpec]) -> tuple[ConfiguredPool, ...]:
                  for pool in sorted(pools, key=lambda pool: pool.name))
 
 
-def leader_sink(reconciler: Reconciler, term: LeaderTerm) -> Sink:
+def leader_sink(reconciler: Reconciler, term: LeaderTerm) -> EventSink:
     """The EventSink given to sources during a leadership term."""
 
     async def sink(events: Sequence[Event]) -> object:
