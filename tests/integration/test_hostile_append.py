@@ -116,6 +116,8 @@ async def test_refused_appends_make_readyz_503_and_the_leader_step_down() -> Non
             assert leadership is not None
             await _until("the refused leader stepping down",
                          lambda: not leadership.leading(), 30)
+            assert leader.metrics.terms_ended.labels(
+                cause="appends_refused")._value.get() == 1
             # ... and the healthy standby takes over and records the change.
             await _until("the standby leading", standby.is_leader, 30)
             # (No pools are configured: the nodes are folded as unpooled records.)
