@@ -53,7 +53,7 @@ class Trace:
 
     def install(self) -> None:
         from sunkd.api.hooks import HookEndpoint
-        from sunkd.runtime import engine as engine_module
+        from sunkd.runtime import reconciler as reconciler_module
         from sunkd.runtime.executor import ActuatorExecutor
         from sunkd.store.eventlog import EventLog
 
@@ -126,8 +126,8 @@ class Trace:
         wrap(SlurmSource, "poll_once", observe("poll"))
         wrap(HookEndpoint, "handle", handle)
         wrap(EventLog, "append", append)
-        wrap(engine_module.Engine, "_apply", apply)
-        wrap(engine_module, "decide", decide)
+        wrap(reconciler_module.Reconciler, "_apply", apply)
+        wrap(reconciler_module, "decide", decide)
         wrap(ActuatorExecutor, "execute", execute)
 
     def uninstall(self) -> None:

@@ -134,7 +134,7 @@ from sunkd.domain.state import fold
 from sunkd.kubernetes.client import KubeClient, nodesets
 from sunkd.kubernetes.source import KubernetesSource
 from sunkd.runtime.config import SlurmSettings
-from sunkd.runtime.engine import load_state
+from sunkd.runtime.reconciler import load_state
 from sunkd.slurm.model import SlurmJob, SlurmNode
 from sunkd.slurm.source import SlurmSource
 from sunkd.store.eventlog import EventLog

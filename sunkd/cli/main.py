@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     topology_render.set_defaults(handler=_optional("sunkd.cli.topology", "cmd_topology_render"))
     topology_arguments(topology_render)
 
-    run = add("run", _optional("sunkd.runtime.daemon", "cmd_run"), "run the daemon")
+    run = add("run", _optional("sunkd.cli.run", "cmd_run"), "run the daemon")
     database(run)
     run.add_argument("--listen", metavar="HOST:PORT", help="HTTP address (default 127.0.0.1:8080)")
     run.add_argument("--tls-cert", type=Path, metavar="PEM",

@@ -23,7 +23,7 @@ from sunkd.domain.policy import effective_pools, membership, unpooled_marks
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import EMPTY, ClusterState, fold
 from sunkd.runtime.config import Settings, pool_spec
-from sunkd.runtime.engine import ArchivedLogError, load_state
+from sunkd.runtime.reconciler import ArchivedLogError, load_state
 from sunkd.store import archive
 from sunkd.store.eventlog import EventLog
 from sunkd.store.projections import CorruptRow

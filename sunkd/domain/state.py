@@ -351,6 +351,11 @@ class ClusterState:
             and health.epoch >= self.leader_epoch
         )
 
+    def sources_fresh(self) -> bool:
+        """Both sources fresh in the current term: what deciding anything, running the
+        previous term's actions and a Nodeset's Ready condition all wait for."""
+        return self.source_fresh(OWNER_SLURM) and self.source_fresh(OWNER_KUBERNETES)
+
     def pending_actions(self) -> list[OpenAction]:
         """Requested actions without an outcome, oldest first (what the outbox runs)."""
         pending = [a for node in self.nodes.values() for a in node.open_actions.values()]

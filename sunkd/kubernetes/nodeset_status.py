@@ -96,11 +96,10 @@ def build_nodeset_status(
             entry["since"] = _rfc3339(node.since)
         entries.append(entry)
 
-    sources_fresh = all(state.source_fresh(source) for source in ("slurm", "kubernetes"))
     wanted = {
         wk.CONDITION_READY:
         ("True", wk.REASON_SOURCES_FRESH, "Slurm and Kubernetes observations are fresh")
-        if sources_fresh else
+        if state.sources_fresh() else
         ("False", wk.REASON_SOURCES_STALE, "a source is stale or lost: sunkd takes no action"),
         wk.CONDITION_PROGRESSING:
         ("True", wk.REASON_MOVING, f"{counts['moving']} node(s) changing owner")

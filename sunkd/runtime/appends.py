@@ -12,14 +12,12 @@ passed on untouched.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sunkd.domain.events import Event
+from sunkd.domain.ports import EventSink
 from sunkd.store.eventlog import StaleLeaderError
-
-Sink = Callable[[Sequence[Event]], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +34,8 @@ class AppendWatch:
         self._failing: dict[str, Refusal] = {}
         self._all_since: float | None = None  # every append of the process fails since
 
-    def wrap(self, source: str, sink: Sink) -> Sink:
-        async def watched(events: Sequence[Event]) -> Any:
+    def wrap(self, source: str, sink: EventSink) -> EventSink:
+        async def watched(events: Sequence[Event]) -> object:
             try:
                 result = await sink(events)
             except StaleLeaderError:

@@ -281,22 +281,20 @@ async def test_a_daemon_follows_and_restarts_across_an_archive(database_url: str
     """The daemon's log guard (a recreated database stops it) identifies the log by its
     first event, which the archive removes: it must see the same log afterwards; and a
     restart loads the base (or a later) snapshot plus the tail, equal to the whole fold."""
-    from sunkd.runtime.config import Settings
-    from sunkd.runtime.daemon import Daemon
-    from sunkd.runtime.engine import Engine
+    from sunkd.runtime.logguard import LogGuard
+    from sunkd.runtime.reconciler import Reconciler
 
     log = await seeded(database_url)
     try:
         whole = fold(await all_events(log))
-        daemon = Daemon(Settings(database_url=database_url))
-        daemon.event_log = log
-        daemon.engine = Engine(log)
-        await daemon.engine.load()
-        await daemon.check_log()  # records the identity
+        reconciler = Reconciler(log)
+        await reconciler.load()
+        guard = LogGuard(log, folded=lambda: reconciler.state.last_seq)
+        await guard.check()  # records the identity
         result = await archive.archive(log, tmp_path, upto_seq=await log.latest_seq() - 5)
         assert result is not None
-        await daemon.check_log()  # would raise LogWentBackwardsError: "log was replaced"
-        restarted = Engine(log)
+        await guard.check()  # would raise LogWentBackwardsError: "log was replaced"
+        restarted = Reconciler(log)
         await restarted.load()
         assert state_to_json(fold([], restarted.state))["nodes"] == \
             state_to_json(whole)["nodes"]
@@ -308,7 +306,7 @@ async def test_no_fold_from_nothing_on_an_archived_log(database_url: str,
                                                        tmp_path: Path) -> None:
     """Without a readable snapshot covering the archived range, loading refuses instead
     of folding the live tail onto an empty state (a state without that history)."""
-    from sunkd.runtime.engine import ArchivedLogError, load_state
+    from sunkd.runtime.reconciler import ArchivedLogError, load_state
 
     log = await seeded(database_url)
     try:

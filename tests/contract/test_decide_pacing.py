@@ -1,5 +1,5 @@
 """The leader spends at most DECIDE_SHARE of its time in `decide`: after a decide that
-took d seconds the next one waits 2d (sunkd/runtime/engine.py says why), except the
+took d seconds the next one waits 2d (sunkd/runtime/reconciler.py says why), except the
 first decide on a view with both sources fresh. Gaps are asserted from below; the one
 bound from above (the unpaced decide) has a margin of seconds against a 5 s pacing."""
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from sunkd.domain.events import Event, SourceHealth
-from sunkd.runtime import engine as engine_module
-from sunkd.runtime.engine import DECIDE_SHARE, Engine, LeaderTerm
+from sunkd.runtime import reconciler as reconciler_module
+from sunkd.runtime.reconciler import DECIDE_SHARE, LeaderTerm, Reconciler
 from sunkd.store.eventlog import EventLog
 
 DECIDE_S = 0.05
@@ -28,7 +28,7 @@ def _fresh(source: str) -> Event:
 async def test_decides_are_spaced_by_their_cost(database_url: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[float, float]] = []
-    real_decide = engine_module.decide
+    real_decide = reconciler_module.decide
 
     def slow_decide(*args: Any) -> Any:
         started = time.monotonic()
@@ -37,12 +37,12 @@ async def test_decides_are_spaced_by_their_cost(database_url: str,
         calls.append((started, time.monotonic()))
         return result
 
-    monkeypatch.setattr(engine_module, "decide", slow_decide)
+    monkeypatch.setattr(reconciler_module, "decide", slow_decide)
     log = await EventLog.open(database_url, migrate=True)
     try:
         lease = await log.acquire("leader", lease_seconds=60)
         assert lease is not None
-        engine = Engine(log, tick_seconds=0.02)
+        engine = Reconciler(log, tick_seconds=0.02)
         await engine.load()
         follow = asyncio.create_task(engine.follow())
         lead = asyncio.create_task(engine.lead(LeaderTerm(lease.epoch, lambda: True)))
@@ -73,7 +73,7 @@ async def test_the_first_decide_on_fresh_sources_is_not_paced(
     """The decides before both sources are fresh cannot act; pacing on their cost must not
     put off the first one that can (a restart's first decision waited up to 2d)."""
     calls: list[tuple[float, float]] = []
-    real_decide = engine_module.decide
+    real_decide = reconciler_module.decide
 
     def slow_decide(*args: Any) -> Any:
         started = time.monotonic()
@@ -82,14 +82,14 @@ async def test_the_first_decide_on_fresh_sources_is_not_paced(
         calls.append((started, time.monotonic()))
         return result
 
-    monkeypatch.setattr(engine_module, "decide", slow_decide)
+    monkeypatch.setattr(reconciler_module, "decide", slow_decide)
     # Pacing of 100 decides' cost (5 s) after each: unmistakable if it applies.
-    monkeypatch.setattr(engine_module, "DECIDE_SHARE", 1 / 101)
+    monkeypatch.setattr(reconciler_module, "DECIDE_SHARE", 1 / 101)
     log = await EventLog.open(database_url, migrate=True)
     try:
         lease = await log.acquire("leader", lease_seconds=60)
         assert lease is not None
-        engine = Engine(log, tick_seconds=0.02)
+        engine = Reconciler(log, tick_seconds=0.02)
         await engine.load()
         follow = asyncio.create_task(engine.follow())
         lead = asyncio.create_task(engine.lead(LeaderTerm(lease.epoch, lambda: True)))

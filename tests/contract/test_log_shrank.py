@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sunkd.domain.events import Event, SlurmNodeObserved
 from sunkd.domain.snapshot import state_to_json
 from sunkd.runtime.daemon import Daemon
-from sunkd.runtime.engine import load_state
+from sunkd.runtime.reconciler import load_state
 from sunkd.store.eventlog import EventLog, LogShrankError
 from tests.contract.test_roles import _admin
 from tests.integration.test_hostile_daemon import running, settings_for

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from sunkd.domain.events import ActionRequested, ActionSucceeded, Event, SourceHealth
 from sunkd.domain.state import NodeState, OpenAction
-from sunkd.runtime.engine import Engine, LeaderTerm
+from sunkd.runtime.reconciler import LeaderTerm, Reconciler
 from sunkd.store.eventlog import EventLog
 
 ACTIONS = 16  # the engine's default max_concurrent_actions
@@ -64,11 +64,12 @@ async def test_outcomes_finishing_together_share_transactions(database_url: str)
         seqs = await log.append([_fresh("slurm"), _fresh("kubernetes"), *requested],
                                 lease.epoch)
         executor = Barrier(ACTIONS)
-        engine = Engine(log, executor=executor, tick_seconds=0.05,
+        engine = Reconciler(log, tick_seconds=0.05,
                         max_concurrent_actions=ACTIONS)
         await engine.load()
         follow = asyncio.create_task(engine.follow())
-        lead = asyncio.create_task(engine.lead(LeaderTerm(lease.epoch, lambda: True)))
+        lead = asyncio.create_task(engine.lead(
+            LeaderTerm(lease.epoch, lambda: True, executor=executor)))
         try:
             await engine.wait_folded(seqs[-1])
             await asyncio.wait_for(all_appended.wait(), 20)

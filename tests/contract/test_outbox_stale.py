@@ -18,7 +18,7 @@ from sunkd.domain.events import (
     TransitionStarted,
 )
 from sunkd.domain.state import NodeState, OpenAction
-from sunkd.runtime.engine import Engine, LeaderTerm
+from sunkd.runtime.reconciler import LeaderTerm, Reconciler
 from sunkd.store.eventlog import EventLog
 
 
@@ -54,10 +54,11 @@ async def test_actions_of_an_ended_transition_are_closed_not_run(database_url: s
             _request("warn-3", "n3", "warn", None),
         ], lease.epoch)
         executor = Recording()
-        engine = Engine(log, executor=executor, tick_seconds=0.05)
+        engine = Reconciler(log, tick_seconds=0.05)
         await engine.load()
         follow = asyncio.create_task(engine.follow())
-        lead = asyncio.create_task(engine.lead(LeaderTerm(lease.epoch, lambda: True)))
+        lead = asyncio.create_task(engine.lead(
+            LeaderTerm(lease.epoch, lambda: True, executor=executor)))
         try:
             await log.append([Event(s, SourceHealth(source=s, status="fresh"))
                               for s in ("slurm", "kubernetes")], lease.epoch)

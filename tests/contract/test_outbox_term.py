@@ -10,7 +10,7 @@ import contextlib
 
 from sunkd.domain.events import ActionRequested, Event, SourceHealth
 from sunkd.domain.state import NodeState, OpenAction
-from sunkd.runtime.engine import Engine, LeaderTerm
+from sunkd.runtime.reconciler import LeaderTerm, Reconciler
 from sunkd.store.eventlog import EventLog
 
 
@@ -42,10 +42,11 @@ async def test_inherited_actions_wait_for_both_sources_in_the_new_term(
         new = await log.acquire("new", lease_seconds=60)
         assert new is not None
         executor = Recording()
-        engine = Engine(log, executor=executor, tick_seconds=0.05)
+        engine = Reconciler(log, tick_seconds=0.05)
         await engine.load()
         follow = asyncio.create_task(engine.follow())
-        lead = asyncio.create_task(engine.lead(LeaderTerm(new.epoch, lambda: True)))
+        lead = asyncio.create_task(engine.lead(
+            LeaderTerm(new.epoch, lambda: True, executor=executor)))
         try:
             await asyncio.sleep(1.0)
             assert executor.ran == []  # both sources' fresh reports are the old term's

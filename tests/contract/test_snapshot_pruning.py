@@ -30,11 +30,11 @@ async def test_the_engine_keeps_the_configured_number(database_url: str) -> None
     from dataclasses import replace
 
     from sunkd.domain.state import EMPTY
-    from sunkd.runtime.engine import Engine
+    from sunkd.runtime.reconciler import Reconciler
 
     log = await EventLog.open(database_url, migrate=True)
     try:
-        engine = Engine(log, snapshot_every=1, snapshots_kept=2)
+        engine = Reconciler(log, snapshot_every=1, snapshots_kept=2)
         for seq in (5, 9, 14, 20):
             await engine._maybe_snapshot(replace(EMPTY, last_seq=seq))
         assert await log.snapshot_seqs() == [14, 20]
@@ -56,22 +56,22 @@ async def test_a_big_snapshot_is_encoded_where_configured(
 
     from sunkd.domain.snapshot import state_to_json
     from sunkd.domain.state import EMPTY, NodeState
-    from sunkd.runtime import engine as engine_module
+    from sunkd.runtime import reconciler as reconciler_module
 
     forks: list[int] = []
-    real_encode_in_child = engine_module.encode_in_child
+    real_encode_in_child = reconciler_module.encode_in_child
 
     async def counting(encode: Any) -> Any:
         forks.append(1)
         return await real_encode_in_child(encode)
 
-    monkeypatch.setattr(engine_module, "encode_in_child", counting)
+    monkeypatch.setattr(reconciler_module, "encode_in_child", counting)
     nodes = {f"n{i:04d}": NodeState(name=f"n{i:04d}")
-             for i in range(engine_module.OFFLOAD_NODES)}
+             for i in range(reconciler_module.OFFLOAD_NODES)}
     state = replace(EMPTY, nodes=nodes, last_seq=10 * len(nodes))
     log = await EventLog.open(database_url, migrate=True)
     try:
-        engine = engine_module.Engine(log, snapshot_every=1, snapshot_in_child=in_child)
+        engine = reconciler_module.Reconciler(log, snapshot_every=1, snapshot_in_child=in_child)
         await engine._maybe_snapshot(state)
         assert forks == ([1] if in_child else [])
         latest = await log.latest_snapshot()

@@ -34,11 +34,11 @@ async def test_daemon_holds_and_releases_the_kubernetes_lease(kube: Kube, tmp_pa
             holder = lease["spec"].get("holderIdentity")
         except KubeApiError:
             holder = None
-        if holder == "replica-a" and daemon.may_act():
+        if holder == "replica-a" and daemon.is_leader():
             break
         await asyncio.sleep(0.1)
     assert holder == "replica-a"
-    assert daemon.may_act()
+    assert daemon.is_leader()
     daemon.stop_event.set()
     assert await asyncio.wait_for(task, 30) == 0
     released = await client.get(LEASES, "sunkd-leader", "sunkd")
@@ -59,10 +59,11 @@ async def test_daemon_node_events_are_accepted(kube: Kube, tmp_path: Path) -> No
     task = asyncio.create_task(daemon.run())
     try:
         deadline = time.monotonic() + 20
-        while daemon._kube_actuator is None and time.monotonic() < deadline:
+        while (daemon.term is None or daemon.term.kube_actuator is None) \
+                and time.monotonic() < deadline:
             assert not task.done(), task
             await asyncio.sleep(0.05)
-        actuator = daemon._kube_actuator
+        actuator = daemon.term.kube_actuator if daemon.term is not None else None
         assert actuator is not None, "the daemon never built its Kubernetes actuator"
         assert await actuator.record_event("n1", "SunkdProbe", "a probe") is True
     finally:

@@ -28,10 +28,10 @@ partitions = ["gpu"]
     task = asyncio.create_task(daemon.run())
     try:
         deadline = time.monotonic() + 20
-        while daemon.engine is None or not daemon.engine.config_pools:
+        while daemon.reconciler is None or not daemon.reconciler.config_pools:
             assert time.monotonic() < deadline and not task.done()
             await asyncio.sleep(0.05)
-        assert [p.name for p in daemon.engine.config_pools] == ["gpu-a"]
+        assert [p.name for p in daemon.reconciler.config_pools] == ["gpu-a"]
         # The leader records its config pools in the log: the fold knows every pool.
         while daemon.state().configured_pools is None:
             assert time.monotonic() < deadline and not task.done()
@@ -40,10 +40,10 @@ partitions = ["gpu"]
 
         config.write_text(config.read_text() + '[[pools]]\nname = "cpu-b"\nmax_in_flight = 3\n')
         os.kill(os.getpid(), signal.SIGHUP)
-        while [p.name for p in daemon.engine.config_pools] != ["gpu-a", "cpu-b"]:
+        while [p.name for p in daemon.reconciler.config_pools] != ["gpu-a", "cpu-b"]:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
-        assert daemon.engine.config_pools[1].ownership.max_in_flight == 3
+        assert daemon.reconciler.config_pools[1].ownership.max_in_flight == 3
         while [p.name for p in daemon.state().configured_pools or ()] != ["cpu-b", "gpu-a"]:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
@@ -51,7 +51,7 @@ partitions = ["gpu"]
         config.write_text("[[pools]]\nname = 'x'\nprefer = 'Nobody'\n")  # invalid
         os.kill(os.getpid(), signal.SIGHUP)
         await asyncio.sleep(0.3)
-        assert [p.name for p in daemon.engine.config_pools] == ["gpu-a", "cpu-b"]
+        assert [p.name for p in daemon.reconciler.config_pools] == ["gpu-a", "cpu-b"]
     finally:
         daemon.stop_event.set()
         assert await asyncio.wait_for(task, 30) == 0

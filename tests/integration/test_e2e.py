@@ -175,7 +175,7 @@ async def read_all(database_url: str) -> list[RecordedEvent]:
 
 
 async def current_state(database_url: str) -> ClusterState:
-    from sunkd.runtime.engine import load_state
+    from sunkd.runtime.reconciler import load_state
 
     event_log = await EventLog.open(database_url)
     try:

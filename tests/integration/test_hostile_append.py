@@ -112,7 +112,12 @@ async def test_refused_appends_make_readyz_503_and_the_leader_step_down() -> Non
             body = str(seen["readyz"])
             assert "append" in body and "permission denied" in body, body
             # A leader that cannot append for a lease's length gives up the lease...
-            await _until("the refused leader stepping down", lambda: not leader.leading, 30)
+            leadership = leader.leadership
+            assert leadership is not None
+            await _until("the refused leader stepping down",
+                         lambda: not leadership.leading(), 30)
+            assert leader.metrics.terms_ended.labels(
+                cause="appends_refused")._value.get() == 1
             # ... and the healthy standby takes over and records the change.
             await _until("the standby leading", standby.is_leader, 30)
             # (No pools are configured: the nodes are folded as unpooled records.)

@@ -168,6 +168,9 @@ async def test_stepped_down_says_why_leadership_was_lost(sqlite_url: str) -> Non
     (stepped,) = [entry for entry in logs if entry["event"] == "daemon.stepped_down"][:1]
     assert "deposed" in stepped.get("reason", ""), stepped
     assert "usurper" in stepped["reason"]
+    # The cause is the label of sunkd_leader_terms_ended_total, counted once.
+    assert stepped["cause"] == "deposed", stepped
+    assert daemon.metrics.terms_ended.labels(cause="deposed")._value.get() == 1
 
 
 async def test_tls_cert_and_key_serve_https(sqlite_url: str, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sunkd.domain.events import Event, SlurmNodeObserved
-from sunkd.runtime import engine as engine_module
+from sunkd.runtime import reconciler as reconciler_module
 from sunkd.runtime.config import KubernetesSettings, PoolSettings, Settings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
 from sunkd.store.eventlog import EventLog
@@ -89,8 +89,8 @@ async def test_one_leader_term_for_the_whole_run_under_load(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Snapshots are part of the load: every `snapshot_every` events, not the engine's
-    # production cadence of 10 events a node (runtime/engine.py, 40,000 events here).
-    monkeypatch.setattr(engine_module, "SNAPSHOT_EVENTS_PER_NODE", 0)
+    # production cadence of 10 events a node (runtime/reconciler.py, 40,000 events here).
+    monkeypatch.setattr(reconciler_module, "SNAPSHOT_EVENTS_PER_NODE", 0)
     log = await EventLog.open(database_url, migrate=True)
     await log.close()
     rng = random.Random(15)
@@ -111,10 +111,11 @@ async def test_one_leader_term_for_the_whole_run_under_load(
                 assert time.monotonic() < deadline and not task.done(), \
                     f"never became a ready leader: {daemon.is_ready()}"
                 await asyncio.sleep(0.1)
-            assert daemon.lease is not None
-            epoch = daemon.lease.epoch
-            assert daemon.engine is not None
-            snapshot_before = daemon.engine._last_snapshot_seq
+            leadership, reconciler = daemon.leadership, daemon.reconciler
+            assert leadership is not None and leadership.lease is not None
+            epoch = leadership.lease.epoch
+            assert reconciler is not None
+            snapshot_before = reconciler._last_snapshot_seq
             appended = [0]
             load.append(asyncio.create_task(_churn(fake, stop, rng)))
             load.extend(asyncio.create_task(_writer(daemon, epoch, stop, rng, appended))
@@ -127,10 +128,10 @@ async def test_one_leader_term_for_the_whole_run_under_load(
                 for writer in load:
                     if writer.done():
                         writer.result()  # a StaleLeaderError here: the term ended
-                lease = daemon.lease
+                lease = leadership.lease
                 assert lease is not None and lease.epoch == epoch, \
-                    f"the term ended: lease {lease}, renew error {daemon._last_renew_error}"
-                if not daemon.may_act():
+                    f"the term ended: lease {lease}, renew error {leadership.last_renew_error}"
+                if not leadership.may_act():
                     not_acting += 0.25
             stop.set()
             await asyncio.gather(*load)
@@ -140,7 +141,7 @@ async def test_one_leader_term_for_the_whole_run_under_load(
             assert terms_ended == 0
             assert daemon.metrics.acquire_failures._value.get() == 0
             assert appended[0] > 2000  # load happened, snapshots with it
-            assert daemon.engine._last_snapshot_seq > snapshot_before
+            assert reconciler._last_snapshot_seq > snapshot_before
             # Renewals were never late enough to stop acting for long.
             assert not_acting <= 2.0, f"not acting for {not_acting} s of {RUN_SECONDS}"
         finally:

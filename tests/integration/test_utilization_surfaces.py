@@ -16,7 +16,7 @@ from sunkd.api.app import api_pools, build_app
 from sunkd.api.metrics import Metrics
 from sunkd.domain.events import Event, SlurmNodeObserved
 from sunkd.domain.state import fold
-from sunkd.runtime.engine import Engine
+from sunkd.runtime.reconciler import Reconciler
 from sunkd.store.eventlog import EventLog
 from sunkd.store.utilization import RollingUtilization, utilization
 from tests.contract.test_audit_utilization import seed_with_work
@@ -68,7 +68,7 @@ async def test_engine_seeds_the_counter_from_the_loaded_state(sqlite_url: str) -
     six = T0 + timedelta(hours=6)
     metrics = Metrics()
     log = await open_clocked(sqlite_url, six)
-    engine = Engine(log, observer=metrics, clock=six.timestamp)
+    engine = Reconciler(log, observer=metrics, clock=six.timestamp)
     try:
         await engine.load()
         pools = [p.spec for p in api_pools(engine.state)]

@@ -5,7 +5,7 @@ events would write ~30 MB per 1,000 events (seen by bench/scale.py: 110 snapshot
 from __future__ import annotations
 
 from sunkd.domain.state import ClusterState, NodeState, UnpooledNode
-from sunkd.runtime.engine import SNAPSHOT_EVENTS_PER_NODE, snapshot_interval
+from sunkd.runtime.reconciler import SNAPSHOT_EVENTS_PER_NODE, snapshot_interval
 
 
 def _state(pooled: int, unpooled: int) -> ClusterState:

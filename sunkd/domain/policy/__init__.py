@@ -85,7 +85,7 @@ from sunkd.domain.policy.pool import _plan_pool
 from sunkd.domain.policy.reclaim import reclaim_grace_started_at
 from sunkd.domain.policy.repair import _report_overlap
 from sunkd.domain.policy.transitions import stale_action
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
+from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState
 
 __all__ = [
     "FAIR_SHARE",
@@ -141,7 +141,7 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
     Nodes in no pool get no decisions; a node in a transition whose pool disappeared
     keeps being driven with default knobs until the transition ends.
     """
-    if not (state.source_fresh(OWNER_SLURM) and state.source_fresh(OWNER_KUBERNETES)):
+    if not state.sources_fresh():
         # Nothing at all is decided then (each step checks it again per node); saying so
         # first keeps a restart's catch-up, which folds hundreds of outcomes before the
         # Kubernetes LIST is back, from paying for membership on every one of them.
@@ -169,7 +169,7 @@ def _forget_gone(planner: _Planner, state: ClusterState, pooled: Set[str]) -> No
     open on them, not while an operator's pin names them, not while they carry a mark
     sunkd made (`unpooled_marks`), and only while both sources are fresh in this term
     (decisions need that, always)."""
-    if not (state.source_fresh("slurm") and state.source_fresh("kubernetes")):
+    if not state.sources_fresh():
         return
     for name in sorted(state.nodes):
         node = state.nodes[name]

@@ -112,7 +112,7 @@ def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, .
     settled owner (`_repair_while_held`: a lent node drained again, pods evicted from a
     Slurm-owned one), as for a node of one pool; nothing else (no move, no mirror)."""
     state = planner.state
-    if not (state.source_fresh(OWNER_SLURM) and state.source_fresh(OWNER_KUBERNETES)):
+    if not state.sources_fresh():
         return
     if node.k8s is None:
         return

@@ -1,17 +1,18 @@
-"""The engine: fold the log into state, decide, append decisions, run the outbox.
+"""The reconciler: fold the log into state, decide, append decisions, run the outbox.
 
-One `Engine` lives for the whole process. It always *follows* the log (standbys keep
-their read models and API current), and while the process holds the leadership
-lease it also *leads*: it calls the pure policy, appends the decisions (fenced by the
-leader epoch), and executes requested actions through an `ActionExecutor`, appending
-each outcome with `causation_seq` pointing at the request.
+One `Reconciler` lives for the whole process. It always *follows* the log (standbys
+keep their read models and API current), and while the process holds the leadership
+lease it also *leads* one term at a time: it calls the pure policy, appends the
+decisions (fenced by the leader epoch), and executes requested actions through the
+term's `ActionExecutor` (a term brings its own actuators: `LeaderTerm.executor`),
+appending each outcome with `causation_seq` pointing at the request.
 
 Crash safety comes from the log: an action is first appended as `action.requested`,
 then executed, then its outcome appended. After a crash the fold still shows it
 pending, and the next leader executes it again; every action is idempotent, so the
 worst case is a harmless repeat (docs/architecture.md).
 
-Determinism: the policy derives ids from `state.last_seq`, so the engine decides only
+Determinism: the policy derives ids from `state.last_seq`, so the reconciler decides only
 on a state that includes everything it appended itself (no decision is made twice
 from the same position).
 """
@@ -23,9 +24,9 @@ import contextlib
 import functools
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -38,18 +39,17 @@ from sunkd.domain.events import (
     RecordedEvent,
 )
 from sunkd.domain.policy import (
+    Decision,
     PoolSpec,
     decide,
     decision_to_event,
     effective_pools,
     stale_action,
 )
-from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.domain.ports import ActionError, EventSink, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
 from sunkd.domain.state import (
     EMPTY,
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
     ClusterState,
     NodeState,
     OpenAction,
@@ -130,7 +130,7 @@ class ActionExecutor(Protocol):
     async def execute(self, action: OpenAction, node: NodeState | None) -> bool: ...
 
 
-class EngineObserver(Protocol):
+class ReconcilerObserver(Protocol):
     """Hooks for metrics (`sunkd.api.metrics.Metrics` implements them): everything
     else, including action latency, is derived from the folded events themselves."""
 
@@ -143,18 +143,19 @@ class EngineObserver(Protocol):
 
 @dataclass
 class LeaderTerm:
-    """What the engine needs to act as leader: the epoch and a validity check that is
+    """What the reconciler needs to act as leader: the epoch, a validity check that is
     consulted before every side effect (a leader that cannot renew stops acting before
-    its lease can be taken over)."""
+    its lease can be taken over), and the term's executor (None: decide, run nothing)."""
 
     epoch: int
     may_act: Callable[[], bool]
     # Still the leader, only not acting for now (a clock skew beyond the bound): the term
     # idles instead of ending. Defaults to "no": a term that may not act ends.
     paused: Callable[[], bool] = lambda: False
+    executor: ActionExecutor | None = None
 
 
-class Engine:
+class Reconciler:
     def __init__(
         self,
         event_log: EventLog,
@@ -165,12 +166,10 @@ class Engine:
         snapshot_in_child: bool = False,
         tick_seconds: float = 1.0,
         max_concurrent_actions: int = 16,
-        executor: ActionExecutor | None = None,
-        observer: EngineObserver | None = None,
+        observer: ReconcilerObserver | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.event_log = event_log
-        self.executor = executor
         self.config_pools = tuple(config_pools)
         self.snapshot_every = snapshot_every
         self.snapshots_kept = snapshots_kept
@@ -302,8 +301,7 @@ class Engine:
                 # action belongs to), not of our outcomes: an outcome only finishes its
                 # action, which `_finished` skips. So freed slots refill while outcomes
                 # stream in.
-                if not caught_up and (state.source_fresh(OWNER_SLURM)
-                                      and state.source_fresh(OWNER_KUBERNETES)):
+                if not caught_up and state.sources_fresh():
                     caught_up = unpaced = True
                 if caught_up and state.last_seq >= self._decided_upto:
                     self._dispatch(state, term, outcomes)
@@ -345,7 +343,7 @@ class Engine:
         finally:
             if not self._quiesced:
                 # The term ended (deposed, lease running out): stop acting at once.
-                # A quiesced engine is being shut down gracefully by its owner, who
+                # A quiesced reconciler is being shut down gracefully by its owner, who
                 # lets in-flight actions finish first.
                 await self.drain_in_flight(grace_seconds=0)
 
@@ -375,7 +373,7 @@ class Engine:
                           outcomes: GroupAppender) -> None:
         if not term.may_act():
             return
-        executor = self.executor
+        executor = term.executor
         if executor is None:
             return
         node = self.state.nodes.get(action.node)
@@ -465,7 +463,7 @@ class Engine:
                  seconds=round(time.perf_counter() - started, 3))
 
 
-def _log_decisions(decisions: Sequence[Any]) -> None:
+def _log_decisions(decisions: Sequence[Decision]) -> None:
     for decision in decisions[:DECISIONS_LOGGED]:
         log.info("engine.decision", kind=type(decision).__name__, node=decision.node,
                  reason=decision.reason)
@@ -539,9 +537,6 @@ async def load_state(event_log: EventLog, *, from_snapshot: bool = True,
             state = replace(state, last_seq=max(state.last_seq, corrupt.row.seq))
 
 
-Sink = Callable[[Sequence[Event]], Awaitable[object]]
-
-
 CONFIG_SUBJECT = "config"
 
 
@@ -551,12 +546,12 @@ def configured_pools(pools: Sequence[PoolSpec]) -> tuple[ConfiguredPool, ...]:
                  for pool in sorted(pools, key=lambda pool: pool.name))
 
 
-def leader_sink(engine: Engine, term: LeaderTerm) -> Sink:
+def leader_sink(reconciler: Reconciler, term: LeaderTerm) -> EventSink:
     """The EventSink given to sources during a leadership term."""
 
     async def sink(events: Sequence[Event]) -> object:
         if not events:
             return []
-        return await engine.append(events, term)
+        return await reconciler.append(events, term)
 
     return sink
