@@ -33,6 +33,7 @@ from sunkd.kubernetes.client import (
     checked_name,
     parse_quantity,
 )
+from sunkd.kubernetes.slurmd_spec import parse_slurmd
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 
@@ -364,6 +365,8 @@ def slim_nodeset(obj: JSON) -> JSON:
     _mapping(spec.get("ownership"), "spec.ownership")
     try:
         nodeset = parse_nodeset(obj)
+    except MalformedObject:
+        raise  # names its field already (spec.slurmd)
     except (ValueError, TypeError, ArithmeticError, AttributeError) as error:
         raise MalformedObject("spec", f"does not parse: {error}") from None
     ownership = nodeset.ownership
@@ -474,15 +477,18 @@ def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
     if isinstance(partitions, str):
         partitions = [partitions]
     node_name_label = slurm.get("nodeNameLabel") or spec.get("nodeNameLabel")
+    meta = obj.get("metadata") or {}
     return K8sNodesetObserved(
         pool=pool_name(obj),
-        generation=_int((obj.get("metadata") or {}).get("generation"), 0),
+        generation=_int(meta.get("generation"), 0),
         node_selector=_labels(_selector_map(spec.get("nodeSelector"))),
         partitions=tuple(str(p) for p in partitions),
         node_name_label=str(node_name_label) if node_name_label else None,
         workload_selector=_labels(_selector_map(spec.get("workloadSelector"))),
         ownership=parse_ownership(spec.get("ownership")),
         deleted=deleted,
+        uid=str(meta.get("uid") or ""),
+        slurmd=parse_slurmd(spec.get("slurmd"), str(meta.get("name") or "")),
     )
 
 
