@@ -36,6 +36,7 @@ import structlog
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.ports import ActionError
+from sunkd.kubernetes import slurmd_actuator
 from sunkd.kubernetes.client import (
     EVENTS,
     JSON,
@@ -394,6 +395,12 @@ class KubernetesActuator:
                 f"sunkd evicted pod {namespace}/{pod} to reclaim the node",
             )
         return True
+
+    async def slurmd(self, verb: str, slurm_node: str, k8s_node: str,
+                     args: Mapping[str, str]) -> bool:
+        """Create or delete a Nodeset's slurmd pod (`kubernetes/slurmd_actuator.py`)."""
+        return await slurmd_actuator.act(self.client, self._check_leader, verb, slurm_node,
+                                         k8s_node, args)
 
     # -- Nodeset status -------------------------------------------------------------------
 

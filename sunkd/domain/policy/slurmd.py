@@ -138,12 +138,13 @@ def revision(spec: SlurmdSpec) -> str:
 
 def slurmd_args(step: SlurmdStep, nodeset: SlurmdNodeset) -> tuple[Label, ...]:
     """The `action.requested` args of a step: the log records exactly which pod was asked."""
-    args = [Label("k8s_node", step.k8s_node or ""), Label("pod", step.pod)]
+    args = [Label("k8s_node", step.k8s_node or ""), Label("pod", step.pod),
+            Label("nodeset", f"{nodeset.namespace}/{nodeset.name}"),
+            Label("nodeset_uid", nodeset.uid)]
     if step.verb == VERB_SLURMD_DELETE:
         return (*args, Label("pod_uid", step.uid),
                 Label("grace_seconds", str(nodeset.spec.termination_grace_seconds)))
-    return (*args, Label("nodeset", f"{nodeset.namespace}/{nodeset.name}"),
-            Label("nodeset_uid", nodeset.uid), Label("revision", revision(nodeset.spec)),
+    return (*args, Label("revision", revision(nodeset.spec)),
             Label("spec", spec_json(nodeset.spec)))
 
 
