@@ -1,11 +1,11 @@
 """A Nodeset with spec.slurmd on real kubelet Nodes: sunkd's plan and actuators bring up one
-slurmd pod per Slurm-owned node that registers with a real Slurm 22.05 slurmctld, and a
-lent node loses its pod only once Slurm reports it drained, idle and in contact.
+slurmd pod per Slurm-owned node that registers with a real slurmctld (22.05, 24.11, 26.05),
+and a lent node loses its pod only once Slurm reports it drained, idle and in contact.
 
 Real: the control plane and three kubelets with their containerds (sunkd_testbed.kubelet),
 the Nodeset CRD from manifests/, the Nodeset read back and parsed by sunkd's normalization,
 sunkd's KubeClient, KubernetesActuator (lock = the owner taint) and ActuatorExecutor
-(which asks slurmrestd again before a delete), slurmctld and slurmrestd of the host's 22.05.
+(which asks slurmrestd again before a delete), slurmctld and slurmrestd of each generation.
 Not yet the daemon: the test drives `policy.slurmd.plan` and the executor itself, with
 each node's ownership phase given (SLURM, then TO_K8S for the lend), because the daemon's
 wiring of the plan is not built (docs/nodeset.md, "Not built yet").
@@ -47,7 +47,7 @@ from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.kubernetes import available as plane_available
 from sunkd_testbed.slurm import SlurmCluster
 from tests.conftest import require
-from tests.integration.slurm_helpers import jwt_client, start_cluster
+from tests.integration.slurm_helpers import jwt_client, slurm_test_versions, start_cluster
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,18 +63,17 @@ def plane() -> Iterator[KubeControlPlane]:
         yield control_plane
 
 
-@pytest.fixture(scope="module")
-def slurm22() -> Image:
+def _image(version: str) -> Image:
     try:
-        return images_mod.slurm_image("22.05")
+        return images_mod.slurm_image(version)
     except ImageError as error:
         require(False, str(error))
         raise
 
 
 @pytest.fixture(scope="module")
-def bed(plane: KubeControlPlane, slurm22: Image) -> Iterator[KubeletNodes]:
-    nodes = KubeletNodes(plane, NODES_N, pause=images_mod.pause_image(), images=[slurm22])
+def bed(plane: KubeControlPlane) -> Iterator[KubeletNodes]:
+    nodes = KubeletNodes(plane, NODES_N, pause=images_mod.pause_image())
     nodes.start()
     try:
         yield nodes
@@ -82,9 +81,16 @@ def bed(plane: KubeControlPlane, slurm22: Image) -> Iterator[KubeletNodes]:
         nodes.stop()
 
 
-@pytest.fixture(scope="module")
-def cluster(bed: KubeletNodes) -> Iterator[SlurmCluster]:
-    yield from start_cluster(f"node[1-{NODES_N}]")
+@pytest.fixture(params=slurm_test_versions())
+def generation(request: pytest.FixtureRequest, bed: KubeletNodes) -> Iterator[
+        tuple[SlurmCluster, Image]]:
+    """A Slurm cluster of one generation (22.05: the host's packages; 24.11 and 26.05 from
+    their Debian roots) and its slurmd image, imported into every Node."""
+    version: str = request.param
+    image = _image(version)
+    bed.import_images([image])
+    yield from ((cluster, image) for cluster in start_cluster(
+        f"node[1-{NODES_N}]", version=version))
 
 
 def _slurmd_started(cluster: SlurmCluster, node: str) -> str:
@@ -134,8 +140,9 @@ def _action(step: SlurmdStep, nodeset: SlurmdNodeset) -> OpenAction:
 
 
 async def test_nodeset_slurmd_pods_register_and_a_lend_deletes_only_after_the_drain(
-    bed: KubeletNodes, plane: KubeControlPlane, slurm22: Image, cluster: SlurmCluster
+    bed: KubeletNodes, plane: KubeControlPlane, generation: tuple[SlurmCluster, Image]
 ) -> None:
+    cluster, image = generation
     plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
     plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
                   "--timeout=60s")
@@ -144,7 +151,7 @@ async def test_nodeset_slurmd_pods_register_and_a_lend_deletes_only_after_the_dr
         cluster.kill_slurmd(name, sig=signal.SIGTERM)
     await asyncio.sleep(1.1)  # a pod's slurmd starts in a later second than the host's
     applied = time.monotonic()
-    plane.kubectl("apply", "-f", "-", input=json.dumps(_nodeset(slurm22, cluster)))
+    plane.kubectl("apply", "-f", "-", input=json.dumps(_nodeset(image, cluster)))
     async with await KubeClient.connect(str(plane.kubeconfig)) as client, \
             jwt_client(cluster) as slurm:
         obj = await client.get(NODESETS, "pods", "default")
@@ -208,4 +215,7 @@ async def test_nodeset_slurmd_pods_register_and_a_lend_deletes_only_after_the_dr
               f"({from_create} s after the creates); a "
               f"lent node's pod gone {deleted} s after Slurm reported it drained")
         plane.kubectl("delete", "nodeset", "pods", "--wait=true", "--timeout=60s")
+        # The garbage collector deletes the Nodeset's pods (its dependents).
+        bed.wait("the Nodeset's pods gone",
+                 lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
 
