@@ -109,6 +109,11 @@ class PodRef:
     phase: str = "Pending"
     uid: str = ""  # metadata.uid: evictions are preconditioned on it (a re-created pod differs)
     pool_pod: bool = True  # matches the pool's workload selector; False: any other pod there
+    # The Slurm node this pod is sunkd's slurmd pod for (Nodeset spec.slurmd): its
+    # controller owner reference names a Nodeset the source knows, by uid, and its labels
+    # name that Nodeset and the node. "" for every other pod, an impostor with the labels
+    # included. Judged by the Kubernetes source (kubernetes/source.py).
+    slurmd: str = ""
 
 
 @dataclass(frozen=True, slots=True)

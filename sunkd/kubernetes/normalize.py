@@ -229,6 +229,10 @@ class PodFacts:
     pending_unschedulable: bool
     requests: tuple[int, int, int]  # (cpu millis, memory bytes, GPUs): `pod_requests`
     labels: Mapping[str, Any]  # shared between pods with the same labels: never mutate
+    # A pod that says it is a Nodeset's slurmd pod: (controller owner uid, the Nodeset named
+    # by its label, the Slurm node named by its annotation). The source believes it only
+    # for a Nodeset it knows by that uid and name (`slurmd_claim`). None for every other pod.
+    slurmd_claim: tuple[str, str, str] | None = None
 
 
 # Label maps are shared between pods that carry the same labels (a Deployment's replicas):
@@ -313,7 +317,30 @@ def slim_pod(obj: JSON) -> PodFacts:
         pending_unschedulable=pod_is_pending_unschedulable(obj),
         requests=_shared_requests(pod_requests(obj)),
         labels=shared_labels(_mapping(meta.get("labels"), "metadata.labels")),
+        slurmd_claim=slurmd_claim(meta),
     )
+
+
+def slurmd_claim(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(owner uid, Nodeset name, Slurm node) of a pod labelled as a Nodeset's slurmd pod
+    whose controller owner reference is a Nodeset; None otherwise (most pods: one lookup)."""
+    labels = meta.get("labels")
+    nodeset = labels.get(wk.LABEL_SLURMD_NODESET) if isinstance(labels, Mapping) else None
+    if type(nodeset) is not str:
+        return None
+    annotations = meta.get("annotations")
+    node = annotations.get(wk.ANNOTATION_SLURMD_NODE) if isinstance(annotations, Mapping) \
+        else None
+    owners = meta.get("ownerReferences")
+    if type(node) is not str or not isinstance(owners, list):
+        return None
+    for owner in owners:
+        if isinstance(owner, Mapping) and owner.get("controller") is True \
+                and owner.get("kind") == wk.NODESET_KIND \
+                and str(owner.get("apiVersion") or "").startswith(f"{wk.GROUP}/") \
+                and owner.get("name") == nodeset and type(owner.get("uid")) is str:
+            return (sys.intern(owner["uid"]), sys.intern(nodeset), sys.intern(node))
+    return None
 
 
 def pod_version(pod: PodFacts) -> str:

@@ -1,0 +1,47 @@
+"""sunkd's own slurmd pod is Slurm's daemon, not a pod beside Slurm: `running_pods` leaves
+it out (so it is no conflict, no reason to wait before a resume, and never evicted), while
+a slurmd pod of another node and an impostor (reported with `slurmd=""`) count. And the
+pod's claim is read from its metadata only when a Nodeset is its controller owner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sunkd.domain.events import PodRef, SlurmdSpec
+from sunkd.domain.ownership import no_pods, running_pods
+from sunkd.domain.state import NodeState
+from sunkd.kubernetes.normalize import slim_pod, slurmd_claim
+from sunkd.kubernetes.slurmd_pod import render
+
+
+def test_own_slurmd_pod_is_no_running_pod() -> None:
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    node = NodeState(name="n1", pods=(own,))
+    assert running_pods(node) == [] and no_pods(node)
+    other = PodRef("hpc", "gpu-n2", "Running", uid="u2", pool_pod=False, slurmd="n2")
+    impostor = PodRef("hpc", "impostor", "Running", uid="u3", pool_pod=False)
+    node = NodeState(name="n1", pods=(own, other, impostor))
+    assert running_pods(node) == ["hpc/gpu-n2", "hpc/impostor"] and not no_pods(node)
+    assert not no_pods(NodeState(name="n1", pods=None))  # unknown stays unknown
+
+
+def pod(**meta: Any) -> dict[str, Any]:
+    obj = render(SlurmdSpec(image="i"), nodeset="gpu", namespace="hpc", nodeset_uid="U",
+                 slurm_node="n1", k8s_node="k1", name="gpu-n1")
+    obj["metadata"].update(meta)
+    obj["metadata"]["uid"] = "p1"
+    obj["status"] = {"phase": "Running"}
+    return obj
+
+
+def test_the_claim_needs_a_nodeset_as_controller_owner() -> None:
+    assert slim_pod(pod()).slurmd_claim == ("U", "gpu", "n1")
+    assert slim_pod(pod(ownerReferences=[])).slurmd_claim is None
+    wrong_kind = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "gpu", "uid": "U",
+                   "controller": True}]
+    assert slim_pod(pod(ownerReferences=wrong_kind)).slurmd_claim is None
+    other_name = [{"apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset", "name": "cpu",
+                   "uid": "U", "controller": True}]
+    assert slim_pod(pod(ownerReferences=other_name)).slurmd_claim is None
+    assert slurmd_claim({"labels": {"app": "x"}}) is None
+    assert slurmd_claim({"labels": {"sunkd.io/slurmd-nodeset": "gpu"}, "annotations": 5}) is None
