@@ -6,7 +6,6 @@ counts sunkd's own pod as a pod beside Slurm (`ownership.running_pods`)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -14,10 +13,9 @@ import pytest
 from sunkd.domain.events import K8sWorkloadObserved, SlurmdSpec
 from sunkd.kubernetes.client import PODS, KubeClient, ResourceType
 from sunkd.kubernetes.slurmd_pod import render
-from sunkd.kubernetes.source import KubernetesSource
 
 from .kube_backends import Kube
-from .kube_helpers import ListSink, create_node, ensure_namespace, install_crd, nodeset_body
+from .kube_helpers import create_node, ensure_namespace, install_crd, nodeset_body, running_source
 
 SPEC = SlurmdSpec(image="localhost/sunkd-slurmd:22.05", image_pull_policy="Never")
 
@@ -49,18 +47,9 @@ async def test_own_slurmd_pods_are_told_from_impostors(
     await api.create(PODS, pod("gpu-gpu1"), "hpc")
     await api.create(PODS, pod("impostor", owner=False), "hpc")
     await api.create(PODS, pod("for-another-node", slurm_node="gpu9"), "hpc")
-    sink = ListSink()
-    source = KubernetesSource(api, sink, nodeset_resource=rt)
-    stop = asyncio.Event()
-    task = asyncio.create_task(source.run(stop))
-    try:
-        await source.wait_synced(10)
-        await source.wait_idle(10)
+    async with running_source(api, rt) as (_source, sink):
         (workload,) = [p for p in sink.payloads(K8sWorkloadObserved)
                        if isinstance(p, K8sWorkloadObserved) and p.node == "gpu1"]
         got = {ref.name: (ref.slurmd, ref.pool_pod) for ref in workload.pods}
         assert got == {"gpu-gpu1": ("gpu1", False), "impostor": ("", False),
                        "for-another-node": ("gpu9", False)}
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
