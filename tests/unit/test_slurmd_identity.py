@@ -45,3 +45,44 @@ def test_the_claim_needs_a_nodeset_as_controller_owner() -> None:
     assert slim_pod(pod(ownerReferences=other_name)).slurmd_claim is None
     assert slurmd_claim({"labels": {"app": "x"}}) is None
     assert slurmd_claim({"labels": {"sunkd.io/slurmd-nodeset": "gpu"}, "annotations": 5}) is None
+
+
+# ------------------------------------------------ the plan over the folded state
+
+def _folded(pods: tuple[PodRef, ...] | None, *, lent: bool = False, busy: bool = False) -> Any:
+    from sunkd.domain.events import K8sWorkloadObserved
+    from tests.unit.test_domain_policy import _cluster
+
+    log = _cluster(1, kubernetes=("n1",) if lent else ())
+    if busy:
+        from tests.unit.domain_world import slurm_obs
+        log.add(slurm_obs("n1", state="ALLOCATED", alloc_cpus=4), 2.0)
+    if pods is not None:
+        log.add(K8sWorkloadObserved(node="n1", pool="", pods=pods), 2.0)
+    return log.state()
+
+
+
+def _plan(state: Any) -> list[tuple[str, str]]:
+    from sunkd.domain.policy.slurmd import SlurmdNodeset, nodes_from_state, plan
+
+    nodeset = SlurmdNodeset("gpu", "hpc", "U", SlurmdSpec(image="i"))
+    nodes = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
+    return [(s.verb, s.pod) for s in plan(nodeset, nodes, 10.0, sources_fresh=True)]
+
+
+def test_from_the_fold_a_slurm_node_gets_its_pod_and_keeps_it_under_a_job() -> None:
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    assert _plan(_folded(())) == [("slurmd-create", "hpc/gpu-n1")]
+    assert _plan(_folded((own,))) == [("", "")]
+    # Busy with its own slurmd pod running: no conflict hold, nothing to do.
+    assert _plan(_folded((own,), busy=True)) == [("", "")]
+    # Busy beside an impostor: a conflict (HELD), nothing created or deleted.
+    impostor = PodRef("hpc", "gpu-n1", "Running", uid="u9", pool_pod=False)
+    assert _plan(_folded((impostor,), busy=True)) == [("", "")]
+
+
+def test_from_the_fold_a_lent_drained_node_loses_its_pod() -> None:
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    assert _plan(_folded((own,), lent=True)) == [("slurmd-delete", "hpc/gpu-n1")]
+    assert _plan(_folded((), lent=True)) == [("", "")]

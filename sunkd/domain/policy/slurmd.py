@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import Label, SlurmdSpec, SlurmNodeObserved
+from sunkd.domain.events import K8sNodesetObserved, Label, PodRef, SlurmdSpec, SlurmNodeObserved
+from sunkd.domain.ownership import assess, has_owner_taint
 from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
-from sunkd.domain.state import Phase
+from sunkd.domain.state import ClusterState, NodeState, Phase
 
 VERB_SLURMD_CREATE = "slurmd-create"  # kubernetes; args below (`slurmd_args`)
 VERB_SLURMD_DELETE = "slurmd-delete"  # kubernetes; args `pod`, `pod_uid`, `grace_seconds`
@@ -262,4 +263,41 @@ def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode],
             out["ready"] += pod.phase == "Running"
             out["registered"] += pod.phase == "Running" and in_contact(node.slurm)
             out["updated"] += (current or {}).get(pod.key) == rev
+    return out
+
+
+# ------------------------------------------------------------------ from the folded state
+
+
+def nodeset_of(observed: K8sNodesetObserved) -> SlurmdNodeset | None:
+    """The plan's view of a Nodeset; None when it asks for no slurmd pods."""
+    if observed.slurmd is None or observed.deleted:
+        return None
+    namespace, _, name = observed.pool.partition("/")
+    return SlurmdNodeset(name, namespace, observed.uid, observed.slurmd)
+
+
+def _seen(ref: PodRef, nodeset: SlurmdNodeset) -> SeenPod:
+    """A reported pod as the plan sees it. The source judged `ref.slurmd` (the controller
+    owner is a Nodeset it knows by uid, the labels name it); a pod it did not is foreign.
+    The report has no deletion time: a terminating pod counts as running (the actuators
+    see the deletion and skip)."""
+    if not ref.slurmd:
+        return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase)
+    return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, nodeset_label=nodeset.name,
+                   slurm_node=ref.slurmd, controller_kind=wk.NODESET_KIND,
+                   controller_uid=nodeset.uid)
+
+
+def nodes_from_state(state: ClusterState, nodeset: SlurmdNodeset,
+                     members: Sequence[NodeState], now: float) -> list[SlurmdNode]:
+    """The pool's members as the plan sees them: the phase `ownership.assess` gives at
+    `now` (HELD and UNKNOWN included), Slurm's last observation, the owner taint, and the
+    pods their Kubernetes Node last reported (None: unknown)."""
+    out = []
+    for node in members:
+        pods = None if node.pods is None else tuple(_seen(ref, nodeset) for ref in node.pods)
+        out.append(SlurmdNode(
+            node.name, (node.k8s_name or node.name) if node.k8s is not None else None,
+            assess(state, node, now).phase, node.slurm, has_owner_taint(node.k8s), pods))
     return out
