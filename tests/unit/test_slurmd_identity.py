@@ -86,3 +86,29 @@ def test_from_the_fold_a_lent_drained_node_loses_its_pod() -> None:
     own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
     assert _plan(_folded((own,), lent=True)) == [("slurmd-delete", "hpc/gpu-n1")]
     assert _plan(_folded((), lent=True)) == [("", "")]
+
+
+def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
+    from sunkd.domain.events import K8sNodesetObserved, K8sWorkloadObserved
+    from sunkd.domain.policy import effective_pools
+    from sunkd.domain.policy.slurmd import revision
+    from sunkd.kubernetes.nodeset_status import build_nodeset_status
+    from tests.unit.domain_world import POOL, POOL_LABEL
+    from tests.unit.test_domain_policy import _cluster
+
+    log = _cluster(3, kubernetes=("n3",))
+    spec = SlurmdSpec(image="i")
+    log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
+                               partitions=("gpu",), slurmd=spec), 2.0)
+    own = PodRef("default", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    starting = PodRef("default", "gpu-n2", "Pending", uid="u2", pool_pod=False, slurmd="n2")
+    log.add(K8sWorkloadObserved(node="n1", pool="", pods=(own,)), 3.0)
+    log.add(K8sWorkloadObserved(node="n2", pool="", pods=(starting,)), 3.0)
+    state = log.state()
+    status = build_nodeset_status(state, effective_pools(state), POOL, 1, 10.0)
+    assert status["slurmd"] == {"desired": 2, "current": 2, "ready": 1, "registered": 1,
+                                "revision": revision(spec)}
+    log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
+                               partitions=("gpu",)), 4.0)
+    state = log.state()
+    assert "slurmd" not in build_nodeset_status(state, effective_pools(state), POOL, 1, 10.0)

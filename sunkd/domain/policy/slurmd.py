@@ -251,9 +251,11 @@ def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode],
            current: Mapping[str, str] | None = None) -> dict[str, int]:
     """status.slurmd: desired (Slurm-owned nodes), current (own live pods), ready
     (Running), registered (Running and Slurm in contact), updated (of this revision;
-    `current` maps pod key -> its revision annotation)."""
+    `current` maps pod key -> its revision annotation; left out without it)."""
     rev = revision(nodeset.spec)
     out = {"desired": 0, "current": 0, "ready": 0, "registered": 0, "updated": 0}
+    if current is None:  # pod revisions not known: say nothing rather than 0
+        del out["updated"]
     for node in nodes:
         out["desired"] += node.phase in _WANTED
         for pod in node.pods or ():
@@ -262,7 +264,8 @@ def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode],
             out["current"] += 1
             out["ready"] += pod.phase == "Running"
             out["registered"] += pod.phase == "Running" and in_contact(node.slurm)
-            out["updated"] += (current or {}).get(pod.key) == rev
+            if current is not None:
+                out["updated"] += current.get(pod.key) == rev
     return out
 
 
