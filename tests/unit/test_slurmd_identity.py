@@ -1,17 +1,40 @@
 """sunkd's own slurmd pod is Slurm's daemon, not a pod beside Slurm: `running_pods` leaves
 it out (so it is no conflict, no reason to wait before a resume, and never evicted), while
-a slurmd pod of another node and an impostor (reported with `slurmd=""`) count. And the
-pod's claim is read from its metadata only when a Nodeset is its controller owner."""
+a slurmd pod of another node and an impostor (reported with `slurmd=""`) count. The pod's
+claim is read from its metadata only when a Nodeset is its controller owner. Over the
+folded state: the plan's view (`nodes_from_state`), the Nodeset's `status.slurmd`, and the
+executor refusing a delete it cannot confirm with Slurm."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sunkd.domain.events import PodRef, SlurmdSpec
+import pytest
+
+from sunkd.domain.events import (
+    K8sNodesetObserved,
+    K8sWorkloadObserved,
+    Label,
+    PodRef,
+    SlurmdSpec,
+)
 from sunkd.domain.ownership import no_pods, running_pods
-from sunkd.domain.state import NodeState
+from sunkd.domain.policy import effective_pools
+from sunkd.domain.policy.slurmd import (
+    VERB_SLURMD_DELETE,
+    SlurmdNodeset,
+    nodes_from_state,
+    plan,
+    revision,
+)
+from sunkd.domain.ports import ActionError
+from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState, OpenAction
+from sunkd.kubernetes.nodeset_status import build_nodeset_status
 from sunkd.kubernetes.normalize import slim_pod, slurmd_claim
 from sunkd.kubernetes.slurmd_pod import render
+from sunkd.runtime.executor import ActuatorExecutor
+from tests.unit.domain_world import POOL, POOL_LABEL, slurm_obs
+from tests.unit.test_domain_policy import _cluster
 
 
 def test_own_slurmd_pod_is_no_running_pod() -> None:
@@ -49,13 +72,11 @@ def test_the_claim_needs_a_nodeset_as_controller_owner() -> None:
 
 # ------------------------------------------------ the plan over the folded state
 
-def _folded(pods: tuple[PodRef, ...] | None, *, lent: bool = False, busy: bool = False) -> Any:
-    from sunkd.domain.events import K8sWorkloadObserved
-    from tests.unit.test_domain_policy import _cluster
 
+def _folded(pods: tuple[PodRef, ...] | None, *, lent: bool = False,
+            busy: bool = False) -> ClusterState:
     log = _cluster(1, kubernetes=("n1",) if lent else ())
     if busy:
-        from tests.unit.domain_world import slurm_obs
         log.add(slurm_obs("n1", state="ALLOCATED", alloc_cpus=4), 2.0)
     if pods is not None:
         log.add(K8sWorkloadObserved(node="n1", pool="", pods=pods), 2.0)
@@ -63,9 +84,7 @@ def _folded(pods: tuple[PodRef, ...] | None, *, lent: bool = False, busy: bool =
 
 
 
-def _plan(state: Any) -> list[tuple[str, str]]:
-    from sunkd.domain.policy.slurmd import SlurmdNodeset, nodes_from_state, plan
-
+def _plan(state: ClusterState) -> list[tuple[str, str]]:
     nodeset = SlurmdNodeset("gpu", "hpc", "U", SlurmdSpec(image="i"))
     nodes = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
     return [(s.verb, s.pod) for s in plan(nodeset, nodes, 10.0, sources_fresh=True)]
@@ -89,13 +108,6 @@ def test_from_the_fold_a_lent_drained_node_loses_its_pod() -> None:
 
 
 def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
-    from sunkd.domain.events import K8sNodesetObserved, K8sWorkloadObserved
-    from sunkd.domain.policy import effective_pools
-    from sunkd.domain.policy.slurmd import revision
-    from sunkd.kubernetes.nodeset_status import build_nodeset_status
-    from tests.unit.domain_world import POOL, POOL_LABEL
-    from tests.unit.test_domain_policy import _cluster
-
     log = _cluster(3, kubernetes=("n3",))
     spec = SlurmdSpec(image="i")
     log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
@@ -112,3 +124,13 @@ def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
                                partitions=("gpu",)), 4.0)
     state = log.state()
     assert "slurmd" not in build_nodeset_status(state, effective_pools(state), POOL, 1, 10.0)
+
+
+async def test_the_executor_refuses_a_slurmd_delete_it_cannot_confirm_with_slurm() -> None:
+    """No Slurm reader: the delete is refused before any Kubernetes call (fail closed),
+    where `unlock` keeps its older behaviour."""
+    action = OpenAction("a1", None, OWNER_KUBERNETES, VERB_SLURMD_DELETE, "n1", 1, "lend",
+                        (Label("pod", "hpc/gpu-n1"),), 0.0, 1)
+    with pytest.raises(ActionError, match="no Slurm reader to confirm it is drained") as raised:
+        await ActuatorExecutor(None, None, None).execute(action, None)
+    assert raised.value.retryable
