@@ -93,6 +93,13 @@ API_CALLS: tuple[ApiCall, ...] = (
     ApiCall("create", "coordination.k8s.io", "leases", "leader election"),
     ApiCall("update", "coordination.k8s.io", "leases", "leader election (renew, release)"),
 )
+# Only where a site runs slurmd pods (Nodeset spec.slurmd, docs/nodeset.md): creating pods
+# is a right an operator grants on purpose (the chart's `rbac.slurmdPods`), so it is not
+# in API_CALLS, which every installation grants.
+SLURMD_API_CALLS: tuple[ApiCall, ...] = (
+    ApiCall("create", "", "pods", "actuator: a Nodeset's slurmd pod (spec.slurmd)"),
+    ApiCall("delete", "", "pods", "actuator: a Nodeset's slurmd pod, once Slurm drained it"),
+)
 
 
 def _translate(error: Exception, what: str) -> ActionError:
@@ -399,8 +406,8 @@ class KubernetesActuator:
     async def slurmd(self, verb: str, slurm_node: str, k8s_node: str,
                      args: Mapping[str, str]) -> bool:
         """Create or delete a Nodeset's slurmd pod (`kubernetes/slurmd_actuator.py`)."""
-        return await slurmd_actuator.act(self.client, self._check_leader, verb, slurm_node,
-                                         k8s_node, args)
+        pods = slurmd_actuator.SlurmdPods(self.client, self._check_leader)
+        return await pods.act(verb, slurm_node, k8s_node, args)
 
     # -- Nodeset status -------------------------------------------------------------------
 

@@ -313,7 +313,7 @@ def slim_pod(obj: JSON) -> PodFacts:
         resource_version="" if rv is None else str(rv),
         node=_interned(node_name or None),
         phase=sys.intern(phase if type(phase) is str else str(phase)),
-        node_local=_node_local(meta),
+        node_local=node_local(meta),
         pending_unschedulable=pod_is_pending_unschedulable(obj),
         requests=_shared_requests(pod_requests(obj)),
         labels=shared_labels(_mapping(meta.get("labels"), "metadata.labels")),
@@ -350,7 +350,7 @@ def pod_version(pod: PodFacts) -> str:
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # set by the kubelet on static pods' mirrors
 
 
-def _node_local(meta: Mapping[str, Any]) -> bool:
+def node_local(meta: Mapping[str, Any]) -> bool:
     """A DaemonSet pod (controller ownerReference of kind DaemonSet) or a mirror pod."""
     annotations = meta.get("annotations")
     if isinstance(annotations, Mapping) and MIRROR_ANNOTATION in annotations:

@@ -28,12 +28,12 @@ from sunkd.domain.policy.slurmd import (
 )
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.kubernetes.client import PODS, KubeApiError, KubeClient
+from sunkd.kubernetes.normalize import node_local
 from sunkd.kubernetes.slurmd_pod import render, seen_pod
 
 log = structlog.get_logger(__name__)
 
 _TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, OSError)
-_NODE_LOCAL_KINDS = frozenset({"DaemonSet", "Node"})  # DaemonSet pods, the kubelet's mirror pods
 
 
 def _error(error: Exception, what: str) -> ActionError:
@@ -42,119 +42,115 @@ def _error(error: Exception, what: str) -> ActionError:
     return ActionError(f"{what}: {type(error).__name__}: {error}", retryable=True)
 
 
-async def _pods_on(client: KubeClient, k8s_node: str) -> list[Mapping[str, Any]]:
-    items, _ = await client.list(PODS, field_selector=f"spec.nodeName={k8s_node}")
-    return [item for item in items if not _node_local(item)]
+class SlurmdPods:
+    """The two verbs on one API client; `check_leader` raises when sunkd may not act."""
 
+    def __init__(self, client: KubeClient, check_leader: Callable[[str], None]) -> None:
+        self.client = client
+        self.check_leader = check_leader
 
-def _node_local(obj: Mapping[str, Any]) -> bool:
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(isinstance(o, Mapping) and o.get("controller") is True
-               and o.get("kind") in _NODE_LOCAL_KINDS for o in owners)
+    async def _pods_on(self, k8s_node: str) -> list[Mapping[str, Any]]:
+        items, _ = await self.client.list(PODS, field_selector=f"spec.nodeName={k8s_node}")
+        # DaemonSet and mirror pods stay with the node, whoever owns it (as the source).
+        return [item for item in items if not node_local(item.get("metadata") or {})]
 
-
-async def create_slurmd_pod(
-    client: KubeClient, check_leader: Callable[[str], None], *, nodeset: SlurmdNodeset,
-    spec: SlurmdSpec, slurm_node: str, k8s_node: str, name: str,
-) -> bool:
-    """True when created; False when sunkd's pod is there already. Raises ActionError."""
-    what = f"create slurmd pod {nodeset.namespace}/{name} on {k8s_node}"
-    try:
-        present = [seen_pod(p) for p in await _pods_on(client, k8s_node)]
-    except _TRANSIENT as error:
-        raise _error(error, what) from error
-    mine = [p for p in present if is_own(p, nodeset, slurm_node) and not p.deleting]
-    if mine:
-        return False
-    foreign = foreign_pods(present, nodeset, slurm_node)
-    if foreign:
-        raise ActionError(f"{what}: refused, foreign pods run there: {', '.join(foreign[:5])}",
-                          retryable=True)
-    body = render(spec, nodeset=nodeset.name, namespace=nodeset.namespace,
-                  nodeset_uid=nodeset.uid, slurm_node=slurm_node, k8s_node=k8s_node,
-                  name=name)
-    check_leader(what)
-    try:
-        await client.create(PODS, body, nodeset.namespace)
-    except KubeApiError as error:
-        if error.status != 409:
+    async def create(self, *, nodeset: SlurmdNodeset, spec: SlurmdSpec, slurm_node: str,
+                     k8s_node: str, name: str) -> bool:
+        """True when created; False when sunkd's pod is there already. Raises ActionError."""
+        what = f"create slurmd pod {nodeset.namespace}/{name} on {k8s_node}"
+        try:
+            present = [seen_pod(p) for p in await self._pods_on(k8s_node)]
+        except _TRANSIENT as error:
             raise _error(error, what) from error
-        return await _existing(client, what, nodeset, slurm_node, name)
-    except _TRANSIENT as error:
-        raise _error(error, what) from error
-    log.info("slurmd.pod_created", pod=f"{nodeset.namespace}/{name}", node=k8s_node,
-             slurm_node=slurm_node)
-    return True
-
-
-async def _existing(client: KubeClient, what: str, nodeset: SlurmdNodeset, slurm_node: str,
-                    name: str) -> bool:
-    """A pod of that name exists: sunkd's (already so), terminating (retry), or another's."""
-    try:
-        pod = seen_pod(await client.get(PODS, name, nodeset.namespace))
-    except _TRANSIENT as error:
-        raise _error(error, what) from error
-    if not is_own(pod, nodeset, slurm_node):
-        raise RefusedError(f"{what}: a pod of that name exists and is not sunkd's")
-    if pod.deleting:
-        raise ActionError(f"{what}: the previous pod is still terminating", retryable=True)
-    return False
-
-
-async def delete_slurmd_pod(
-    client: KubeClient, check_leader: Callable[[str], None], *, nodeset: SlurmdNodeset,
-    slurm_node: str, k8s_node: str, name: str, uid: str, grace_seconds: int,
-) -> bool:
-    """True when the deletion was sent; False when that pod is gone, terminating, replaced
-    (another uid) or on another node. A pod that is not sunkd's is refused."""
-    what = f"delete slurmd pod {nodeset.namespace}/{name}"
-    try:
-        obj = await client.get(PODS, name, nodeset.namespace)
-    except KubeApiError as error:
-        if error.status == 404:
+        if [p for p in present if is_own(p, nodeset, slurm_node) and not p.deleting]:
             return False
-        raise _error(error, what) from error
-    except _TRANSIENT as error:
-        raise _error(error, what) from error
-    pod = seen_pod(obj)
-    if pod.deleting or (uid and pod.uid != uid) \
-            or (obj.get("spec") or {}).get("nodeName") != k8s_node:
-        log.info("slurmd.delete_skipped", pod=f"{nodeset.namespace}/{name}", uid=uid,
-                 current_uid=pod.uid, deleting=pod.deleting)
+        foreign = foreign_pods(present, nodeset, slurm_node)
+        if foreign:
+            raise ActionError(f"{what}: refused, foreign pods run there: "
+                              f"{', '.join(foreign[:5])}", retryable=True)
+        body = render(spec, nodeset=nodeset.name, namespace=nodeset.namespace,
+                      nodeset_uid=nodeset.uid, slurm_node=slurm_node, k8s_node=k8s_node,
+                      name=name)
+        self.check_leader(what)
+        try:
+            await self.client.create(PODS, body, nodeset.namespace)
+        except KubeApiError as error:
+            if error.status != 409:
+                raise _error(error, what) from error
+            return await self._existing(what, nodeset, slurm_node, name)
+        except _TRANSIENT as error:
+            raise _error(error, what) from error
+        log.info("slurmd.pod_created", pod=f"{nodeset.namespace}/{name}", node=k8s_node,
+                 slurm_node=slurm_node)
+        return True
+
+    async def _existing(self, what: str, nodeset: SlurmdNodeset, slurm_node: str,
+                        name: str) -> bool:
+        """A pod of that name exists: sunkd's (already so), terminating (retry), another's."""
+        try:
+            pod = seen_pod(await self.client.get(PODS, name, nodeset.namespace))
+        except _TRANSIENT as error:
+            raise _error(error, what) from error
+        if not is_own(pod, nodeset, slurm_node):
+            raise RefusedError(f"{what}: a pod of that name exists and is not sunkd's")
+        if pod.deleting:
+            raise ActionError(f"{what}: the previous pod is still terminating", retryable=True)
         return False
-    if not is_own(pod, nodeset, slurm_node):
-        raise RefusedError(f"{what}: not sunkd's slurmd pod for {slurm_node} (owner or labels)")
-    check_leader(what)
-    try:
-        await client.delete(PODS, name, nodeset.namespace, grace_period_seconds=grace_seconds,
-                            uid=pod.uid)
-    except KubeApiError as error:
-        if error.status == 404 or (error.status == 409 and "precondition" in
-                                   error.message.lower()):
+
+    async def delete(self, *, nodeset: SlurmdNodeset, slurm_node: str, k8s_node: str,
+                     name: str, uid: str, grace_seconds: int) -> bool:
+        """True when the deletion was sent; False when that pod is gone, terminating,
+        replaced (another uid) or on another node. A pod that is not sunkd's is refused."""
+        what = f"delete slurmd pod {nodeset.namespace}/{name}"
+        try:
+            obj = await self.client.get(PODS, name, nodeset.namespace)
+        except KubeApiError as error:
+            if error.status == 404:
+                return False
+            raise _error(error, what) from error
+        except _TRANSIENT as error:
+            raise _error(error, what) from error
+        pod = seen_pod(obj)
+        if pod.deleting or (uid and pod.uid != uid) \
+                or (obj.get("spec") or {}).get("nodeName") != k8s_node:
+            log.info("slurmd.delete_skipped", pod=f"{nodeset.namespace}/{name}", uid=uid,
+                     current_uid=pod.uid, deleting=pod.deleting)
             return False
-        raise _error(error, what) from error
-    except _TRANSIENT as error:
-        raise _error(error, what) from error
-    log.info("slurmd.pod_deleted", pod=f"{nodeset.namespace}/{name}", node=k8s_node,
-             grace_seconds=grace_seconds)
-    return True
+        if not is_own(pod, nodeset, slurm_node):
+            raise RefusedError(f"{what}: not sunkd's slurmd pod for {slurm_node} "
+                               "(owner or labels)")
+        self.check_leader(what)
+        try:
+            await self.client.delete(PODS, name, nodeset.namespace,
+                                     grace_period_seconds=grace_seconds, uid=pod.uid)
+        except KubeApiError as error:
+            if error.status == 404 or (error.status == 409 and "precondition" in
+                                       error.message.lower()):
+                return False
+            raise _error(error, what) from error
+        except _TRANSIENT as error:
+            raise _error(error, what) from error
+        log.info("slurmd.pod_deleted", pod=f"{nodeset.namespace}/{name}", node=k8s_node,
+                 grace_seconds=grace_seconds)
+        return True
 
-
-async def act(client: KubeClient, check_leader: Callable[[str], None], verb: str,
-              slurm_node: str, k8s_node: str, args: Mapping[str, str]) -> bool:
-    """An `action.requested` of VERB_SLURMD_CREATE/DELETE, from its args (`slurmd_args`)."""
-    namespace, _, name = args.get("nodeset", "").partition("/")
-    pod_namespace, _, pod = args.get("pod", "").partition("/")
-    if not (name and pod and args.get("nodeset_uid")) or pod_namespace != namespace:
-        raise RefusedError(f"{verb} {slurm_node}: malformed arguments {sorted(args)}")
-    if verb == VERB_SLURMD_CREATE:
-        spec = spec_from_json(args["spec"])
-        nodeset = SlurmdNodeset(name, namespace, args["nodeset_uid"], spec)
-        return await create_slurmd_pod(client, check_leader, nodeset=nodeset, spec=spec,
-                                       slurm_node=slurm_node, k8s_node=k8s_node, name=pod)
-    if verb == VERB_SLURMD_DELETE:
-        nodeset = SlurmdNodeset(name, namespace, args["nodeset_uid"], SlurmdSpec())
-        return await delete_slurmd_pod(
-            client, check_leader, nodeset=nodeset, slurm_node=slurm_node, k8s_node=k8s_node,
-            name=pod, uid=args.get("pod_uid", ""), grace_seconds=int(args["grace_seconds"]))
-    raise RefusedError(f"unknown slurmd verb {verb!r}")
+    async def act(self, verb: str, slurm_node: str, k8s_node: str,
+                  args: Mapping[str, str]) -> bool:
+        """An `action.requested` of VERB_SLURMD_CREATE/DELETE, from its args
+        (`policy.slurmd.slurmd_args`)."""
+        namespace, _, name = args.get("nodeset", "").partition("/")
+        pod_namespace, _, pod = args.get("pod", "").partition("/")
+        if not (name and pod and args.get("nodeset_uid")) or pod_namespace != namespace:
+            raise RefusedError(f"{verb} {slurm_node}: malformed arguments {sorted(args)}")
+        if verb == VERB_SLURMD_CREATE:
+            spec = spec_from_json(args["spec"])
+            nodeset = SlurmdNodeset(name, namespace, args["nodeset_uid"], spec)
+            return await self.create(nodeset=nodeset, spec=spec, slurm_node=slurm_node,
+                                     k8s_node=k8s_node, name=pod)
+        if verb == VERB_SLURMD_DELETE:
+            nodeset = SlurmdNodeset(name, namespace, args["nodeset_uid"], SlurmdSpec())
+            return await self.delete(nodeset=nodeset, slurm_node=slurm_node,
+                                     k8s_node=k8s_node, name=pod,
+                                     uid=args.get("pod_uid", ""),
+                                     grace_seconds=int(args["grace_seconds"]))
+        raise RefusedError(f"unknown slurmd verb {verb!r}")

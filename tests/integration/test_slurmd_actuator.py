@@ -43,9 +43,9 @@ async def nodeset(client: KubeClient) -> SlurmdNodeset:
 
 
 async def create(client: KubeClient, ns: SlurmdNodeset, slurm_node: str, k8s: str) -> bool:
-    return await act.create_slurmd_pod(client, allowed, nodeset=ns, spec=SPEC,
-                                       slurm_node=slurm_node, k8s_node=k8s,
-                                       name=pod_name(ns.name, slurm_node))
+    return await act.SlurmdPods(client, allowed).create(
+        nodeset=ns, spec=SPEC, slurm_node=slurm_node, k8s_node=k8s,
+        name=pod_name(ns.name, slurm_node))
 
 
 async def test_create_is_idempotent_and_refused_beside_a_foreign_pod(kube: Kube) -> None:
@@ -93,9 +93,9 @@ async def test_delete_only_the_decided_pod_of_sunkd_with_a_grace(kube: Kube) -> 
     uid = (await client.get(PODS, "pods-node5", "default"))["metadata"]["uid"]
 
     async def delete(name: str, pod_uid: str, slurm_node: str = "node5") -> bool:
-        return await act.delete_slurmd_pod(client, allowed, nodeset=ns, slurm_node=slurm_node,
-                                           k8s_node="k5", name=name, uid=pod_uid,
-                                           grace_seconds=5)
+        return await act.SlurmdPods(client, allowed).delete(
+            nodeset=ns, slurm_node=slurm_node, k8s_node="k5", name=name, uid=pod_uid,
+            grace_seconds=5)
 
     assert await delete("pods-node5", "another-uid") is False  # replaced since decided
     with pytest.raises(RefusedError, match="not sunkd's"):
