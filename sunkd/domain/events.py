@@ -109,6 +109,11 @@ class PodRef:
     phase: str = "Pending"
     uid: str = ""  # metadata.uid: evictions are preconditioned on it (a re-created pod differs)
     pool_pod: bool = True  # matches the pool's workload selector; False: any other pod there
+    # The Slurm node this pod is sunkd's slurmd pod for (Nodeset spec.slurmd): its
+    # controller owner reference names a Nodeset the source knows, by uid, and its labels
+    # name that Nodeset and the node. "" for every other pod, an impostor with the labels
+    # included. Judged by the Kubernetes source (kubernetes/source.py).
+    slurmd: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +138,33 @@ class OwnershipSpec:
     max_in_flight: int = 1
     drain_timeout_seconds: float = 1800.0
     reclaim_grace_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmdSpec:
+    """Nodeset `spec.slurmd`: the slurmd pod sunkd runs on each Slurm-owned node of the pool
+    (docs/nodeset.md). Absent on a Nodeset: sunkd runs no pods (the site runs slurmd).
+
+    Volumes and mounts are Kubernetes objects kept as canonical JSON text (the codec holds
+    primitives and dataclasses only); `kubernetes/normalize.py` checked their shape."""
+
+    image: str = ""
+    image_pull_policy: str = "IfNotPresent"
+    registration: str = "Static"  # Static: `slurmd -D -N <node>` (Dynamic `-Z` not built yet)
+    conf_server: str | None = None  # `--conf-server host[:port]` (configless)
+    conf: str | None = None  # `--conf "..."`: Dynamic registration only (Slurm's rule)
+    args: tuple[str, ...] = ()  # further slurmd arguments, appended as given
+    env: tuple[Label, ...] = ()
+    requests: tuple[Label, ...] = ()  # resources.requests: name -> quantity text
+    limits: tuple[Label, ...] = ()
+    volumes: tuple[str, ...] = ()  # JSON of core/v1 Volume
+    volume_mounts: tuple[str, ...] = ()  # JSON of core/v1 VolumeMount
+    privileged: bool = True  # slurmd manages cgroups for job steps
+    priority_class_name: str = "system-node-critical"
+    termination_grace_seconds: int = 60  # at least Slurm's KillWait (30 s by default)
+    update_strategy: str = "RollingUpdate"  # RollingUpdate | OnDelete (not acted on yet)
+    max_unavailable: str = "1"  # an integer or a percentage ("25%")
+    max_concurrent_startup: int | None = None  # None: no bound
 
 
 # ---------------------------------------------------------------------- observations
@@ -255,6 +287,8 @@ class K8sNodesetObserved(Payload):
     workload_selector: tuple[Label, ...] = ()
     ownership: OwnershipSpec = field(default_factory=OwnershipSpec)
     deleted: bool = False
+    uid: str = ""  # metadata.uid: the owner reference of the slurmd pods names it
+    slurmd: SlurmdSpec | None = None  # spec.slurmd; None: sunkd runs no slurmd pods
 
 
 @dataclass(frozen=True, slots=True)

@@ -345,11 +345,13 @@ _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 def running_pods(node: NodeState) -> list[str]:
     """`namespace/name` of every pod the Kubernetes source reports on the node that has not
-    finished: the pool's pods and any other non-DaemonSet, non-mirror pod."""
+    finished: the pool's pods and any other non-DaemonSet, non-mirror pod. sunkd's own
+    slurmd pod for this node is Slurm's daemon, not a pod beside Slurm: it never counts
+    (a slurmd pod for another node, or an impostor, does)."""
     return sorted(
         f"{pod.namespace}/{pod.name}"
         for pod in node.pods or ()
-        if pod.phase not in _DONE_PHASES
+        if pod.phase not in _DONE_PHASES and pod.slurmd != node.name
     )
 
 

@@ -62,6 +62,14 @@ REASON_AS_EXPECTED = "AsExpected"  # Degraded=False
 
 # --- Kubernetes objects sunkd owns ----------------------------------------------------
 LEASE_NAME = "sunkd-leader"  # coordination.k8s.io Lease for the optional Kubernetes election
+# slurmd pods of a Nodeset with spec.slurmd (kubernetes/slurmd_pod.py). The labels select
+# them; what makes a pod sunkd's is the controller owner reference to the Nodeset's uid
+# (domain/policy/slurmd.py): a pod with the labels and another owner is an impostor.
+LABEL_SLURMD_NODESET = "sunkd.io/slurmd-nodeset"  # on slurmd pods: the Nodeset's name
+LABEL_SLURMD_NODE = "sunkd.io/slurmd-node"  # on slurmd pods: the Slurm node name (if a label)
+ANNOTATION_SLURMD_NODE = "sunkd.io/slurmd-node"  # on slurmd pods: the exact Slurm node name
+ANNOTATION_SLURMD_REVISION = "sunkd.io/slurmd-revision"  # on slurmd pods: hash of spec.slurmd
+NODESET_KIND = "Nodeset"  # kind in the slurmd pods' owner reference
 
 # --- Slurm reasons --------------------------------------------------------------------
 # Every reason sunkd writes starts with REASON_PREFIX; a reason that does not is foreign, and

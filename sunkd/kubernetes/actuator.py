@@ -36,6 +36,7 @@ import structlog
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.ports import ActionError
+from sunkd.kubernetes import slurmd_actuator
 from sunkd.kubernetes.client import (
     EVENTS,
     JSON,
@@ -90,6 +91,13 @@ API_CALLS: tuple[ApiCall, ...] = (
     ApiCall("get", "coordination.k8s.io", "leases", "leader election"),
     ApiCall("create", "coordination.k8s.io", "leases", "leader election"),
     ApiCall("update", "coordination.k8s.io", "leases", "leader election (renew, release)"),
+)
+# Only where a site runs slurmd pods (Nodeset spec.slurmd, docs/nodeset.md): creating pods
+# is a right an operator grants on purpose (the chart's `rbac.slurmdPods`), so it is not
+# in API_CALLS, which every installation grants.
+SLURMD_API_CALLS: tuple[ApiCall, ...] = (
+    ApiCall("create", "", "pods", "actuator: a Nodeset's slurmd pod (spec.slurmd)"),
+    ApiCall("delete", "", "pods", "actuator: a Nodeset's slurmd pod, once Slurm drained it"),
 )
 
 
@@ -393,6 +401,12 @@ class KubernetesActuator:
                 f"sunkd evicted pod {namespace}/{pod} to reclaim the node",
             )
         return True
+
+    async def slurmd(self, verb: str, slurm_node: str, k8s_node: str,
+                     args: Mapping[str, str]) -> bool:
+        """Create or delete a Nodeset's slurmd pod (`kubernetes/slurmd_actuator.py`)."""
+        pods = slurmd_actuator.SlurmdPods(self.client, self._check_leader)
+        return await pods.act(verb, slurm_node, k8s_node, args)
 
     # -- Nodeset status -------------------------------------------------------------------
 

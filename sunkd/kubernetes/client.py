@@ -433,14 +433,16 @@ class KubeClient:
         namespace: str | None = None,
         *,
         grace_period_seconds: int | None = None,
+        uid: str | None = None,
     ) -> Any:
-        body = None
-        if grace_period_seconds is not None:
-            body = {
-                "apiVersion": "v1",
-                "kind": "DeleteOptions",
-                "gracePeriodSeconds": grace_period_seconds,
-            }
+        """DELETE; `uid` is a precondition (409 when the object was replaced since)."""
+        body: dict[str, Any] | None = None
+        if grace_period_seconds is not None or uid:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions"}
+            if grace_period_seconds is not None:
+                body["gracePeriodSeconds"] = grace_period_seconds
+            if uid:
+                body["preconditions"] = {"uid": uid}
         return await self.request("DELETE", rt.object_path(name, namespace), body=body)
 
     async def list(

@@ -16,6 +16,8 @@ from typing import Any
 from sunkd.domain import wellknown as wk
 from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import PoolSpec, membership
+from sunkd.domain.policy.slurmd import counts as slurmd_counts
+from sunkd.domain.policy.slurmd import nodes_from_state, nodeset_of, revision
 from sunkd.domain.state import ClusterState, Phase
 
 PHASE_NAMES = {
@@ -118,10 +120,16 @@ def build_nodeset_status(
             "lastTransitionTime": changed_at or _rfc3339(now),
             "observedGeneration": generation,
         })
-    return {
+    out: dict[str, Any] = {
         "observedGeneration": generation,
         "counts": counts,
         "slurmStates": slurm_states,
         "nodes": entries[:MAX_NODE_ENTRIES],
         "conditions": conditions,
     }
+    observed = state.nodesets.get(pool_name)
+    nodeset = nodeset_of(observed) if observed is not None else None
+    if nodeset is not None:  # spec.slurmd: its pods, counted from the reports
+        nodes = nodes_from_state(state, nodeset, [state.nodes[name] for name in members], now)
+        out["slurmd"] = {**slurmd_counts(nodeset, nodes), "revision": revision(nodeset.spec)}
+    return out

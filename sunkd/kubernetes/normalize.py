@@ -28,6 +28,7 @@ from sunkd.domain.events import (
     Payload,
 )
 from sunkd.kubernetes.client import JSON
+from sunkd.kubernetes.slurmd_spec import parse_slurmd
 from sunkd.kubernetes.wire import MalformedObject, checked_name, parse_quantity
 
 log = structlog.get_logger("sunkd.kubernetes.source")
@@ -224,6 +225,10 @@ class PodFacts:
     pending_unschedulable: bool
     requests: tuple[int, int, int]  # (cpu millis, memory bytes, GPUs): `pod_requests`
     labels: Mapping[str, Any]  # shared between pods with the same labels: never mutate
+    # A pod that says it is a Nodeset's slurmd pod: (controller owner uid, the Nodeset named
+    # by its label, the Slurm node named by its annotation). The source believes it only
+    # for a Nodeset it knows by that uid and name (`slurmd_claim`). None for every other pod.
+    slurmd_claim: tuple[str, str, str] | None = None
 
 
 # Label maps are shared between pods that carry the same labels (a Deployment's replicas):
@@ -304,11 +309,34 @@ def slim_pod(obj: JSON) -> PodFacts:
         resource_version="" if rv is None else str(rv),
         node=_interned(node_name or None),
         phase=sys.intern(phase if type(phase) is str else str(phase)),
-        node_local=_node_local(meta),
+        node_local=node_local(meta),
         pending_unschedulable=pod_is_pending_unschedulable(obj),
         requests=_shared_requests(pod_requests(obj)),
         labels=shared_labels(_mapping(meta.get("labels"), "metadata.labels")),
+        slurmd_claim=slurmd_claim(meta),
     )
+
+
+def slurmd_claim(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(owner uid, Nodeset name, Slurm node) of a pod labelled as a Nodeset's slurmd pod
+    whose controller owner reference is a Nodeset; None otherwise (most pods: one lookup)."""
+    labels = meta.get("labels")
+    nodeset = labels.get(wk.LABEL_SLURMD_NODESET) if isinstance(labels, Mapping) else None
+    if type(nodeset) is not str:
+        return None
+    annotations = meta.get("annotations")
+    node = annotations.get(wk.ANNOTATION_SLURMD_NODE) if isinstance(annotations, Mapping) \
+        else None
+    owners = meta.get("ownerReferences")
+    if type(node) is not str or not isinstance(owners, list):
+        return None
+    for owner in owners:
+        if isinstance(owner, Mapping) and owner.get("controller") is True \
+                and owner.get("kind") == wk.NODESET_KIND \
+                and str(owner.get("apiVersion") or "").startswith(f"{wk.GROUP}/") \
+                and owner.get("name") == nodeset and type(owner.get("uid")) is str:
+            return (sys.intern(owner["uid"]), sys.intern(nodeset), sys.intern(node))
+    return None
 
 
 def pod_version(pod: PodFacts) -> str:
@@ -318,7 +346,7 @@ def pod_version(pod: PodFacts) -> str:
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # set by the kubelet on static pods' mirrors
 
 
-def _node_local(meta: Mapping[str, Any]) -> bool:
+def node_local(meta: Mapping[str, Any]) -> bool:
     """A DaemonSet pod (controller ownerReference of kind DaemonSet) or a mirror pod."""
     annotations = meta.get("annotations")
     if isinstance(annotations, Mapping) and MIRROR_ANNOTATION in annotations:
@@ -360,6 +388,8 @@ def slim_nodeset(obj: JSON) -> JSON:
     _mapping(spec.get("ownership"), "spec.ownership")
     try:
         nodeset = parse_nodeset(obj)
+    except MalformedObject:
+        raise  # names its field already (spec.slurmd)
     except (ValueError, TypeError, ArithmeticError, AttributeError) as error:
         raise MalformedObject("spec", f"does not parse: {error}") from None
     ownership = nodeset.ownership
@@ -470,15 +500,18 @@ def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
     if isinstance(partitions, str):
         partitions = [partitions]
     node_name_label = slurm.get("nodeNameLabel") or spec.get("nodeNameLabel")
+    meta = obj.get("metadata") or {}
     return K8sNodesetObserved(
         pool=pool_name(obj),
-        generation=_int((obj.get("metadata") or {}).get("generation"), 0),
+        generation=_int(meta.get("generation"), 0),
         node_selector=_labels(_selector_map(spec.get("nodeSelector"))),
         partitions=tuple(str(p) for p in partitions),
         node_name_label=str(node_name_label) if node_name_label else None,
         workload_selector=_labels(_selector_map(spec.get("workloadSelector"))),
         ownership=parse_ownership(spec.get("ownership")),
         deleted=deleted,
+        uid=str(meta.get("uid") or ""),
+        slurmd=parse_slurmd(spec.get("slurmd"), str(meta.get("name") or "")),
     )
 
 

@@ -597,13 +597,16 @@ class KubernetesSource:
                 continue
             if pod.node_local:
                 continue  # DaemonSet and mirror pods stay with the node, whoever owns it
+            slurmd = _slurmd_node(pod, nodesets)
             refs.append(
                 PodRef(
                     pod.namespace,
                     pod.name,
                     pod.phase,
                     uid=pod.uid or "",
-                    pool_pod=pool is not None and self._workload_match(pool.pool, pod.labels),
+                    pool_pod=not slurmd and pool is not None
+                    and self._workload_match(pool.pool, pod.labels),
+                    slurmd=slurmd,
                 )
             )
         return K8sWorkloadObserved(
@@ -943,3 +946,14 @@ def _first_match(labels: Mapping[str, Any],
 
 def _replace_deleted(last: K8sNodesetObserved) -> K8sNodesetObserved:
     return replace(last, deleted=True)
+
+
+def _slurmd_node(pod: PodFacts, nodesets: Mapping[str, K8sNodesetObserved]) -> str:
+    """The Slurm node `pod` is sunkd's slurmd pod for: its claim names a Nodeset of its own
+    namespace that the source knows, by that Nodeset's uid. "" otherwise (impostors too)."""
+    claim = pod.slurmd_claim
+    if claim is None:
+        return ""
+    uid, name, node = claim
+    nodeset = nodesets.get(f"{pod.namespace}/{name}")
+    return node if nodeset is not None and nodeset.uid and nodeset.uid == uid else ""

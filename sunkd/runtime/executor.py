@@ -22,6 +22,7 @@ from sunkd.domain.policy import (
     VERB_UNLOCK,
     VERB_WARN,
 )
+from sunkd.domain.policy.slurmd import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE
 from sunkd.domain.ports import ActionError
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, OpenAction
 from sunkd.slurm.model import SlurmNode
@@ -54,6 +55,8 @@ class KubernetesActions(Protocol):
                     node: str | None = None) -> bool: ...
     async def post_event(self, node: str, reason: str, message: str,
                          type: str = "Warning") -> bool: ...
+    async def slurmd(self, verb: str, slurm_node: str, k8s_node: str,
+                     args: dict[str, str]) -> bool: ...
 
 
 def _args(action: OpenAction, key: str) -> list[str]:
@@ -82,10 +85,17 @@ class ActuatorExecutor:
                         or (node.k8s_name if node is not None else None) or action.node)
             if action.verb == VERB_UNLOCK:
                 await self._check_drained(action.node)
+            if action.verb == VERB_SLURMD_DELETE:
+                # Killing slurmd under a job leaves the node busy until SlurmdTimeout: ask
+                # Slurm right before, and refuse when it cannot be asked (fail closed).
+                if self.slurm_reader is None:
+                    raise ActionError(f"refusing to delete the slurmd pod of {action.node}: "
+                                      "no Slurm reader to confirm it is drained", retryable=True)
+                await self._check_drained(action.node, "delete the slurmd pod of")
             return await self._kubernetes(action, k8s_name)
         raise ActionError(f"unknown side {action.side!r}", retryable=False)
 
-    async def _check_drained(self, node: str) -> None:
+    async def _check_drained(self, node: str, what: str = "unlock") -> None:
         """Defence in depth for the one unsafe action: the policy decided to unlock on
         an observation up to a poll interval old, so ask Slurm again right before
         handing the node to Kubernetes (DRAIN, nothing allocated, not completing)."""
@@ -99,7 +109,7 @@ class ActuatorExecutor:
         current = next((item for item in nodes if item.name == node), None)
         if current is None or not current.is_drained:
             state = current.display_state if current is not None else "missing"
-            raise ActionError(f"refusing to unlock {node}: Slurm now reports it {state}, "
+            raise ActionError(f"refusing to {what} {node}: Slurm now reports it {state}, "
                               "not drained", retryable=True)
 
     async def _slurm(self, action: OpenAction) -> bool:
@@ -155,4 +165,7 @@ class ActuatorExecutor:
                 changed = await actuator.evict(
                     namespace, name, uid=uids.get(pod) or None, node=node) or changed
             return changed
+        if action.verb in (VERB_SLURMD_CREATE, VERB_SLURMD_DELETE):
+            args = {label.key: label.value for label in action.args}
+            return await actuator.slurmd(action.verb, action.node, node, args)
         raise ActionError(f"unknown Kubernetes verb {action.verb!r}", retryable=False)

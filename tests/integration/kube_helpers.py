@@ -311,6 +311,25 @@ async def install_crd(client: KubeClient) -> ResourceType:
 
 
 @contextlib.asynccontextmanager
+async def running_source(client: KubeClient, rt: ResourceType) -> AsyncIterator[
+        tuple[Any, ListSink]]:
+    """sunkd's KubernetesSource running on `client`, synced and idle; stopped on exit."""
+    from sunkd.kubernetes.source import KubernetesSource
+
+    sink = ListSink()
+    source = KubernetesSource(client, sink, nodeset_resource=rt)
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    try:
+        await source.wait_synced(10)
+        await source.wait_idle(10)
+        yield source, sink
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
 async def running_emulator(**options: Any) -> AsyncIterator[Any]:
     from sunkd_testbed.kubeapi import KubeAPIEmulator
 

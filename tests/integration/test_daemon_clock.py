@@ -16,8 +16,8 @@ from sunkd.runtime.config import KubernetesSettings, Settings
 from sunkd.runtime.daemon import Daemon
 from sunkd.runtime.leadership import Leadership
 from sunkd.store.eventlog import EventLog
-from sunkd.testbed.demo import nodeset_object, populate
-from sunkd.testbed.kubeapi import KubeAPIEmulator
+from sunkd_testbed.demo import nodeset_object, populate
+from sunkd_testbed.kubeapi import KubeAPIEmulator
 
 
 async def _leading(database_url: str, skew: float) -> tuple[Daemon, asyncio.Task[int]]:

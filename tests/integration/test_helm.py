@@ -530,6 +530,18 @@ def test_rbac_grants_exactly_the_api_calls(chart: dict[str, list[Obj]], variant:
         f"more than sunkd uses: {sorted((cluster | namespaced) - needed)}")
 
 
+def test_slurmd_pods_rbac_is_opt_in(helm_home: Path) -> None:
+    """`rbac.slurmdPods` adds exactly SLURMD_API_CALLS (pods create and delete) to the
+    ClusterRole; the default grants none of it (test_rbac_grants_exactly_the_api_calls)."""
+    from sunkd.kubernetes.actuator import SLURMD_API_CALLS
+
+    docs = template(helm_home, "--set", "rbac.slurmdPods=true")
+    role = one(docs, "ClusterRole", RELEASE)
+    slurmd = {(c.verb, c.group, c.resource) for c in SLURMD_API_CALLS}
+    assert granted(role) == (api_calls() - {c for c in api_calls()
+                                            if c[1] == "coordination.k8s.io"}) | slurmd
+
+
 def test_no_rbac_without_rbac_create(helm_home: Path) -> None:
     docs = template(helm_home, "--set", "rbac.create=false")
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role",

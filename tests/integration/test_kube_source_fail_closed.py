@@ -6,14 +6,12 @@ the real control plane in test_e2e_real_kube.py."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from sunkd.domain.events import K8sNodeObserved, K8sNodeVanished, K8sWorkloadObserved
 from sunkd.kubernetes.client import NODES, PODS, KubeClient, ResourceType
-from sunkd.kubernetes.source import KubernetesSource
 from tests.integration.kube_helpers import (
     ListSink,
     create_node,
@@ -22,6 +20,7 @@ from tests.integration.kube_helpers import (
     nodeset_body,
     pod_body,
     running_emulator,
+    running_source,
     set_pod_phase,
 )
 
@@ -51,22 +50,6 @@ async def _cluster() -> AsyncIterator[tuple[KubeClient, ResourceType]]:
             await client.close()
 
 
-@asynccontextmanager
-async def _running(client: KubeClient, rt: ResourceType) -> AsyncIterator[
-        tuple[KubernetesSource, ListSink]]:
-    sink = ListSink()
-    source = KubernetesSource(client, sink, nodeset_resource=rt)
-    stop = asyncio.Event()
-    task = asyncio.create_task(source.run(stop))
-    try:
-        await source.wait_synced(10)
-        await source.wait_idle(10)
-        yield source, sink
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-
-
 async def _bind(client: KubeClient, name: str, node: str, labels: dict[str, Any]) -> None:
     await client.create(PODS, pod_body("ml", name, labels, node=node), "ml")
     await set_pod_phase(client, "ml", name, "Running")
@@ -79,7 +62,7 @@ async def test_hole1_pods_on_a_node_no_nodeset_selects_are_reported() -> None:
         await create_node(client, "k-cfg-1", {"rack": "r1"})
         await create_node(client, "k-empty", {"rack": "r2"})
         await _bind(client, "web", "k-cfg-1", {"app": "web"})
-        async with _running(client, rt) as (_source, sink):
+        async with running_source(client, rt) as (_source, sink):
             assert _pods_of(sink, "k-cfg-1") == ["ml/web"]
             assert _pods_of(sink, "k-empty") == []  # known empty, not unknown
 
@@ -90,7 +73,7 @@ async def test_hole2_a_pod_bound_after_the_node_left_its_nodeset_is_reported() -
     reported all the same."""
     async with _cluster() as (client, rt):
         await create_node(client, "k-gpu-1", {"pool": "gpu"})
-        async with _running(client, rt) as (_source, sink):
+        async with running_source(client, rt) as (_source, sink):
             assert _pods_of(sink, "k-gpu-1") == []
             await client.merge_patch(NODES, "k-gpu-1", {"metadata": {"labels": {"pool": None}}})
             await _bind(client, "late-1", "k-gpu-1", {"app": "serve"})
@@ -107,7 +90,7 @@ async def test_hole3_a_released_claim_has_its_successor_report_again() -> None:
     async with _cluster() as (client, rt):
         await create_node(client, "k-real", {"pool": "gpu", "sunkd.io/slurm-node-name": "n1"})
         await create_node(client, "k-typo", {"pool": "gpu", "sunkd.io/slurm-node-name": "n1"})
-        async with _running(client, rt) as (_source, sink):
+        async with running_source(client, rt) as (_source, sink):
             before = len(_reports(sink, "k-typo"))
             await client.delete(NODES, "k-real")
             await sink.wait_for(lambda s: len(_reports(s, "k-typo")) > before)

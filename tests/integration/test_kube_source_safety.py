@@ -4,20 +4,18 @@ others alike, each with its uid (scenario 10 evicts by uid)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from sunkd.domain.events import K8sWorkloadObserved, PodRef
 from sunkd.kubernetes.client import PODS, KubeClient
-from sunkd.kubernetes.source import KubernetesSource
 from tests.integration.kube_helpers import (
-    ListSink,
     create_node,
     ensure_namespace,
     install_crd,
     nodeset_body,
     pod_body,
     running_emulator,
+    running_source,
     set_pod_phase,
 )
 
@@ -54,21 +52,12 @@ async def test_s9_every_non_daemonset_pod_on_a_pool_node_is_reported() -> None:
                 created = await client.create(PODS, body, "ml")
                 uids[name] = created["metadata"]["uid"]
                 await set_pod_phase(client, "ml", name, "Running")
-            sink = ListSink()
-            source = KubernetesSource(client, sink, nodeset_resource=rt)
-            stop = asyncio.Event()
-            task = asyncio.create_task(source.run(stop))
-            try:
-                await source.wait_synced(10)
-                await source.wait_idle(10)
+            async with running_source(client, rt) as (_source, sink):
                 workloads = [p for p in sink.payloads(K8sWorkloadObserved)
                              if isinstance(p, K8sWorkloadObserved) and p.node == "k-gpu-1"]
                 assert workloads[-1].pods == (
                     PodRef("ml", "serve-a", "Running", uid=uids["serve-a"], pool_pod=True),
                     PodRef("ml", "web", "Running", uid=uids["web"], pool_pod=False),
                 )
-            finally:
-                stop.set()
-                await asyncio.wait_for(task, 10)
         finally:
             await client.close()

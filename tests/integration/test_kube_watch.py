@@ -36,7 +36,6 @@ from sunkd.store.eventlog import EventLog
 
 from .kube_backends import CuttingProxy, Kube, proxied_client
 from .kube_helpers import (
-    ListSink,
     create_node,
     duplicates,
     ensure_namespace,
@@ -46,6 +45,7 @@ from .kube_helpers import (
     nodeset_body,
     pod_body,
     retrying,
+    running_source,
 )
 
 EMULATOR_OPTIONS = {"bookmark_interval": 0.2}
@@ -406,16 +406,8 @@ async def test_state_survives_fault_storms(
 
         # The truth: a fresh source listing the quiet cluster.
         async def truth() -> dict[tuple[str, str], Payload]:
-            fresh_sink = ListSink()
-            fresh = KubernetesSource(admin, fresh_sink, nodeset_resource=rt)
-            fresh_stop = asyncio.Event()
-            fresh_task = asyncio.create_task(fresh.run(fresh_stop))
-            try:
-                await fresh.wait_synced(10)
-                await fresh.wait_idle(10)
-            finally:
-                fresh_stop.set()
-                await asyncio.wait_for(fresh_task, 10)
+            async with running_source(admin, rt) as (_fresh, fresh_sink):
+                pass  # synced and idle: it has listed everything
             return fold(fresh_sink.payloads())
 
         expected = await truth()

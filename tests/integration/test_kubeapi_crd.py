@@ -238,3 +238,30 @@ async def test_deleting_the_crd_removes_the_resources(raw: Raw) -> None:
     await install(raw)
     _, body = await raw.get(BASE)
     assert body["items"] == []
+
+
+async def test_slurmd_spec_defaults_and_validation(raw: Raw) -> None:
+    """spec.slurmd is additive: a Nodeset without it is unchanged (other tests), one with it
+    gets its defaults, and a registration sunkd does not run yet is refused by the schema."""
+    await install(raw)
+    slurmd = {"image": "localhost/sunkd-slurmd:22.05",
+              "volumes": [{"name": "etc", "configMap": {"name": "slurm"}}],
+              "volumeMounts": [{"name": "etc", "mountPath": "/etc/slurm"}],
+              "resources": {"requests": {"cpu": "500m", "memory": 1024}},
+              "updateStrategy": {"rollingUpdate": {"maxUnavailable": "25%"}}}
+    status, obj = await raw.post(BASE, nodeset("pods", slurmd=slurmd))
+    assert status == 201, obj
+    got = obj["spec"]["slurmd"]
+    assert got["registration"] == "Static" and got["imagePullPolicy"] == "IfNotPresent"
+    assert got["priorityClassName"] == "system-node-critical" and got["privileged"] is True
+    assert got["terminationGracePeriodSeconds"] == 60
+    assert got["updateStrategy"] == {"type": "RollingUpdate",
+                                     "rollingUpdate": {"maxUnavailable": "25%"}}
+    assert got["volumes"] == slurmd["volumes"]  # core/v1 Volumes kept whole
+    assert got["resources"]["requests"] == {"cpu": "500m", "memory": 1024}
+    status, body = await raw.post(BASE, nodeset("dyn", slurmd={"image": "i",
+                                                               "registration": "Dynamic"}))
+    assert status == 422, body
+    assert body["details"]["causes"][0]["field"] == "spec.slurmd.registration"
+    status, body = await raw.post(BASE, nodeset("noimage", slurmd={}))
+    assert status == 422 and body["details"]["causes"][0]["field"] == "spec.slurmd.image"

@@ -1,0 +1,55 @@
+"""The Kubernetes source tells sunkd's own slurmd pods from the others, on both backends:
+a pod is reported as the slurmd pod of Slurm node X (`PodRef.slurmd`) only when its
+controller owner reference is a Nodeset the source knows, by uid, and its labels name that
+Nodeset; an impostor wearing the labels is reported as any other pod. The fold then never
+counts sunkd's own pod as a pod beside Slurm (`ownership.running_pods`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sunkd.domain.events import K8sWorkloadObserved, SlurmdSpec
+from sunkd.kubernetes.client import PODS, KubeClient, ResourceType
+from sunkd.kubernetes.slurmd_pod import render
+
+from .kube_backends import Kube
+from .kube_helpers import create_node, ensure_namespace, install_crd, nodeset_body, running_source
+
+SPEC = SlurmdSpec(image="localhost/sunkd-slurmd:22.05", image_pull_policy="Never")
+
+
+@pytest.fixture
+async def client(kube: Kube) -> AsyncIterator[tuple[KubeClient, ResourceType]]:
+    yield kube.client, await install_crd(kube.client)
+
+
+async def test_own_slurmd_pods_are_told_from_impostors(
+    client: tuple[KubeClient, ResourceType]
+) -> None:
+    api, rt = client
+    await ensure_namespace(api, "hpc")
+    body = nodeset_body("hpc", "gpu", node_selector={"pool": "gpu"},
+                        workload_selector={"app": "serve"}, partitions=["gpu"],
+                        group=rt.group, version=rt.version)
+    body["spec"]["slurmd"] = {"image": SPEC.image}
+    uid = (await api.create(rt, body, "hpc"))["metadata"]["uid"]
+    await create_node(api, "gpu1", {"pool": "gpu"})
+
+    def pod(name: str, slurm_node: str = "gpu1", owner: bool = True) -> dict[str, object]:
+        obj = render(SPEC, nodeset="gpu", namespace="hpc", nodeset_uid=uid,
+                     slurm_node=slurm_node, k8s_node="gpu1", name=name)
+        if not owner:
+            obj["metadata"].pop("ownerReferences")  # type: ignore[attr-defined]
+        return obj
+
+    await api.create(PODS, pod("gpu-gpu1"), "hpc")
+    await api.create(PODS, pod("impostor", owner=False), "hpc")
+    await api.create(PODS, pod("for-another-node", slurm_node="gpu9"), "hpc")
+    async with running_source(api, rt) as (_source, sink):
+        (workload,) = [p for p in sink.payloads(K8sWorkloadObserved)
+                       if isinstance(p, K8sWorkloadObserved) and p.node == "gpu1"]
+        got = {ref.name: (ref.slurmd, ref.pool_pod) for ref in workload.pods}
+        assert got == {"gpu-gpu1": ("gpu1", False), "impostor": ("", False),
+                       "for-another-node": ("gpu9", False)}

@@ -1,0 +1,136 @@
+"""sunkd's own slurmd pod is Slurm's daemon, not a pod beside Slurm: `running_pods` leaves
+it out (so it is no conflict, no reason to wait before a resume, and never evicted), while
+a slurmd pod of another node and an impostor (reported with `slurmd=""`) count. The pod's
+claim is read from its metadata only when a Nodeset is its controller owner. Over the
+folded state: the plan's view (`nodes_from_state`), the Nodeset's `status.slurmd`, and the
+executor refusing a delete it cannot confirm with Slurm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sunkd.domain.events import (
+    K8sNodesetObserved,
+    K8sWorkloadObserved,
+    Label,
+    PodRef,
+    SlurmdSpec,
+)
+from sunkd.domain.ownership import no_pods, running_pods
+from sunkd.domain.policy import effective_pools
+from sunkd.domain.policy.slurmd import (
+    VERB_SLURMD_DELETE,
+    SlurmdNodeset,
+    nodes_from_state,
+    plan,
+    revision,
+)
+from sunkd.domain.ports import ActionError
+from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState, OpenAction
+from sunkd.kubernetes.nodeset_status import build_nodeset_status
+from sunkd.kubernetes.normalize import slim_pod, slurmd_claim
+from sunkd.kubernetes.slurmd_pod import render
+from sunkd.runtime.executor import ActuatorExecutor
+from tests.unit.domain_world import POOL, POOL_LABEL, slurm_obs
+from tests.unit.test_domain_policy import _cluster
+
+
+def test_own_slurmd_pod_is_no_running_pod() -> None:
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    node = NodeState(name="n1", pods=(own,))
+    assert running_pods(node) == [] and no_pods(node)
+    other = PodRef("hpc", "gpu-n2", "Running", uid="u2", pool_pod=False, slurmd="n2")
+    impostor = PodRef("hpc", "impostor", "Running", uid="u3", pool_pod=False)
+    node = NodeState(name="n1", pods=(own, other, impostor))
+    assert running_pods(node) == ["hpc/gpu-n2", "hpc/impostor"] and not no_pods(node)
+    assert not no_pods(NodeState(name="n1", pods=None))  # unknown stays unknown
+
+
+def pod(**meta: Any) -> dict[str, Any]:
+    obj = render(SlurmdSpec(image="i"), nodeset="gpu", namespace="hpc", nodeset_uid="U",
+                 slurm_node="n1", k8s_node="k1", name="gpu-n1")
+    obj["metadata"].update(meta)
+    obj["metadata"]["uid"] = "p1"
+    obj["status"] = {"phase": "Running"}
+    return obj
+
+
+def test_the_claim_needs_a_nodeset_as_controller_owner() -> None:
+    assert slim_pod(pod()).slurmd_claim == ("U", "gpu", "n1")
+    assert slim_pod(pod(ownerReferences=[])).slurmd_claim is None
+    wrong_kind = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "gpu", "uid": "U",
+                   "controller": True}]
+    assert slim_pod(pod(ownerReferences=wrong_kind)).slurmd_claim is None
+    other_name = [{"apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset", "name": "cpu",
+                   "uid": "U", "controller": True}]
+    assert slim_pod(pod(ownerReferences=other_name)).slurmd_claim is None
+    assert slurmd_claim({"labels": {"app": "x"}}) is None
+    assert slurmd_claim({"labels": {"sunkd.io/slurmd-nodeset": "gpu"}, "annotations": 5}) is None
+
+
+# ------------------------------------------------ the plan over the folded state
+
+
+def _folded(pods: tuple[PodRef, ...] | None, *, lent: bool = False,
+            busy: bool = False) -> ClusterState:
+    log = _cluster(1, kubernetes=("n1",) if lent else ())
+    if busy:
+        log.add(slurm_obs("n1", state="ALLOCATED", alloc_cpus=4), 2.0)
+    if pods is not None:
+        log.add(K8sWorkloadObserved(node="n1", pool="", pods=pods), 2.0)
+    return log.state()
+
+
+
+def _plan(state: ClusterState) -> list[tuple[str, str]]:
+    nodeset = SlurmdNodeset("gpu", "hpc", "U", SlurmdSpec(image="i"))
+    nodes = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
+    return [(s.verb, s.pod) for s in plan(nodeset, nodes, 10.0, sources_fresh=True)]
+
+
+def test_from_the_fold_a_slurm_node_gets_its_pod_and_keeps_it_under_a_job() -> None:
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    assert _plan(_folded(())) == [("slurmd-create", "hpc/gpu-n1")]
+    assert _plan(_folded((own,))) == [("", "")]
+    # Busy with its own slurmd pod running: no conflict hold, nothing to do.
+    assert _plan(_folded((own,), busy=True)) == [("", "")]
+    # Busy beside an impostor: a conflict (HELD), nothing created or deleted.
+    impostor = PodRef("hpc", "gpu-n1", "Running", uid="u9", pool_pod=False)
+    assert _plan(_folded((impostor,), busy=True)) == [("", "")]
+
+
+def test_from_the_fold_a_lent_drained_node_loses_its_pod() -> None:
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    assert _plan(_folded((own,), lent=True)) == [("slurmd-delete", "hpc/gpu-n1")]
+    assert _plan(_folded((), lent=True)) == [("", "")]
+
+
+def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
+    log = _cluster(3, kubernetes=("n3",))
+    spec = SlurmdSpec(image="i")
+    log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
+                               partitions=("gpu",), slurmd=spec), 2.0)
+    own = PodRef("default", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    starting = PodRef("default", "gpu-n2", "Pending", uid="u2", pool_pod=False, slurmd="n2")
+    log.add(K8sWorkloadObserved(node="n1", pool="", pods=(own,)), 3.0)
+    log.add(K8sWorkloadObserved(node="n2", pool="", pods=(starting,)), 3.0)
+    state = log.state()
+    status = build_nodeset_status(state, effective_pools(state), POOL, 1, 10.0)
+    assert status["slurmd"] == {"desired": 2, "current": 2, "ready": 1, "registered": 1,
+                                "revision": revision(spec)}
+    log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
+                               partitions=("gpu",)), 4.0)
+    state = log.state()
+    assert "slurmd" not in build_nodeset_status(state, effective_pools(state), POOL, 1, 10.0)
+
+
+async def test_the_executor_refuses_a_slurmd_delete_it_cannot_confirm_with_slurm() -> None:
+    """No Slurm reader: the delete is refused before any Kubernetes call (fail closed),
+    where `unlock` keeps its older behaviour."""
+    action = OpenAction("a1", None, OWNER_KUBERNETES, VERB_SLURMD_DELETE, "n1", 1, "lend",
+                        (Label("pod", "hpc/gpu-n1"),), 0.0, 1)
+    with pytest.raises(ActionError, match="no Slurm reader to confirm it is drained") as raised:
+        await ActuatorExecutor(None, None, None).execute(action, None)
+    assert raised.value.retryable
