@@ -76,6 +76,7 @@ from sunkd.domain.policy.model import (
     effective_pools,
     lend_reason,
     membership,
+    membership_and_overlaps,
     pool_from_nodeset,
     pool_overlaps,
     retry_backoff,
@@ -121,6 +122,7 @@ __all__ = [
     "kubernetes_overrides",
     "lend_reason",
     "membership",
+    "membership_and_overlaps",
     "pool_from_nodeset",
     "pool_overlaps",
     "protect_running_pods",
@@ -149,14 +151,13 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
     planner = _Planner(state, now)
     by_name = {pool.name: pool for pool in pools}
     members: dict[str, list[NodeState]] = {}
-    member_of = membership(state, pools)
+    member_of, overlaps = membership_and_overlaps(state, pools)
     for name, pool_name in member_of.items():
         members.setdefault(pool_name, []).append(state.nodes[name])
     for pool_name in sorted(members):
         nodes = sorted(members[pool_name], key=lambda n: n.name)
         pool = by_name.get(pool_name) or PoolSpec(name=pool_name)
         _plan_pool(planner, pool, nodes)
-    overlaps = pool_overlaps(state, pools)
     for name, claimed_by in sorted(overlaps.items()):
         _report_overlap(planner, state.nodes[name], claimed_by)
     _forget_gone(planner, state, member_of.keys() | overlaps.keys())

@@ -12,7 +12,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from sunkd.domain.events import legacy_node_job_ends
-from sunkd.domain.ownership import Assessment, assess, no_pods, slurm_busy, slurm_usable
+from sunkd.domain.ownership import (
+    Assessment,
+    assess,
+    no_pods,
+    slurm_busy,
+    slurm_usable,
+    sources_unknown,
+)
 from sunkd.domain.policy.fairness import kubernetes_overrides, slurm_reserves
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
 from sunkd.domain.policy.planner import _Planner
@@ -46,7 +53,8 @@ def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
     """Assess every member; count the pool's open moves and its settled owners."""
     state = planner.state
     now = planner.now
-    assessments = {node.name: assess(state, node, now) for node in members}
+    sources = sources_unknown(state)
+    assessments = {node.name: assess(state, node, now, sources) for node in members}
 
     lends = [n for n in members if n.transition is not None and n.transition.direction == "lend"]
     reclaims = [

@@ -27,7 +27,7 @@ from sunkd.domain.policy.model import (
     PREFER_KUBERNETES,
     PoolSpec,
 )
-from sunkd.domain.policy.planner import _active_pods, _Planner
+from sunkd.domain.policy.planner import _active_pod_count, _Planner
 from sunkd.domain.policy.reclaim import _can_reclaim, _start_reclaim
 from sunkd.domain.policy.repair import (
     _repair,
@@ -254,7 +254,7 @@ def _start_demand_reclaims(
     those running the fewest pool pods first."""
     spec = pool.ownership
     candidates = [n for n in reclaimable if _dwell_ok(n, spec, planner.now)]
-    candidates.sort(key=lambda n: (len(_active_pods(n)), n.name))
+    candidates.sort(key=lambda n: (_active_pod_count(n), n.name))
     if spec.max_kubernetes is not None and (
         census.owned_k8s + len(census.lends) > spec.max_kubernetes
     ):
@@ -266,7 +266,7 @@ def _start_demand_reclaims(
                                               planner.now):
             # Demand evicts pool pods only for Slurm's next job, never those the pool
             # prefers (policy/fairness.py): otherwise only nodes running none move.
-            candidates = [n for n in candidates if not _active_pods(n)]
+            candidates = [n for n in candidates if not _active_pod_count(n)]
     else:
         why = f"min_slurm is {spec.min_slurm}"
     for node in candidates[: min(reclaim_more, budget)]:
