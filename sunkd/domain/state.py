@@ -75,6 +75,10 @@ SOURCE_FRESH = "fresh"
 # (NOT_RESPONDING shows up for a few seconds right after a resume or a slurmd restart).
 UNHEALTHY_SLURM_STATES = UNHEALTHY_STATES
 UNHEALTHY_SLURM_FLAGS = UNHEALTHY_FLAGS
+# How long Kubernetes' pods may wait without a break before the policy counts them
+# starved (policy/fairness.py, `KUBERNETES_WAIT_BOUND_SECONDS`); the fold remembers the
+# last run of pending pods at least this long (`k8s_pending_last`).
+STARVATION_BOUND_SECONDS = 30.0
 
 
 class Phase(StrEnum):
@@ -330,6 +334,12 @@ class ClusterState:
     # non-empty pending lists (absent while nothing is pending). How long Kubernetes'
     # demand has waited: the policy's starvation bound reads it (policy/fairness.py).
     k8s_pending_since: Mapping[str, float] = field(default_factory=dict)
+    # Per pool: (since, ended) of the last unbroken run of pending pods that lasted at
+    # least `STARVATION_BOUND_SECONDS` (the first pending list and the first empty one
+    # after it; shorter runs do not replace it). The starvation rule's hysteresis reads
+    # it: a starvation that just ended still protects what Kubernetes won for a while,
+    # whatever short waits follow it (policy/fairness.py).
+    k8s_pending_last: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     # Per partition: recorded_at of the first slurm.demand.observed reporting a head job
     # (`head_job`) since jobs last stopped waiting for nodes (any head job: it runs on
     # when one head job starts and the next takes its place; absent once no job waits for
@@ -423,6 +433,7 @@ class _Builder:
         self.slurm_demand: dict[str, SlurmDemandObserved] | None = None
         self.k8s_demand: dict[str, K8sDemandObserved] | None = None
         self.k8s_pending_since: dict[str, float] | None = None
+        self.k8s_pending_last: dict[str, tuple[float, float]] | None = None
         self.slurm_head_since: dict[str, float] | None = None
         self.sources: dict[str, SourceState] | None = None
         self.leader_epoch = base.leader_epoch
@@ -549,6 +560,10 @@ class _Builder:
             k8s_pending_since=(
                 self.k8s_pending_since if self.k8s_pending_since is not None
                 else base.k8s_pending_since
+            ),
+            k8s_pending_last=(
+                self.k8s_pending_last if self.k8s_pending_last is not None
+                else base.k8s_pending_last
             ),
             slurm_head_since=(
                 self.slurm_head_since if self.slurm_head_since is not None
@@ -743,7 +758,11 @@ def _on_k8s_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         if p.pending:
             b.k8s_pending_since[pool] = _at(event)
         else:
-            del b.k8s_pending_since[pool]
+            started, ended = b.k8s_pending_since.pop(pool), _at(event)
+            if ended - started >= STARVATION_BOUND_SECONDS:
+                if b.k8s_pending_last is None:
+                    b.k8s_pending_last = dict(b.base.k8s_pending_last)
+                b.k8s_pending_last[pool] = (started, ended)
 
 
 def _on_nodeset(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:

@@ -59,6 +59,7 @@ from sunkd.domain.policy import (
     reclaim_grace_started_at,
     retry_backoff,
     stale_action,
+    starvation_held_until,
 )
 from sunkd.domain.state import EMPTY, OWNER_NONE, OWNER_SLURM, ClusterState, OpenAction, fold
 from sunkd.simulate.actuate import carry_out
@@ -348,6 +349,7 @@ class SunkdController:
         pending_since = self.state.k8s_pending_since.get(self.pool.name)
         if pending_since is not None:
             consider(pending_since + KUBERNETES_WAIT_BOUND_SECONDS)
+        consider(starvation_held_until(self.state, self.pool))  # the hysteresis ends
         for head_since in self.state.slurm_head_since.values():
             consider(head_since + SLURM_HEAD_WAIT_BOUND_SECONDS)
         for node in self.state.nodes.values():

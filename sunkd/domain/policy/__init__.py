@@ -42,9 +42,12 @@ from sunkd.domain.policy.fairness import (
     FAIR_SHARE,
     KUBERNETES_WAIT_BOUND_SECONDS,
     SLURM_HEAD_WAIT_BOUND_SECONDS,
+    STARVATION_HOLD_SECONDS,
     kubernetes_overrides,
+    kubernetes_starved,
     protect_running_pods,
     slurm_reserves,
+    starvation_held_until,
 )
 from sunkd.domain.policy.holds import _release_marks, unpooled_marks
 from sunkd.domain.policy.model import (
@@ -101,6 +104,7 @@ __all__ = [
     "RETRY_BASE_SECONDS",
     "RETRY_MAX_SECONDS",
     "SLURM_HEAD_WAIT_BOUND_SECONDS",
+    "STARVATION_HOLD_SECONDS",
     "VERB_CORDON",
     "VERB_DRAIN",
     "VERB_EVICT",
@@ -120,6 +124,7 @@ __all__ = [
     "decision_to_event",
     "effective_pools",
     "kubernetes_overrides",
+    "kubernetes_starved",
     "lend_reason",
     "membership",
     "membership_and_overlaps",
@@ -130,6 +135,7 @@ __all__ = [
     "retry_backoff",
     "slurm_reserves",
     "stale_action",
+    "starvation_held_until",
     "unpooled_marks",
 ]
 
