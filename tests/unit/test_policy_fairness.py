@@ -345,11 +345,13 @@ def test_the_hold_never_keeps_nodes_slurm_s_next_job_needs() -> None:
     assert _starts(log, ended + 1, pool_spec()) == [("n3", "slurm")]
 
 
-def test_the_hold_takes_only_idle_kubernetes_nodes() -> None:
+def test_the_hold_keeps_an_idle_kubernetes_node_too() -> None:
+    """A node that sat idle between two pods was reclaimed, and the next pods starved."""
     log = _cluster(4, kubernetes=("n3", "n4"))
     ended = _starved_then_placed(log, KUBERNETES_WAIT_BOUND_SECONDS + 30)
     _running(log, "n4", 0, now=ended)  # n4's pods ended: no eviction needed
-    assert _starts(log, ended + 1, pool_spec()) == [("n4", "slurm")]
+    assert _starts(log, ended + 1, pool_spec()) == []
+    assert _starts(log, ended + STARVATION_HOLD_SECONDS, pool_spec()) == [("n4", "slurm")]
 
 
 def test_the_hold_survives_a_snapshot_and_older_snapshots_still_load() -> None:

@@ -264,9 +264,14 @@ def _start_demand_reclaims(
         floor_met = census.owned_slurm + len(census.reclaims) >= spec.min_slurm
         if floor_met and protect_running_pods(planner.state, pool, census.members,
                                               planner.now):
-            # Demand evicts pool pods only for Slurm's next job, never those the pool
-            # prefers (policy/fairness.py): otherwise only nodes running none move.
-            candidates = [n for n in candidates if not _active_pod_count(n)]
+            if spec.prefer == PREFER_KUBERNETES:
+                # Demand evicts pool pods only for Slurm's next job, never those the pool
+                # prefers (policy/fairness.py): otherwise only nodes running none move.
+                candidates = [n for n in candidates if not _active_pod_count(n)]
+            else:
+                # Kubernetes is starved, or was within the hold: it keeps what it won,
+                # idle or not, beyond Slurm's next job (the hysteresis, fairness.py).
+                candidates = []
     else:
         why = f"min_slurm is {spec.min_slurm}"
     for node in candidates[: min(reclaim_more, budget)]:
