@@ -43,6 +43,8 @@ from sunkd.simulate.arms import SimConfig
 from sunkd.simulate.workload import WorkloadSpec, build_workload
 from sunkd.simulate.world import World
 
+SPLITS: search.SplitCache = {}  # separate clusters' verdicts, shared across scenarios
+
 
 def run_scenario(name: str, days: float, ownership: OwnershipSpec,
                  config: SimConfig) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def run_scenario(name: str, days: float, ownership: OwnershipSpec,
     openb = traces.load_openb(traces.shipped(traces.DEFAULT_OPENB))
     workload = build_workload(WorkloadSpec(scenario=name, days=days), swf, openb)
     started = time.perf_counter()
-    minimal, _, _ = search.minimal_split(workload, config)
+    minimal, _, _ = search.minimal_split(workload, config, cache=SPLITS)
     assert minimal is not None, f"{name}: no separate split meets the targets"
     nodes = minimal.slurm + minimal.k8s
     comparison = search.compare(workload, nodes, minimal, ownership, config)
@@ -88,15 +90,15 @@ def run_scenario(name: str, days: float, ownership: OwnershipSpec,
     return result
 
 
-def series_overhead(days: float) -> dict[str, Any]:
+def series_overhead(days: float, repeats: int = 3) -> dict[str, Any]:
     """What recording the time series (--plot) costs the world model: the separate arm
-    of the traces scenario with and without it, best of 3 each, interleaved."""
+    of the traces scenario with and without it, best of `repeats` each, interleaved."""
     swf = traces.load_swf(traces.shipped(traces.DEFAULT_SWF))
     openb = traces.load_openb(traces.shipped(traces.DEFAULT_OPENB))
     workload = build_workload(WorkloadSpec(scenario="traces", days=days), swf, openb)
     best = {"with": float("inf"), "without": float("inf")}
     samples = 0
-    for _ in range(3):
+    for _ in range(repeats):
         for label in ("without", "with"):
             world = World(workload, 179, 51)
             if label == "without":
@@ -126,7 +128,7 @@ def main() -> int:
     }
     serving_first = None if args.quick else run_scenario(
         "diurnal+backlog", 7.0, replace(defaults, prefer="Kubernetes"), config)
-    overhead = series_overhead(10.0 if args.quick else 40.0)
+    overhead = series_overhead(10.0 if args.quick else 40.0, 1 if args.quick else 3)
     total = time.perf_counter() - started
     starved_excess = max(s["jobs_starved"]["sunkd"] - s["jobs_starved"]["separate"]
                          for s in scenarios.values())
