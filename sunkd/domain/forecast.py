@@ -10,14 +10,17 @@ raw history, so its size does not grow with the log):
 - the current hour's peak of `wanted`;
 - per hour of the day (`BUCKETS`), an exponentially weighted mean and variance of the
   hours' peaks (`ALPHA`), and how many peaks it has seen;
-- the tracked error: an exponentially weighted mean of |peak - prediction| / prediction,
-  each hour's peak against what the profile said before it learned that hour;
+- the tracked error, per hour of the day: an exponentially weighted mean of
+  |peak - prediction| / prediction, each hour's peak against what the profile said
+  before it learned that hour (per hour: quiet nights must not hide a peak hour that
+  the profile keeps missing);
 - the lead time: an exponentially weighted mean of how long this pool's lends took
   (start to completion: mostly a job's remaining run time, since a drain waits for it).
 
 `predict` reads it at a time `at`: the bucket's mean plus the headroom quantile's share
 of its spread (a normal quantile: `NormalDist`), or None while the bucket has seen fewer
-than `MIN_SAMPLES` peaks (a cold start changes nothing: today's behaviour). Everything
+than `MIN_SAMPLES` peaks (a cold start changes nothing: today's behaviour) or its error
+is above `ERROR_LIMIT`. Everything
 is a pure function of the events' recorded times: no clock, deterministic on replay.
 """
 
@@ -49,8 +52,7 @@ class DemandSummary:
     means: tuple[float, ...] = (0.0,) * BUCKETS
     variances: tuple[float, ...] = (0.0,) * BUCKETS
     samples: tuple[int, ...] = (0,) * BUCKETS
-    error: float = 0.0  # EWMA of |peak - prediction| / max(prediction, 1)
-    errors_seen: int = 0
+    errors: tuple[float, ...] = (0.0,) * BUCKETS  # EWMA |peak - mean| / max(mean, 1)
     lead: float = 0.0  # EWMA of the pool's lend durations, seconds
     leads_seen: int = 0
     node_gpus: int = 0  # the largest pool node seen (sizes the pending pods' nodes)
@@ -59,6 +61,12 @@ class DemandSummary:
     @property
     def wanted(self) -> int:
         return self.busy + self.pending
+
+    @property
+    def error(self) -> float:
+        """The mean tracked error over the hours that have one (0.0: none yet)."""
+        seen = [e for e, n in zip(self.errors, self.samples, strict=True) if n >= MIN_SAMPLES]
+        return sum(seen) / len(seen) if seen else 0.0
 
 
 def _bucket(hour: int) -> int:
@@ -74,17 +82,16 @@ def close_hours(summary: DemandSummary, at: float) -> DemandSummary:
     if hour <= summary.hour:
         return summary
     means, variances = list(summary.means), list(summary.variances)
-    samples = list(summary.samples)
-    error, errors_seen = summary.error, summary.errors_seen
+    samples, errors = list(summary.samples), list(summary.errors)
     peak = summary.peak
     # Hours with no event at all repeat the demand the last one ended with; a gap longer
     # than a day only needs each bucket once (bounded work whatever the gap).
     for closing in range(max(summary.hour, hour - BUCKETS), hour):
         b = _bucket(closing)
-        if samples[b] >= MIN_SAMPLES:
+        if samples[b] >= 1:
             expected = means[b]
-            error = (1 - ALPHA) * error + ALPHA * abs(peak - expected) / max(expected, 1.0)
-            errors_seen += 1
+            errors[b] = (1 - ALPHA) * errors[b] + ALPHA * abs(peak - expected) / max(
+                expected, 1.0)
         if samples[b] == 0:
             means[b], variances[b] = float(peak), 0.0
         else:
@@ -94,8 +101,8 @@ def close_hours(summary: DemandSummary, at: float) -> DemandSummary:
         samples[b] = min(samples[b] + 1, 1_000_000)
         peak = summary.wanted  # the next hours start from where the demand ended
     return replace(summary, hour=hour, peak=summary.wanted, means=tuple(means),
-                   variances=tuple(variances), samples=tuple(samples), error=error,
-                   errors_seen=errors_seen)
+                   variances=tuple(variances), samples=tuple(samples),
+                   errors=tuple(errors))
 
 
 def observe(summary: DemandSummary, at: float, *, busy: int | None = None,
@@ -128,21 +135,22 @@ class Prediction:
     at: float  # the time predicted for (start of its hour)
     wanted: int  # nodes wanted then, with the headroom
     mean: float  # the profile's mean for that hour
-    error: float  # the tracked relative error
+    error: float  # the hour's tracked relative error
 
 
 def predict(summary: DemandSummary, at: float, quantile: float) -> Prediction | None:
     """Nodes the pool's pods will want in `at`'s hour, at the headroom `quantile` of the
-    hour's peaks (None: that hour has not been seen `MIN_SAMPLES` times)."""
+    hour's peaks (None: that hour has not been seen `MIN_SAMPLES` times, or its error is
+    above `ERROR_LIMIT`)."""
     b = _bucket(int(at // HOUR))
-    if summary.samples[b] < MIN_SAMPLES:
+    if summary.samples[b] < MIN_SAMPLES or summary.errors[b] > ERROR_LIMIT:
         return None
     mean = summary.means[b]
     spread = math.sqrt(max(summary.variances[b], 0.0))
     q = min(max(quantile, 0.5), 0.999)
     wanted = math.ceil(mean + NormalDist().inv_cdf(q) * spread - 1e-9)
     return Prediction(at=float(int(at // HOUR)) * HOUR, wanted=max(wanted, 0), mean=mean,
-                      error=summary.error)
+                      error=summary.errors[b])
 
 
 def pending_nodes(gpus: int, cpu_millis: int, node_gpus: int, node_cpu_millis: int,
@@ -176,7 +184,7 @@ def from_json(raw: dict[str, object]) -> DemandSummary:
                 continue
             kind = int if name == "samples" else float
             fields[name] = tuple(kind(v) for v in value)
-        elif name in ("error", "lead"):
+        elif name == "lead":
             fields[name] = float(value)  # type: ignore[arg-type]
         else:
             fields[name] = int(value)  # type: ignore[call-overload]

@@ -258,5 +258,8 @@ def knob_text(spec: OwnershipSpec) -> str:
         fields.append(f"drainTimeout={spec.drain_timeout_seconds:g}")
     if spec.reclaim_grace_seconds != OwnershipSpec().reclaim_grace_seconds:
         fields.append(f"reclaimGrace={spec.reclaim_grace_seconds:g}")
+    if spec.forecast:
+        fields.append(f"forecast=on horizon={spec.forecast_horizon_seconds:g} "
+                      f"quantile={spec.headroom_quantile:g}")
     return " ".join(fields)
 

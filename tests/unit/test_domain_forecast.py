@@ -51,7 +51,8 @@ def test_the_summary_is_bounded_deterministic_and_never_predicts_cold(
     assert forecast.from_json(json.loads(json.dumps(forecast.to_json(summary)))) == summary
     for hour in range(BUCKETS):
         found = predict(summary, hour * HOUR, quantile)
-        if summary.samples[hour] < forecast.MIN_SAMPLES:
+        if (summary.samples[hour] < forecast.MIN_SAMPLES
+                or summary.errors[hour] > forecast.ERROR_LIMIT):
             assert found is None
         else:
             assert found is not None and found.wanted >= 0

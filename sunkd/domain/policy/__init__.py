@@ -25,6 +25,7 @@ The package is split by concern (each module says why it exists):
 - `planner`: `_Planner`, the round's decisions and ids, and `ensure` (retry, backoff);
 - `demand`: nodes each side's pending work needs, Slurm job end times;
 - `lend`, `reclaim`: the two directions of a move, step by step;
+- `ahead`: headroom ahead of the forecast peak (lends the pool's forecast justifies);
 - `fairness`: `prefer` decides contested nodes, within a starvation bound and no
   preemption of waiting or preferred work;
 - `transitions`: driving an open transition (or aborting it), adoption, and which
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Set
 
+from sunkd.domain.policy.ahead import forecast_wanted, lead_seconds
 from sunkd.domain.policy.fairness import (
     FAIR_SHARE,
     KUBERNETES_WAIT_BOUND_SECONDS,
@@ -123,8 +125,10 @@ __all__ = [
     "decide",
     "decision_to_event",
     "effective_pools",
+    "forecast_wanted",
     "kubernetes_overrides",
     "kubernetes_starved",
+    "lead_seconds",
     "lend_reason",
     "membership",
     "membership_and_overlaps",

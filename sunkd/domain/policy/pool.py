@@ -231,7 +231,8 @@ def _start_demand_lends(
     candidates = [n for n in lendable if _dwell_ok(n, spec, planner.now)]
     candidates.sort(key=lambda n: _lend_order(n, ends))
     why = (
-        f"kubernetes needs {demand.k8s_needed} node(s) for pending pool pods"
+        demand.ahead_why if demand.ahead_why is not None
+        else f"kubernetes needs {demand.k8s_needed} node(s) for pending pool pods"
         if demand.k8s_needed >= spec.min_kubernetes - census.owned_k8s
         else f"min_kubernetes is {spec.min_kubernetes}"
     )
