@@ -24,9 +24,15 @@ KNOBS = {
     "minKubernetes": "min_kubernetes", "maxKubernetes": "max_kubernetes",
     "drainTimeout": "drain_timeout_seconds", "drainTimeoutSeconds": "drain_timeout_seconds",
     "reclaimGrace": "reclaim_grace_seconds", "reclaimGraceSeconds": "reclaim_grace_seconds",
+    "forecast": "forecast",
+    "forecastHorizon": "forecast_horizon_seconds",
+    "forecastHorizonSeconds": "forecast_horizon_seconds",
+    "headroomQuantile": "headroom_quantile",
 }
-_FLOATS = {"dwell_seconds", "drain_timeout_seconds", "reclaim_grace_seconds"}
+_FLOATS = {"dwell_seconds", "drain_timeout_seconds", "reclaim_grace_seconds",
+           "forecast_horizon_seconds", "headroom_quantile"}
 _CHOICES = {"mode": ("Auto", "Slurm", "Kubernetes"), "prefer": ("Slurm", "Kubernetes")}
+_SWITCHES = {"forecast"}
 
 
 class UsageError(ValueError):
@@ -71,7 +77,8 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
     pool.add_argument("--node-memory-gib", type=int, default=768)
     pool.add_argument("--knobs", action="append", default=[], metavar="KEY=VALUE,...",
                       help="sunkd's knobs: prefer, dwell, maxInFlight, minSlurm, "
-                           "minKubernetes, maxKubernetes, drainTimeout, reclaimGrace, mode")
+                           "minKubernetes, maxKubernetes, drainTimeout, reclaimGrace, mode, "
+                                "forecast (on/off), forecastHorizon, headroomQuantile")
     pool.add_argument("--poll-interval", type=float, default=5.0, help="Slurm poll (s)")
     pool.add_argument("--move-cost", type=float, default=0.0,
                       help="extra seconds on the last step of every move")
@@ -107,6 +114,20 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def _value(field: str, text: str) -> Any:
+    if field in _SWITCHES:
+        if text.lower() in ("on", "true", "1", "yes"):
+            return True
+        if text.lower() in ("off", "false", "0", "no"):
+            return False
+        raise UsageError(f"{field}: on or off, got {text!r}")
+    if field == "headroom_quantile":
+        try:
+            quantile = float(text)
+        except ValueError:
+            raise UsageError(f"{field}: not a number: {text!r}") from None
+        if not 0.5 <= quantile < 1:
+            raise UsageError(f"{field}: must be in [0.5, 1), got {text!r}")
+        return quantile
     if field in _CHOICES:
         for choice in _CHOICES[field]:
             if text.lower() == choice.lower():

@@ -138,6 +138,12 @@ class OwnershipSpec:
     max_in_flight: int = 1
     drain_timeout_seconds: float = 1800.0
     reclaim_grace_seconds: float = 300.0
+    # Lend ahead of the pool's forecast demand (domain/forecast.py, policy/ahead.py):
+    # on/off, how far ahead at most (the lead time is what the pool's lends took), and
+    # the quantile of an hour's past peaks to hold nodes for.
+    forecast: bool = False
+    forecast_horizon_seconds: float = 4 * 3600.0
+    headroom_quantile: float = 0.9
 
 
 @dataclass(frozen=True, slots=True)

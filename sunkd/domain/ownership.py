@@ -239,8 +239,8 @@ def _slurm_condition(observation: SlurmNodeObserved) -> str:
     return text
 
 
-def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
-    """The node's effective phase and the reasons behind it at `now`."""
+def sources_unknown(state: ClusterState) -> tuple[str, ...]:
+    """Why no node may be acted on: a source not fresh in this leadership term."""
     unknown: list[str] = []
     for source in (OWNER_SLURM, OWNER_KUBERNETES):
         health = state.sources.get(source)
@@ -251,6 +251,14 @@ def assess(state: ClusterState, node: NodeState, now: float) -> Assessment:
             unknown.append(f"{source} source is {health.status}{cause}")
         elif not state.source_fresh(source):
             unknown.append(f"{source} source has not reported in this leadership term yet")
+    return tuple(unknown)
+
+
+def assess(state: ClusterState, node: NodeState, now: float,
+           sources: tuple[str, ...] | None = None) -> Assessment:
+    """The node's effective phase and the reasons behind it at `now`. `sources` is
+    `sources_unknown(state)` when the caller assesses many nodes of one state."""
+    unknown = list(sources_unknown(state) if sources is None else sources)
     if node.slurm is None and not node.slurm_missing:
         unknown.append("not observed in Slurm yet")
     if node.k8s is None and not node.k8s_missing:
@@ -359,7 +367,13 @@ def no_pods(node: NodeState) -> bool:
     """The node's Node reported its pods and none of them runs. Unknown pods (no report)
     are never "no pods": every handover to Slurm and every "idle" count asks this, not
     `running_pods(node) == []`."""
-    return node.pods is not None and not running_pods(node)
+    return node.pods is not None and running_pod_count(node) == 0
+
+
+def running_pod_count(node: NodeState) -> int:
+    """How many pods `running_pods` lists, without naming and sorting them (the policy
+    counts and orders by it for every member on every round)."""
+    return sum(1 for pod in node.pods or () if pod.phase not in _DONE_PHASES)
 
 
 def observed(node: NodeState) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from sunkd.domain import authorship as marks
+from sunkd.domain import forecast
 from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark, HoldMark
 from sunkd.domain.events import (
@@ -379,6 +380,9 @@ def state_to_json(state: ClusterState) -> dict[str, Any]:
         "slurm_demand": {part: encode_payload(p) for part, p in state.slurm_demand.items()},
         "k8s_demand": {pool: encode_payload(p) for pool, p in state.k8s_demand.items()},
         "k8s_pending_since": dict(state.k8s_pending_since),
+        "k8s_pending_last": {pool: list(run) for pool, run in state.k8s_pending_last.items()},
+        "demand_history": {pool: forecast.to_json(summary)
+                           for pool, summary in state.demand_history.items()},
         "slurm_head_since": dict(state.slurm_head_since),
         "sources": {
             source: {
@@ -470,6 +474,17 @@ def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
         # the clock (fold), which only delays the starvation bound, never hastens it.
         k8s_pending_since={
             pool: float(since) for pool, since in raw.get("k8s_pending_since", {}).items()
+        },
+        # Absent in older snapshots: no starvation ended recently, as after a restart
+        # of a log that never had one (the hysteresis only damps, never forces a move).
+        k8s_pending_last={
+            pool: (float(run[0]), float(run[1]))
+            for pool, run in raw.get("k8s_pending_last", {}).items()
+        },
+        # Absent in older snapshots: the forecast starts cold (today's behaviour).
+        demand_history={
+            pool: forecast.from_json(summary)
+            for pool, summary in raw.get("demand_history", {}).items()
         },
         slurm_head_since={
             part: float(since) for part, since in raw.get("slurm_head_since", {}).items()

@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from sunkd.domain import authorship as marks
+from sunkd.domain import forecast
 from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark, HoldMark
 from sunkd.domain.events import (
@@ -57,6 +58,7 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
+from sunkd.domain.forecast import DemandSummary
 from sunkd.domain.slurmnode import (
     KNOWN_USABLE_STATES,
     UNHEALTHY_FLAGS,
@@ -75,6 +77,10 @@ SOURCE_FRESH = "fresh"
 # (NOT_RESPONDING shows up for a few seconds right after a resume or a slurmd restart).
 UNHEALTHY_SLURM_STATES = UNHEALTHY_STATES
 UNHEALTHY_SLURM_FLAGS = UNHEALTHY_FLAGS
+# How long Kubernetes' pods may wait without a break before the policy counts them
+# starved (policy/fairness.py, `KUBERNETES_WAIT_BOUND_SECONDS`); the fold remembers the
+# last run of pending pods at least this long (`k8s_pending_last`).
+STARVATION_BOUND_SECONDS = 30.0
 
 
 class Phase(StrEnum):
@@ -330,6 +336,15 @@ class ClusterState:
     # non-empty pending lists (absent while nothing is pending). How long Kubernetes'
     # demand has waited: the policy's starvation bound reads it (policy/fairness.py).
     k8s_pending_since: Mapping[str, float] = field(default_factory=dict)
+    # Per pool: (since, ended) of the last unbroken run of pending pods that lasted at
+    # least `STARVATION_BOUND_SECONDS` (the first pending list and the first empty one
+    # after it; shorter runs do not replace it). The starvation rule's hysteresis reads
+    # it: a starvation that just ended still protects what Kubernetes won for a while,
+    # whatever short waits follow it (policy/fairness.py).
+    k8s_pending_last: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # Per pool: the bounded summary of its Kubernetes demand over time and of its lends'
+    # durations, from which the policy forecasts (domain/forecast.py).
+    demand_history: Mapping[str, DemandSummary] = field(default_factory=dict)
     # Per partition: recorded_at of the first slurm.demand.observed reporting a head job
     # (`head_job`) since jobs last stopped waiting for nodes (any head job: it runs on
     # when one head job starts and the next takes its place; absent once no job waits for
@@ -428,6 +443,8 @@ class _Builder:
         self.slurm_demand: dict[str, SlurmDemandObserved] | None = None
         self.k8s_demand: dict[str, K8sDemandObserved] | None = None
         self.k8s_pending_since: dict[str, float] | None = None
+        self.k8s_pending_last: dict[str, tuple[float, float]] | None = None
+        self.demand_history: dict[str, DemandSummary] | None = None
         self.slurm_head_since: dict[str, float] | None = None
         self.sources: dict[str, SourceState] | None = None
         self.leader_epoch = base.leader_epoch
@@ -503,6 +520,16 @@ class _Builder:
         self.touched = list(self.drafts)
         self.settle(at)
 
+    def history(self, pool: str) -> DemandSummary:
+        found = self.demand_history if self.demand_history is not None \
+            else self.base.demand_history
+        return found.get(pool) or DemandSummary()
+
+    def set_history(self, pool: str, summary: DemandSummary) -> None:
+        if self.demand_history is None:
+            self.demand_history = dict(self.base.demand_history)
+        self.demand_history[pool] = summary
+
     def reports(self) -> Mapping[str, tuple[PodRef, ...]]:
         return self.pod_reports if self.pod_reports is not None else self.base.pod_reports
 
@@ -554,6 +581,14 @@ class _Builder:
             k8s_pending_since=(
                 self.k8s_pending_since if self.k8s_pending_since is not None
                 else base.k8s_pending_since
+            ),
+            k8s_pending_last=(
+                self.k8s_pending_last if self.k8s_pending_last is not None
+                else base.k8s_pending_last
+            ),
+            demand_history=(
+                self.demand_history if self.demand_history is not None
+                else base.demand_history
             ),
             slurm_head_since=(
                 self.slurm_head_since if self.slurm_head_since is not None
@@ -697,6 +732,15 @@ def _on_workload(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     observation: K8sWorkloadObserved = p
     k8s_name = observation.node or event.subject
     pods: tuple[PodRef, ...] | None = observation.pods
+    if observation.pool:
+        # The forecast's reading: nodes running the pool's pods, counted on change (a
+        # Node whose report is dropped or unknown stops counting when next reported).
+        was = _runs_pods(b.reports().get(k8s_name))
+        now = observation.complete and _runs_pods(observation.pods)
+        if was != now:
+            summary = b.history(observation.pool)
+            b.set_history(observation.pool, forecast.observe(
+                summary, _at(event), busy=summary.busy + (1 if now else -1)))
     if observation.complete:
         b.writable_reports()[k8s_name] = observation.pods
     else:  # the source could not record them: unknown, not none
@@ -711,6 +755,15 @@ def _on_workload(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         d = b.quiet_draft(name)
     if d.k8s_name == k8s_name and d.k8s is not None:
         d.pods = pods
+        if observation.pool:
+            summary = b.history(observation.pool)
+            sized = forecast.observe_node(summary, d.k8s.gpus, d.k8s.cpu_millis)
+            if sized is not summary:
+                b.set_history(observation.pool, sized)
+
+
+def _runs_pods(pods: tuple[PodRef, ...] | None) -> bool:
+    return bool(pods) and any(pod.phase not in ("Succeeded", "Failed") for pod in pods or ())
 
 
 def _on_slurm_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -741,6 +794,8 @@ def _on_k8s_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         b.k8s_demand = dict(b.base.k8s_demand)
     pool = p.pool or subject
     b.k8s_demand[pool] = p
+    b.set_history(pool, forecast.observe(b.history(pool), _at(event),
+                                         pending=_pending_nodes(b, p)))
     since = b.k8s_pending_since if b.k8s_pending_since is not None else b.base.k8s_pending_since
     if bool(p.pending) != (pool in since):
         if b.k8s_pending_since is None:
@@ -748,7 +803,21 @@ def _on_k8s_demand(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         if p.pending:
             b.k8s_pending_since[pool] = _at(event)
         else:
-            del b.k8s_pending_since[pool]
+            started, ended = b.k8s_pending_since.pop(pool), _at(event)
+            if ended - started >= STARVATION_BOUND_SECONDS:
+                if b.k8s_pending_last is None:
+                    b.k8s_pending_last = dict(b.base.k8s_pending_last)
+                b.k8s_pending_last[pool] = (started, ended)
+
+
+def _pending_nodes(b: _Builder, demand: K8sDemandObserved) -> int:
+    """Nodes the pending pods need, by their GPU and CPU requests against the largest
+    Kubernetes node the pool's history has seen (one per pod until one is seen)."""
+    pending = demand.pending
+    summary = b.history(demand.pool)
+    return forecast.pending_nodes(sum(max(p.gpus, 0) for p in pending),
+                                  sum(max(p.cpu_millis, 0) for p in pending),
+                                  summary.node_gpus, summary.node_cpu_millis, len(pending))
 
 
 def _on_nodeset(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
@@ -836,6 +905,9 @@ def _on_ended(b: _Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         return  # stale or foreign reference: the log keeps it, the state ignores it
     if isinstance(ended, TransitionCompleted):
         d.owner = transition.to_owner
+        if transition.direction == "lend" and transition.pool:
+            b.set_history(transition.pool, forecast.observe_lend(
+                b.history(transition.pool), at - transition.started_at))
     else:
         d.owner = transition.from_owner
     d.phase = _owner_phase(d.owner)

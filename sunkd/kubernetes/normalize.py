@@ -397,7 +397,11 @@ def slim_nodeset(obj: JSON) -> JSON:
         count = getattr(ownership, name)
         if count is not None and not 0 <= count <= MAX_COUNT:
             raise MalformedObject(f"spec.ownership.{name}", f"out of range: {count}")
-    for name in ("dwell_seconds", "drain_timeout_seconds", "reclaim_grace_seconds"):
+    if not 0.5 <= ownership.headroom_quantile < 1:
+        raise MalformedObject("spec.ownership.headroomQuantile",
+                              f"out of range: {ownership.headroom_quantile}")
+    for name in ("dwell_seconds", "drain_timeout_seconds", "reclaim_grace_seconds",
+                 "forecast_horizon_seconds"):
         seconds = getattr(ownership, name)
         if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SECONDS):
             raise MalformedObject(f"spec.ownership.{name}", f"out of range: {seconds}")
@@ -485,7 +489,26 @@ def parse_ownership(raw: Any) -> OwnershipSpec:
         reclaim_grace_seconds=parse_duration(
             pick("reclaimGraceSeconds", "reclaimGrace"), d.reclaim_grace_seconds
         ),
+        forecast=_bool(pick("forecast"), d.forecast),
+        forecast_horizon_seconds=parse_duration(
+            pick("forecastHorizonSeconds", "forecastHorizon"), d.forecast_horizon_seconds
+        ),
+        headroom_quantile=_float(pick("headroomQuantile"), d.headroom_quantile),
     )
+
+
+def _bool(value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def _float(value: Any, default: float) -> float:
+    if value is None or isinstance(value, bool):
+        return default
+    return float(value)
 
 
 def pool_name(obj: Mapping[str, Any]) -> str:

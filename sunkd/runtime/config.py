@@ -84,6 +84,9 @@ class PoolSettings:
     max_in_flight: int = 1
     drain_timeout_seconds: float = 1800.0
     reclaim_grace_seconds: float = 300.0
+    forecast: bool = False  # lend ahead of the pool's forecast demand (docs/operations.md)
+    forecast_horizon_seconds: float = 4 * 3600.0
+    headroom_quantile: float = 0.9
 
 
 def pool_spec(pool: PoolSettings) -> PoolSpec:
@@ -97,7 +100,9 @@ def pool_spec(pool: PoolSettings) -> PoolSpec:
             max_kubernetes=pool.max_kubernetes, prefer=pool.prefer,
             dwell_seconds=pool.dwell_seconds, max_in_flight=pool.max_in_flight,
             drain_timeout_seconds=pool.drain_timeout_seconds,
-            reclaim_grace_seconds=pool.reclaim_grace_seconds),
+            reclaim_grace_seconds=pool.reclaim_grace_seconds, forecast=pool.forecast,
+            forecast_horizon_seconds=pool.forecast_horizon_seconds,
+            headroom_quantile=pool.headroom_quantile),
     )
 
 
@@ -163,6 +168,8 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "pools.dwell_seconds": (0.0, 30 * _DAY, False),
     "pools.drain_timeout_seconds": (0.0, 30 * _DAY, False),
     "pools.reclaim_grace_seconds": (0.0, 30 * _DAY, False),
+    "pools.forecast_horizon_seconds": (0.0, 30 * _DAY, False),
+    "pools.headroom_quantile": (0.5, 0.999, False),
 }
 
 

@@ -44,6 +44,7 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
+from sunkd.domain.forecast import HOUR
 from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS
 from sunkd.domain.policy import (
     KUBERNETES_WAIT_BOUND_SECONDS,
@@ -56,9 +57,11 @@ from sunkd.domain.policy import (
     StartTransition,
     decide,
     decision_to_event,
+    lead_seconds,
     reclaim_grace_started_at,
     retry_backoff,
     stale_action,
+    starvation_held_until,
 )
 from sunkd.domain.state import EMPTY, OWNER_NONE, OWNER_SLURM, ClusterState, OpenAction, fold
 from sunkd.simulate.actuate import carry_out
@@ -348,6 +351,14 @@ class SunkdController:
         pending_since = self.state.k8s_pending_since.get(self.pool.name)
         if pending_since is not None:
             consider(pending_since + KUBERNETES_WAIT_BOUND_SECONDS)
+        consider(starvation_held_until(self.state, self.pool))  # the hysteresis ends
+        if spec.forecast:
+            # The forecast's window [now, now + lead] crosses into another hour.
+            summary = self.state.demand_history.get(self.pool.name)
+            lead = 0.0 if summary is None else \
+                lead_seconds(summary, spec.forecast_horizon_seconds)
+            for edge in (now, now + lead):
+                consider((math.floor(edge / HOUR) + 1) * HOUR - (edge - now))
         for head_since in self.state.slurm_head_since.values():
             consider(head_since + SLURM_HEAD_WAIT_BOUND_SECONDS)
         for node in self.state.nodes.values():

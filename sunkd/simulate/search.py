@@ -56,20 +56,37 @@ class Split:
     k8s: int  # and Kubernetes'
 
 
+SplitCache = dict[tuple[object, ...], bool]
+
+
 def minimal_split(workload: Workload, config: SimConfig,
-                  progress: ProgressFactory = _none) -> tuple[Split | None, int, int | None]:
-    """The smallest separate clusters meeting the targets: (split, Slurm's, Kubernetes')."""
+                  progress: ProgressFactory = _none,
+                  cache: SplitCache | None = None) -> tuple[Split | None, int, int | None]:
+    """The smallest separate clusters meeting the targets: (split, Slurm's, Kubernetes').
+    `cache` (any dict, shared across calls) remembers each cluster size's verdict by the
+    side's own workload: scenarios sharing their pods (diurnal, diurnal+backlog) or
+    their batch jobs search that side once."""
     batch = slurm_only(workload)
     pods = k8s_only(workload)
+    memo: SplitCache = {} if cache is None else cache
+    # Hashed once: a key holding the tuples would hash 10^5 records on every lookup.
+    batch_key = (workload.horizon, workload.backlog_depth, hash(workload.jobs), config)
+    pods_key = (workload.horizon, hash(workload.pods), config)
 
     def slurm_meets(n: int) -> bool:
-        report = run_separate(batch, n, 0, config, progress(f"separate: Slurm {n}"))
-        return report.meets["batch_wait_p95"] is not False and \
-            report.meets.get("max_wait") is not False
+        key = ("slurm", n, *batch_key)
+        if key not in memo:
+            report = run_separate(batch, n, 0, config, progress(f"separate: Slurm {n}"))
+            memo[key] = report.meets["batch_wait_p95"] is not False and \
+                report.meets.get("max_wait") is not False
+        return memo[key]
 
     def k8s_meets(n: int) -> bool:
-        report = run_separate(pods, 0, n, config, progress(f"separate: Kubernetes {n}"))
-        return report.meets["pod_pending_p95"] is not False
+        key = ("k8s", n, *pods_key)
+        if key not in memo:
+            report = run_separate(pods, 0, n, config, progress(f"separate: Kubernetes {n}"))
+            memo[key] = report.meets["pod_pending_p95"] is not False
+        return memo[key]
 
     widest = max(workload.widest_job, 1)
     batch_load, pod_load = mean_load(workload, config.shape.gpus)
@@ -241,5 +258,8 @@ def knob_text(spec: OwnershipSpec) -> str:
         fields.append(f"drainTimeout={spec.drain_timeout_seconds:g}")
     if spec.reclaim_grace_seconds != OwnershipSpec().reclaim_grace_seconds:
         fields.append(f"reclaimGrace={spec.reclaim_grace_seconds:g}")
+    if spec.forecast:
+        fields.append(f"forecast=on horizon={spec.forecast_horizon_seconds:g} "
+                      f"quantile={spec.headroom_quantile:g}")
     return " ".join(fields)
 

@@ -19,6 +19,7 @@ from sunkd.domain.events import (
 from sunkd.domain.policy import (
     KUBERNETES_WAIT_BOUND_SECONDS,
     SLURM_HEAD_WAIT_BOUND_SECONDS,
+    STARVATION_HOLD_SECONDS,
     AbortTransition,
     PoolSpec,
     StartTransition,
@@ -303,3 +304,63 @@ def test_a_reservation_reclaims_only_what_the_head_job_lacks() -> None:
     _queue(log, 30, head=2, now=T0)  # fits on n1 + n2: a long wait, but not for nodes
     spec = pool_spec(prefer="Kubernetes", max_in_flight=2)
     assert _starts(log, T0 + 10 * SLURM_HEAD_WAIT_BOUND_SECONDS, spec) == []
+
+
+# ------------------------------------------ damped starvation: hysteresis on the bound
+
+
+def _starved_then_placed(log: Log, waited: float) -> float:
+    """Kubernetes holds n3, n4 (pods running), a Slurm backlog whose next job fits on
+    Slurm's own nodes, and a pending run of `waited` seconds that just ended; returns
+    when it ended."""
+    _running(log, "n3", 1)
+    _running(log, "n4", 2)
+    _queue(log, 40, head=1)
+    _pending(log, 1, now=T0)
+    _pending(log, 0, now=T0 + waited)
+    return T0 + waited
+
+
+def test_a_node_starved_pods_won_is_not_taken_back_by_eviction_within_the_hold() -> None:
+    """Under prefer: Slurm the nodes starved pods won were reclaimed (pods evicted) the
+    moment the pods ran; the replacements starved again: 555 moves a day."""
+    log = _cluster(4, kubernetes=("n3", "n4"))
+    ended = _starved_then_placed(log, KUBERNETES_WAIT_BOUND_SECONDS + 30)
+    assert log.state().k8s_pending_last == {POOL: (T0, ended)}
+    assert _starts(log, ended + 1, pool_spec()) == []
+    assert _starts(log, ended + STARVATION_HOLD_SECONDS - 1, pool_spec()) == []
+    assert _starts(log, ended + STARVATION_HOLD_SECONDS, pool_spec()) == [("n3", "slurm")]
+
+
+def test_a_wait_shorter_than_the_bound_holds_nothing() -> None:
+    log = _cluster(4, kubernetes=("n3", "n4"))
+    ended = _starved_then_placed(log, KUBERNETES_WAIT_BOUND_SECONDS - 1)
+    assert _starts(log, ended + 1, pool_spec()) == [("n3", "slurm")]
+
+
+def test_the_hold_never_keeps_nodes_slurm_s_next_job_needs() -> None:
+    log = _cluster(4, kubernetes=("n3", "n4"))
+    ended = _starved_then_placed(log, KUBERNETES_WAIT_BOUND_SECONDS + 30)
+    _queue(log, 40, head=3, now=ended)  # the next job needs one of Kubernetes' nodes
+    assert _starts(log, ended + 1, pool_spec()) == [("n3", "slurm")]
+
+
+def test_the_hold_keeps_an_idle_kubernetes_node_too() -> None:
+    """A node that sat idle between two pods was reclaimed, and the next pods starved."""
+    log = _cluster(4, kubernetes=("n3", "n4"))
+    ended = _starved_then_placed(log, KUBERNETES_WAIT_BOUND_SECONDS + 30)
+    _running(log, "n4", 0, now=ended)  # n4's pods ended: no eviction needed
+    assert _starts(log, ended + 1, pool_spec()) == []
+    assert _starts(log, ended + STARVATION_HOLD_SECONDS, pool_spec()) == [("n4", "slurm")]
+
+
+def test_the_hold_survives_a_snapshot_and_older_snapshots_still_load() -> None:
+    log = _cluster(4, kubernetes=("n3", "n4"))
+    ended = _starved_then_placed(log, KUBERNETES_WAIT_BOUND_SECONDS + 30)
+    state = log.state()
+    raw = state_to_json(state)
+    assert state_from_json(raw) == state
+    raw.pop("k8s_pending_last")  # written before the hysteresis existed
+    assert state_from_json(raw).k8s_pending_last == {}
+    assert decide(state_from_json(state_to_json(state)), [pool_spec()], ended + 1) == \
+        decide(state, [pool_spec()], ended + 1)

@@ -25,6 +25,7 @@ The package is split by concern (each module says why it exists):
 - `planner`: `_Planner`, the round's decisions and ids, and `ensure` (retry, backoff);
 - `demand`: nodes each side's pending work needs, Slurm job end times;
 - `lend`, `reclaim`: the two directions of a move, step by step;
+- `ahead`: headroom ahead of the forecast peak (lends the pool's forecast justifies);
 - `fairness`: `prefer` decides contested nodes, within a starvation bound and no
   preemption of waiting or preferred work;
 - `transitions`: driving an open transition (or aborting it), adoption, and which
@@ -38,13 +39,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Set
 
+from sunkd.domain.policy.ahead import forecast_wanted, lead_seconds
 from sunkd.domain.policy.fairness import (
     FAIR_SHARE,
     KUBERNETES_WAIT_BOUND_SECONDS,
     SLURM_HEAD_WAIT_BOUND_SECONDS,
+    STARVATION_HOLD_SECONDS,
     kubernetes_overrides,
+    kubernetes_starved,
     protect_running_pods,
     slurm_reserves,
+    starvation_held_until,
 )
 from sunkd.domain.policy.holds import _release_marks, unpooled_marks
 from sunkd.domain.policy.model import (
@@ -76,6 +81,7 @@ from sunkd.domain.policy.model import (
     effective_pools,
     lend_reason,
     membership,
+    membership_and_overlaps,
     pool_from_nodeset,
     pool_overlaps,
     retry_backoff,
@@ -100,6 +106,7 @@ __all__ = [
     "RETRY_BASE_SECONDS",
     "RETRY_MAX_SECONDS",
     "SLURM_HEAD_WAIT_BOUND_SECONDS",
+    "STARVATION_HOLD_SECONDS",
     "VERB_CORDON",
     "VERB_DRAIN",
     "VERB_EVICT",
@@ -118,9 +125,13 @@ __all__ = [
     "decide",
     "decision_to_event",
     "effective_pools",
+    "forecast_wanted",
     "kubernetes_overrides",
+    "kubernetes_starved",
+    "lead_seconds",
     "lend_reason",
     "membership",
+    "membership_and_overlaps",
     "pool_from_nodeset",
     "pool_overlaps",
     "protect_running_pods",
@@ -128,6 +139,7 @@ __all__ = [
     "retry_backoff",
     "slurm_reserves",
     "stale_action",
+    "starvation_held_until",
     "unpooled_marks",
 ]
 
@@ -149,14 +161,13 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
     planner = _Planner(state, now)
     by_name = {pool.name: pool for pool in pools}
     members: dict[str, list[NodeState]] = {}
-    member_of = membership(state, pools)
+    member_of, overlaps = membership_and_overlaps(state, pools)
     for name, pool_name in member_of.items():
         members.setdefault(pool_name, []).append(state.nodes[name])
     for pool_name in sorted(members):
         nodes = sorted(members[pool_name], key=lambda n: n.name)
         pool = by_name.get(pool_name) or PoolSpec(name=pool_name)
         _plan_pool(planner, pool, nodes)
-    overlaps = pool_overlaps(state, pools)
     for name, claimed_by in sorted(overlaps.items()):
         _report_overlap(planner, state.nodes[name], claimed_by)
     _forget_gone(planner, state, member_of.keys() | overlaps.keys())

@@ -12,8 +12,21 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from sunkd.domain.events import legacy_node_job_ends
-from sunkd.domain.ownership import Assessment, assess, no_pods, slurm_busy, slurm_usable
-from sunkd.domain.policy.fairness import kubernetes_overrides, slurm_reserves
+from sunkd.domain.ownership import (
+    Assessment,
+    assess,
+    no_pods,
+    slurm_busy,
+    slurm_usable,
+    sources_unknown,
+)
+from sunkd.domain.policy.ahead import ahead, forecast_keeps
+from sunkd.domain.policy.fairness import (
+    _holding,
+    kubernetes_overrides,
+    slurm_claim,
+    slurm_reserves,
+)
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
 from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
@@ -40,13 +53,15 @@ class _Demand:
     slurm_needed: int
     lend_target: int
     reclaim_target: int
+    ahead_why: str | None = None  # the forecast set lend_target (policy/ahead.py)
 
 
 def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
     """Assess every member; count the pool's open moves and its settled owners."""
     state = planner.state
     now = planner.now
-    assessments = {node.name: assess(state, node, now) for node in members}
+    sources = sources_unknown(state)
+    assessments = {node.name: assess(state, node, now, sources) for node in members}
 
     lends = [n for n in members if n.transition is not None and n.transition.direction == "lend"]
     reclaims = [
@@ -98,8 +113,20 @@ def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand
             k8s_needed = 0
 
     lend_target = max(k8s_needed, spec.min_kubernetes - census.owned_k8s)
+    ahead_why = None
+    if spec.forecast:
+        # Headroom ahead of the forecast peak (policy/ahead.py): lend what the hours
+        # within the lead time want, and keep what they want from Slurm's demand
+        # beyond its next job.
+        wanted = ahead(state, pool, members, census.now)
+        if wanted is not None and wanted.target > lend_target:
+            lend_target, ahead_why = wanted.target, wanted.why
+        if wanted is not None and slurm_needed > 0 and (
+                ahead_why is not None or forecast_keeps(state, pool, members, census.now)):
+            _k8s, slurm = _holding(members, moving_counts_for="to")
+            slurm_needed = min(slurm_needed, max(slurm_claim(state, pool) - slurm, 0))
     reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
-    return _Demand(k8s_needed, slurm_needed, lend_target, reclaim_target)
+    return _Demand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why)
 
 
 def _slurm_nodes_needed(state: ClusterState, pool: PoolSpec) -> int:

@@ -10,7 +10,7 @@ holds, repair, transitions, pool) all build on this module and on `model`.
 from __future__ import annotations
 
 from sunkd.domain.events import Label, SlurmNodeObserved
-from sunkd.domain.ownership import has_owner_taint, no_pods, running_pods
+from sunkd.domain.ownership import has_owner_taint, no_pods, running_pod_count, running_pods
 from sunkd.domain.policy.model import (
     OBSERVATION_CATCHUP_SECONDS,
     REFUSED_RETRY_SECONDS,
@@ -37,6 +37,10 @@ _FAILED = "failed"  # a non-retryable failure of this verb within this transitio
 
 def _active_pods(node: NodeState) -> list[str]:
     return running_pods(node)
+
+
+def _active_pod_count(node: NodeState) -> int:
+    return running_pod_count(node)
 
 
 def _expected_drain(slurm: SlurmNodeObserved) -> tuple[Label, ...]:

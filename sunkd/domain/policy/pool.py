@@ -27,7 +27,7 @@ from sunkd.domain.policy.model import (
     PREFER_KUBERNETES,
     PoolSpec,
 )
-from sunkd.domain.policy.planner import _active_pods, _Planner
+from sunkd.domain.policy.planner import _active_pod_count, _Planner
 from sunkd.domain.policy.reclaim import _can_reclaim, _start_reclaim
 from sunkd.domain.policy.repair import (
     _repair,
@@ -231,7 +231,8 @@ def _start_demand_lends(
     candidates = [n for n in lendable if _dwell_ok(n, spec, planner.now)]
     candidates.sort(key=lambda n: _lend_order(n, ends))
     why = (
-        f"kubernetes needs {demand.k8s_needed} node(s) for pending pool pods"
+        demand.ahead_why if demand.ahead_why is not None
+        else f"kubernetes needs {demand.k8s_needed} node(s) for pending pool pods"
         if demand.k8s_needed >= spec.min_kubernetes - census.owned_k8s
         else f"min_kubernetes is {spec.min_kubernetes}"
     )
@@ -254,7 +255,7 @@ def _start_demand_reclaims(
     those running the fewest pool pods first."""
     spec = pool.ownership
     candidates = [n for n in reclaimable if _dwell_ok(n, spec, planner.now)]
-    candidates.sort(key=lambda n: (len(_active_pods(n)), n.name))
+    candidates.sort(key=lambda n: (_active_pod_count(n), n.name))
     if spec.max_kubernetes is not None and (
         census.owned_k8s + len(census.lends) > spec.max_kubernetes
     ):
@@ -264,9 +265,14 @@ def _start_demand_reclaims(
         floor_met = census.owned_slurm + len(census.reclaims) >= spec.min_slurm
         if floor_met and protect_running_pods(planner.state, pool, census.members,
                                               planner.now):
-            # Demand evicts pool pods only for Slurm's next job, never those the pool
-            # prefers (policy/fairness.py): otherwise only nodes running none move.
-            candidates = [n for n in candidates if not _active_pods(n)]
+            if spec.prefer == PREFER_KUBERNETES:
+                # Demand evicts pool pods only for Slurm's next job, never those the pool
+                # prefers (policy/fairness.py): otherwise only nodes running none move.
+                candidates = [n for n in candidates if not _active_pod_count(n)]
+            else:
+                # Kubernetes is starved, or was within the hold: it keeps what it won,
+                # idle or not, beyond Slurm's next job (the hysteresis, fairness.py).
+                candidates = []
     else:
         why = f"min_slurm is {spec.min_slurm}"
     for node in candidates[: min(reclaim_more, budget)]:

@@ -29,7 +29,7 @@ from sunkd.domain.policy.model import (
     lend_reason,
 )
 from sunkd.domain.policy.planner import (
-    _active_pods,
+    _active_pod_count,
     _evict_args,
     _expected_drain,
     _may_resume,
@@ -141,13 +141,13 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
             planner.ensure(
                 node, OWNER_KUBERNETES, VERB_LOCK, "repair: Slurm-owned node lost its owner taint"
             )
-        pods = _active_pods(node)
+        pods = _active_pod_count(node)
         if pods and has_owner_taint(k8s):
             planner.ensure(
                 node,
                 OWNER_KUBERNETES,
                 VERB_EVICT,
-                f"repair: {len(pods)} pool pod(s) on a Slurm-owned node",
+                f"repair: {pods} pool pod(s) on a Slurm-owned node",
                 _evict_args(node),
             )
         if ("DRAIN" in slurm.flags and is_lend_drain(slurm.reason) and our_drain(node)

@@ -1,0 +1,98 @@
+"""Headroom ahead of the peak: lend before the pods arrive, from the pool's own forecast.
+
+sunkd otherwise reacts to pending pods after they are pending, and a lend takes a job's
+remaining run time (the drain waits for it). With `forecast` on, a pool whose demand
+summary (domain/forecast.py, folded from its own log) predicts more nodes wanted within
+the lead time than Kubernetes holds lends the difference now, so the drains end by
+the time the pods come; and while the forecast wants what Kubernetes holds, Slurm's
+demand takes back only what its next job lacks (the forecast would lend it straight
+back). The lead time is what this pool's lends took (their drains), capped by
+`forecast_horizon_seconds`.
+
+Bounds, all of them the ones demand already obeys: never for an hour whose tracked
+error is above `forecast.ERROR_LIMIT` or that has not been seen (cold start: today's
+behaviour); never the nodes Slurm's next job needs; under `prefer: Slurm` never beyond
+Kubernetes' fair share; `max_kubernetes`, `min_slurm`, pins, holds, dwell and
+`max_in_flight` apply as to every lend (`pool._moves_wanted`, `lend._can_lend`), and a
+lend still hands a node over only once Slurm reports it drained: the forecast only
+starts a drain earlier, it never skips a check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sunkd.domain import forecast
+from sunkd.domain.policy.fairness import _holding, fair_share, slurm_claim
+from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
+from sunkd.domain.state import ClusterState, NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """What the forecast asks of a pool now."""
+
+    wanted: int  # nodes the forecast wants Kubernetes to hold within the lead time
+    target: int  # lends it justifies (comparable with `_Demand.lend_target`)
+    why: str  # for the decision log and `sunkd status`
+
+
+def lead_seconds(summary: forecast.DemandSummary, horizon: float) -> float:
+    return min(summary.lead if summary.leads_seen else 0.0, max(horizon, 0.0))
+
+
+def forecast_wanted(state: ClusterState, pool: PoolSpec,
+                    now: float) -> tuple[forecast.Prediction, float] | None:
+    """The largest prediction from now to now + lead time, and the lead (None: the
+    forecast is off, cold, or its error too high)."""
+    spec = pool.ownership
+    summary = state.demand_history.get(pool.name)
+    if not spec.forecast or summary is None:
+        return None
+    summary = forecast.close_hours(summary, now)  # hours no event has closed yet
+    lead = lead_seconds(summary, spec.forecast_horizon_seconds)
+    best: forecast.Prediction | None = None
+    at = now
+    while True:
+        found = forecast.predict(summary, at, spec.headroom_quantile)
+        if found is not None and (best is None or found.wanted > best.wanted):
+            best = found
+        if at >= now + lead:
+            break
+        at = min(at + forecast.HOUR, now + lead)
+    return None if best is None else (best, lead)
+
+
+def ahead(state: ClusterState, pool: PoolSpec, members: Sequence[NodeState],
+          now: float) -> Ahead | None:
+    """Lends the forecast justifies now, within the bounds above (None: none)."""
+    found = forecast_wanted(state, pool, now)
+    if found is None:
+        return None
+    prediction, lead = found
+    # Lends in flight count as Slurm's here, as for the starvation bound: the target
+    # includes them (a lend the forecast started must not be surplus the round after).
+    k8s, slurm = _holding(members, moving_counts_for="from")
+    room = slurm - slurm_claim(state, pool)
+    if pool.ownership.prefer != PREFER_KUBERNETES:
+        room = min(room, fair_share(len(members)) - k8s)
+    target = min(prediction.wanted - k8s, room)
+    if target <= 0 and prediction.wanted < k8s:
+        return None
+    peak = datetime.fromtimestamp(prediction.at, tz=UTC).strftime("%H:%M")
+    why = (f"lent ahead of the forecast peak at {peak} UTC: {prediction.wanted} node(s) "
+           f"wanted, {k8s} held (lead {lead / 60:.0f} min, error {prediction.error:.2f})")
+    return Ahead(prediction.wanted, max(target, 0), why)
+
+
+def forecast_keeps(state: ClusterState, pool: PoolSpec, members: Sequence[NodeState],
+                   now: float) -> bool:
+    """The forecast wants at least what Kubernetes holds within the lead time: Slurm's
+    demand takes back only what its next job lacks (the forecast would lend it back)."""
+    found = forecast_wanted(state, pool, now)
+    if found is None:
+        return False
+    k8s, _slurm = _holding(members, moving_counts_for="to")
+    return found[0].wanted >= k8s
