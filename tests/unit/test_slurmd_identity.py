@@ -18,7 +18,7 @@ from sunkd.domain.events import (
     PodRef,
     SlurmdSpec,
 )
-from sunkd.domain.ownership import no_pods, running_pods
+from sunkd.domain.ownership import no_pods, running_pod_count, running_pods
 from sunkd.domain.policy import effective_pools
 from sunkd.domain.policy.slurmd import (
     VERB_SLURMD_DELETE,
@@ -134,3 +134,13 @@ async def test_the_executor_refuses_a_slurmd_delete_it_cannot_confirm_with_slurm
     with pytest.raises(ActionError, match="no Slurm reader to confirm it is drained") as raised:
         await ActuatorExecutor(None, None, None).execute(action, None)
     assert raised.value.retryable
+
+
+def test_the_count_and_the_list_of_running_pods_agree_on_slurmd_pods() -> None:
+    """`running_pod_count` is `len(running_pods)` (the policy counts by one and names by
+    the other): a node's own slurmd pod is in neither, another node's is in both."""
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    other = PodRef("hpc", "gpu-n2", "Running", uid="u2", pool_pod=False, slurmd="n2")
+    for pods in ((own,), (other,), (own, other), ()):
+        node = NodeState(name="n1", pods=pods)
+        assert running_pod_count(node) == len(running_pods(node))
