@@ -373,7 +373,8 @@ def no_pods(node: NodeState) -> bool:
 def running_pod_count(node: NodeState) -> int:
     """How many pods `running_pods` lists, without naming and sorting them (the policy
     counts and orders by it for every member on every round)."""
-    return sum(1 for pod in node.pods or () if pod.phase not in _DONE_PHASES)
+    return sum(1 for pod in node.pods or ()
+               if pod.phase not in _DONE_PHASES and pod.slurmd != node.name)
 
 
 def observed(node: NodeState) -> bool:
