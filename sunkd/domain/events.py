@@ -237,9 +237,10 @@ class K8sNodeObserved(Payload):
     slurm_node: str = ""  # the Slurm node name (label sunkd.io/slurm-node-name, else node)
     ready: bool | None = None  # Ready condition; None when absent/Unknown
     unschedulable: bool = False
-    # Informational only (annotation sunkd.io/cordoned-by: sunkd, which `kubectl uncordon`
-    # leaves behind): never proof of anything; sunkd's own hold is the sunkd.io/slurm-hold taint.
-    cordoned_by_sunkd: bool = False
+    # Informational only: the Node carries sunkd's hold taint (sunkd.io/slurm-hold). Never
+    # proof that sunkd made it (domain/authorship.py decides that). Rows written before the
+    # rename carry it as `cordoned_by_sunkd`, kept in `extra` as any unknown field is.
+    held_by_sunkd: bool = False
     taints: tuple[Taint, ...] = ()
     labels: tuple[Label, ...] = ()  # pool-relevant labels only
     pin: str | None = None  # annotation sunkd.io/pin: slurm | kubernetes | auto
@@ -383,7 +384,7 @@ class ActionRequested(Payload):
     action_id: str = ""
     transition_id: str | None = None
     side: str = ""  # slurm | kubernetes
-    verb: str = ""  # drain resume lock unlock cordon uncordon evict annotate ...
+    verb: str = ""  # drain resume lock unlock cordon (hold) uncordon (release) evict ...
     node: str = ""
     attempt: int = 1
     reason: str = ""

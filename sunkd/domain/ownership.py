@@ -56,13 +56,9 @@ from sunkd.domain.state import (
 )
 
 __all__ = [
-    "LEND_REASON_PREFIX",
-    "MIRROR_REASON_PREFIX",
-    "OUR_REASON_PREFIX",
     "OWNER_KUBERNETES",
     "OWNER_NONE",
     "OWNER_SLURM",
-    "OWNER_TAINT_KEY",
     "UNHEALTHY_GRACE_SECONDS",
     "VALID_PINS",
     "Assessment",
@@ -87,10 +83,6 @@ __all__ = [
     "slurm_usable",
 ]
 
-OUR_REASON_PREFIX = wk.REASON_PREFIX
-LEND_REASON_PREFIX = wk.REASON_LEND
-MIRROR_REASON_PREFIX = wk.REASON_MIRROR
-OWNER_TAINT_KEY = wk.TAINT_OWNER
 UNHEALTHY_GRACE_SECONDS = 30.0
 # What `sunkd.io/pin` and `operator.pinned` may say; "auto" (or nothing) is no pin.
 VALID_PINS = (OWNER_SLURM, OWNER_KUBERNETES, "auto")
@@ -99,7 +91,7 @@ VALID_PINS = (OWNER_SLURM, OWNER_KUBERNETES, "auto")
 def is_ours(reason: str | None) -> bool:
     """A reason in sunkd's format (`sunkd:` first). A convention, not a proof: necessary
     for sunkd to lift a drain, never sufficient (`our_drain` is the proof)."""
-    return reason is not None and reason.startswith(OUR_REASON_PREFIX)
+    return reason is not None and reason.startswith(wk.REASON_PREFIX)
 
 
 def our_drain(node: NodeState) -> bool:
@@ -141,12 +133,12 @@ def foreign_hold_taint(node: NodeState) -> bool:
 
 
 def is_lend_drain(reason: str | None) -> bool:
-    return reason is not None and reason.startswith(LEND_REASON_PREFIX)
+    return reason is not None and reason.startswith(wk.REASON_LEND)
 
 
 def is_mirror_drain(reason: str | None) -> bool:
     """Our drain mirroring a Kubernetes-side hold (`sunkd: k8s <why>`)."""
-    return reason is not None and reason.startswith(MIRROR_REASON_PREFIX)
+    return reason is not None and reason.startswith(wk.REASON_MIRROR)
 
 
 def foreign_word(observation: SlurmNodeObserved | None, mark: DrainMark | None = None) -> bool:
@@ -176,7 +168,7 @@ def has_hold_taint(observation: K8sNodeObserved | None) -> bool:
 def has_owner_taint(observation: K8sNodeObserved | None) -> bool:
     """The Kubernetes node carries the `sunkd.io/owner` taint (pool pods stay off)."""
     return observation is not None and any(
-        taint.key == OWNER_TAINT_KEY for taint in observation.taints
+        taint.key == wk.TAINT_OWNER for taint in observation.taints
     )
 
 

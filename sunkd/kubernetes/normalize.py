@@ -33,7 +33,6 @@ from sunkd.kubernetes.wire import MalformedObject, checked_name, parse_quantity
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 
-SUNKD_PREFIX = wk.PREFIX
 GPU_RESOURCE = "nvidia.com/gpu"
 PayloadT = TypeVar("PayloadT", bound=Payload)
 
@@ -157,7 +156,7 @@ def slim_node(obj: JSON) -> JSON:
     annotations = {
         k: "" if v is None else str(v)
         for k, v in _mapping(meta.get("annotations"), "metadata.annotations").items()
-        if k.startswith(SUNKD_PREFIX)
+        if k.startswith(wk.PREFIX)
     }
     taints = [
         {"key": str(t.get("key") or ""), "value": str(t.get("value") or ""),

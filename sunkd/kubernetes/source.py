@@ -86,7 +86,7 @@ RETRY_MAX_SECONDS = 30.0
 REJECTED_RETRY_SECONDS = 60.0
 INBOX_MAX = 10_000  # changes waiting for a flush; a watch that has more waits
 SLOW_FLUSH_S = 1.0  # a flush that took this long is logged with its cost
-ANNOTATION_CORDONED_BY = wk.ANNOTATION_CORDONED_BY
+ANNOTATION_LEGACY_CORDONED_BY = wk.ANNOTATION_LEGACY_CORDONED_BY
 ANNOTATION_PIN = wk.ANNOTATION_PIN
 LABEL_SLURM_NODE_NAME = wk.LABEL_SLURM_NODE_NAME
 SUNKD_PREFIX = wk.PREFIX
@@ -568,7 +568,7 @@ class KubernetesSource:
             ready=ready,
             unschedulable=bool(spec.get("unschedulable")),
             # sunkd's own hold is its taint; the annotation proves nothing (see events.py).
-            cordoned_by_sunkd=any(t.key == wk.TAINT_HOLD for t in taints),
+            held_by_sunkd=any(t.key == wk.TAINT_HOLD for t in taints),
             taints=taints,
             labels=tuple(
                 Label(k, str(v))

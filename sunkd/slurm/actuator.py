@@ -37,12 +37,11 @@ from sunkd.slurm.model import (
 
 log = structlog.get_logger(__name__)
 
-REASON_PREFIX = wk.REASON_PREFIX
 
 # scontrol blocks ~9 s when slurmctld is down before failing (docs/slurm.md, "Measured behaviour").
 SCONTROL_TIMEOUT = 30.0
 
-__all__ = ["REASON_PREFIX", "SlurmActuator", "is_our_reason", "our_reason"]
+__all__ = ["SlurmActuator", "is_our_reason", "our_reason"]
 
 
 def our_reason(reason: str) -> str:
@@ -130,7 +129,7 @@ class SlurmActuator:
         if not is_our_reason(current.reason):
             raise RefusedError(
                 f"{node} is drained by {current.reason_set_by or 'someone else'} with reason "
-                f"{current.reason!r} (not {REASON_PREFIX}...); not undraining a foreign drain"
+                f"{current.reason!r} (not {wk.REASON_PREFIX}...); not undraining a foreign drain"
             )
         if expect_reason is not None and current.reason != expect_reason:
             raise RefusedError(

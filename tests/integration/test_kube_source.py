@@ -155,13 +155,13 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
 
         actuator = KubernetesActuator(client)
         await actuator.lock("k-gpu-1")
-        await actuator.cordon("k-gpu-2", "test")
+        await actuator.hold("k-gpu-2", "test")
         await settle(source)
         nodes = {p.node: p for p in sink.payloads(K8sNodeObserved)
                  if isinstance(p, K8sNodeObserved)}
         assert Taint("sunkd.io/owner", "NoSchedule", "slurm") in nodes["k-gpu-1"].taints
         assert Label("sunkd.io/owner", "slurm") in nodes["k-gpu-1"].labels
-        assert not nodes["k-gpu-2"].unschedulable and nodes["k-gpu-2"].cordoned_by_sunkd
+        assert not nodes["k-gpu-2"].unschedulable and nodes["k-gpu-2"].held_by_sunkd
         assert Taint("sunkd.io/slurm-hold", "NoSchedule", "slurm") in nodes["k-gpu-2"].taints
 
         # The pending pod gets scheduled: demand empties, workload grows.

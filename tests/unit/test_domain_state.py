@@ -201,7 +201,7 @@ def _payloads() -> st.SearchStrategy[Payload]:
                            unique=True).map(tuple),
                   st.none() | _texts, st.integers(0, 64)),
         st.builds(k8s_obs, _names, ready=st.none() | st.booleans(), tainted=st.booleans(),
-                  unschedulable=st.booleans(), cordoned_by_sunkd=st.booleans(),
+                  unschedulable=st.booleans(), held_by_sunkd=st.booleans(),
                   pin=st.sampled_from([None, "slurm", "kubernetes", "auto"])),
         st.builds(SlurmNodeVanished, node=_names),
         st.builds(K8sNodeVanished, node=_names),

@@ -15,7 +15,7 @@ Safety rules enforced here (and checked by the property tests):
 - nothing at all is decided for a node while a source is not fresh or the node has not
   been observed on both sides (`Assessment.actionable`);
 - `resume` is requested only for a drain whose reason starts with `sunkd:`,
-  `uncordon` only removes sunkd's own hold taint (`sunkd.io/slurm-hold`), never a cordon;
+  a release only removes sunkd's own hold taint (`sunkd.io/slurm-hold`), never a cordon;
 - at most one open action per node and side; a failed action is retried only after a
   backoff (retryable) or after a long pause (not retryable, outside a transition);
   inside a transition a non-retryable failure aborts the transition.
@@ -62,12 +62,12 @@ from sunkd.domain.policy.model import (
     REFUSED_RETRY_SECONDS,
     RETRY_BASE_SECONDS,
     RETRY_MAX_SECONDS,
-    VERB_CORDON,
     VERB_DRAIN,
     VERB_EVICT,
+    VERB_HOLD,
     VERB_LOCK,
+    VERB_RELEASE,
     VERB_RESUME,
-    VERB_UNCORDON,
     VERB_UNLOCK,
     VERB_WARN,
     AbortTransition,
@@ -107,12 +107,12 @@ __all__ = [
     "RETRY_MAX_SECONDS",
     "SLURM_HEAD_WAIT_BOUND_SECONDS",
     "STARVATION_HOLD_SECONDS",
-    "VERB_CORDON",
     "VERB_DRAIN",
     "VERB_EVICT",
+    "VERB_HOLD",
     "VERB_LOCK",
+    "VERB_RELEASE",
     "VERB_RESUME",
-    "VERB_UNCORDON",
     "VERB_UNLOCK",
     "VERB_WARN",
     "AbortTransition",

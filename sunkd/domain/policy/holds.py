@@ -1,7 +1,7 @@
 """Mirroring holds across sides: trouble on one side keeps the other side off the node.
 
-A Slurm hold (a foreign drain, a node unhealthy past its grace) becomes a Kubernetes
-cordon marked as ours; a Kubernetes hold (NotReady, a foreign cordon) becomes a Slurm
+A Slurm hold (a foreign drain, a node unhealthy past its grace) becomes sunkd's hold taint
+on the Kubernetes node; a Kubernetes hold (NotReady, a foreign cordon) becomes a Slurm
 drain with our mirror reason. Only our own mirrors are ever undone, once the hold clears.
 
 A node that left every pool keeps what sunkd put on it until sunkd takes it off
@@ -14,7 +14,6 @@ from __future__ import annotations
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
-    MIRROR_REASON_PREFIX,
     Assessment,
     assess,
     foreign_word,
@@ -26,7 +25,7 @@ from sunkd.domain.ownership import (
     our_hold_taint,
     slurm_state_text,
 )
-from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
+from sunkd.domain.policy.model import VERB_DRAIN, VERB_HOLD, VERB_RELEASE, VERB_RESUME
 from sunkd.domain.policy.planner import _expected_drain, _may_resume, _Planner
 from sunkd.domain.slurmnode import slurm_unhealthy
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, NodeState
@@ -44,7 +43,7 @@ def _mirror_holds(
             planner.ensure(
                 node,
                 OWNER_KUBERNETES,
-                VERB_CORDON,
+                VERB_HOLD,
                 "mirror Slurm hold: " + "; ".join(assessment.slurm_holds),
                 (
                     Label("slurm_state", slurm_state_text(node.slurm, missing="MISSING")),
@@ -57,7 +56,7 @@ def _mirror_holds(
             and our_hold_taint(node)
         ):
             planner.ensure(
-                node, OWNER_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"
+                node, OWNER_KUBERNETES, VERB_RELEASE, "Slurm hold cleared: remove our hold"
             )
     if slurm is not None:
         # Never over an admin's word (`foreign_word`: a reason not ours on a drained or
@@ -78,7 +77,7 @@ def _mirror_holds(
                 OWNER_SLURM,
                 VERB_DRAIN,
                 f"mirror Kubernetes hold: {why}",
-                (Label("reason", f"{MIRROR_REASON_PREFIX}{why}"),),
+                (Label("reason", f"{wk.REASON_MIRROR}{why}"),),
             )
         elif (
             not assessment.k8s_holds
