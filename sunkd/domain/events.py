@@ -135,6 +135,20 @@ class OwnershipSpec:
     reclaim_grace_seconds: float = 300.0
 
 
+@dataclass(frozen=True, slots=True)
+class TopologyChoice:
+    """A Nodeset's `spec.topology` (docs/topology.md): the labels Slurm's topology is
+    rendered from. `error` says why it cannot be used (the rest of the Nodeset still
+    counts): the topology is then not delivered, and the condition says so."""
+
+    kind: str = "tree"  # tree | block
+    preset: str | None = None
+    levels: tuple[str, ...] = ()
+    block_label: str | None = None
+    block_sizes: tuple[int, ...] = ()
+    error: str | None = None
+
+
 # ---------------------------------------------------------------------- observations
 
 
@@ -254,6 +268,7 @@ class K8sNodesetObserved(Payload):
     workload_selector: tuple[Label, ...] = ()
     ownership: OwnershipSpec = field(default_factory=OwnershipSpec)
     deleted: bool = False
+    topology: TopologyChoice | None = None  # spec.topology; None: the config's default
 
 
 @dataclass(frozen=True, slots=True)

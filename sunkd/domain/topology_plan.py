@@ -19,21 +19,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sunkd.domain.events import SlurmNodeObserved
+from sunkd.domain.events import K8sNodesetObserved, SlurmNodeObserved, TopologyChoice
 from sunkd.domain.state import OWNER_SLURM, ClusterState
 from sunkd.domain.topology import (
+    DEFAULT_PRESET,
     Topology,
     TopologyError,
     TopologyNode,
     TopologySpec,
     conf_kind,
     render,
+    spec_from,
     to_conf,
     to_yaml,
 )
 
-__all__ = ["CONDITION_TOPOLOGY_APPLIED", "Format", "TopologyPlan", "deliverable_nodes",
-           "plan_topology", "registered", "text_of", "topology_nodes"]
+__all__ = ["CONDITION_TOPOLOGY_APPLIED", "Format", "TopologyPlan", "choice_spec",
+           "deliverable_nodes", "effective_spec", "plan_for", "plan_topology", "registered",
+           "text_of", "topology_nodes"]
 
 Format = Literal["conf", "yaml"]
 CONDITION_TOPOLOGY_APPLIED = "TopologyApplied"
@@ -121,3 +124,45 @@ def topology_nodes(state: ClusterState, objects: Iterable[Mapping[str, Any]]
         slurm_name = state.k8s_names.get(k8s_name)
         out.append(TopologyNode(slurm_name, node.labels) if slurm_name else node)
     return out
+
+
+def choice_spec(choice: TopologyChoice) -> TopologySpec:
+    """A Nodeset's `spec.topology` as the renderer's spec (TopologyError when unusable)."""
+    if choice.error is not None:
+        raise TopologyError(choice.error)
+    return spec_from("block" if choice.kind == "block" else "tree",
+                     preset=choice.preset or DEFAULT_PRESET, levels=choice.levels,
+                     block_label=choice.block_label, block_sizes=choice.block_sizes)
+
+
+def effective_spec(default: TopologySpec, nodesets: Mapping[str, K8sNodesetObserved]
+                   ) -> TopologySpec:
+    """Slurm has one topology. The Nodesets' `spec.topology` replaces the config's default
+    when every Nodeset that sets one sets the same; TopologyError (naming them) when one
+    is unusable or two disagree, since choosing one would be a guess."""
+    chosen: dict[str, TopologySpec] = {}
+    for pool, nodeset in sorted(nodesets.items()):
+        if nodeset.deleted or nodeset.topology is None:
+            continue
+        try:
+            chosen[pool] = choice_spec(nodeset.topology)
+        except TopologyError as error:
+            raise TopologyError(f"Nodeset {pool}: {error}") from error
+    specs = set(chosen.values())
+    if len(specs) > 1:
+        raise TopologyError(f"Nodesets {', '.join(chosen)} ask for different topologies and "
+                            "Slurm has one: make their spec.topology equal (or remove it)")
+    return specs.pop() if specs else default
+
+
+def plan_for(state: ClusterState, objects: Iterable[Mapping[str, Any]], default: TopologySpec,
+             *, fmt: Format, last_text: str | None, last_write_at: float | None, now: float,
+             min_interval: float, name: str = "default") -> TopologyPlan:
+    """The whole decision from the fold and the Nodes' labels (`plan_topology`)."""
+    try:
+        spec = effective_spec(default, state.nodesets)
+    except TopologyError as error:
+        return TopologyPlan(None, False, "Invalid", f"{error}; the last good file stays")
+    return plan_topology(topology_nodes(state, objects), deliverable_nodes(state), spec,
+                         fmt=fmt, last_text=last_text, last_write_at=last_write_at, now=now,
+                         min_interval=min_interval, name=name)

@@ -23,7 +23,7 @@ from typing import Any, Union, get_args, get_origin
 
 from sunkd.domain.events import Label, OwnershipSpec
 from sunkd.domain.policy import PoolSpec
-from sunkd.domain.topology import TopologyError, TopologySpec, spec_from
+from sunkd.domain.topology import DEFAULT_PRESET, TopologyError, TopologySpec, spec_from
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///sunkd.db"
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -79,7 +79,7 @@ class TopologySettings:
 
     file: Path | None = None
     kind: str = "tree"
-    preset: str | None = "topograph"
+    preset: str | None = DEFAULT_PRESET
     levels: tuple[str, ...] = ()
     block_label: str | None = None
     block_sizes: tuple[int, ...] = ()

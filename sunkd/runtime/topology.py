@@ -24,13 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.state import ClusterState
-from sunkd.domain.topology_plan import (
-    Format,
-    TopologyPlan,
-    deliverable_nodes,
-    plan_topology,
-    topology_nodes,
-)
+from sunkd.domain.topology_plan import Format, TopologyPlan, plan_for
 from sunkd.runtime.config import TopologySettings, topology_spec
 from sunkd.slurm.topology import TopologyFile
 
@@ -52,7 +46,7 @@ class TopologyDelivery:
         self._list_nodes = list_nodes
         self._state = state
         self._clock = clock
-        self._spec = topology_spec(settings)
+        self._spec = topology_spec(settings)  # the default; Nodesets may replace it
         self._format: Format = "yaml" if file.path.suffix == ".yaml" else "conf"
         # What Slurm has: the file as sunkd finds it (it owns the file once configured).
         self.last_text: str | None = file.current()
@@ -76,10 +70,10 @@ class TopologyDelivery:
                                 f"cannot list the Kubernetes Nodes: {error}; the last good "
                                 "file stays")
             return self._report(plan)
-        plan = plan_topology(
-            topology_nodes(state, objects), deliverable_nodes(state), self._spec,
-            fmt=self._format, last_text=self.last_text, last_write_at=self.last_write_at,
-            now=now, min_interval=self.settings.min_interval_seconds, name=self.settings.name)
+        plan = plan_for(
+            state, objects, self._spec, fmt=self._format, last_text=self.last_text,
+            last_write_at=self.last_write_at, now=now,
+            min_interval=self.settings.min_interval_seconds, name=self.settings.name)
         if plan.write is not None:
             self.last_write_at = now
             try:

@@ -11,11 +11,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sunkd.domain.events import SlurmNodeObserved
+from sunkd.domain.events import (
+    K8sNodesetObserved,
+    SlurmNodeObserved,
+    TopologyChoice,
+    decode_payload,
+    encode_payload,
+)
 from sunkd.domain.ports import RefusedError
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, ClusterState, NodeState
-from sunkd.domain.topology import TOPOGRAPH_LEAF, TopologyNode, conf_kind, spec_from
-from sunkd.domain.topology_plan import deliverable_nodes, plan_topology, registered
+from sunkd.domain.topology import (
+    TOPOGRAPH_LEAF,
+    TopologyError,
+    TopologyNode,
+    conf_kind,
+    spec_from,
+)
+from sunkd.domain.topology_plan import (
+    choice_spec,
+    deliverable_nodes,
+    effective_spec,
+    plan_for,
+    plan_topology,
+    registered,
+)
+from sunkd.kubernetes.normalize import parse_nodeset, parse_topology
 from sunkd.slurm.topology import TopologyFile
 
 TREE = spec_from("tree", preset="topograph")
@@ -104,3 +124,75 @@ def test_the_file_refuses_a_yaml_without_nodes(tmp_path: Path) -> None:
     with pytest.raises(RefusedError):
         asyncio.run(TopologyFile(path, scontrol="/bin/true").apply("- topology: x\n"))
     assert not path.exists()
+
+
+# ------------------------------------------------------------ Nodeset spec.topology
+
+
+def test_nodeset_topology_is_parsed_with_clear_errors() -> None:
+    assert parse_topology(None) is None
+    good = parse_topology({"kind": "block", "preset": "coreweave", "blockSizes": [4, 8]})
+    assert good == TopologyChoice(kind="block", preset="coreweave", block_sizes=(4, 8))
+    assert choice_spec(good) == spec_from("block", preset="coreweave", block_sizes=[4, 8])
+    cases = {
+        "x": "spec.topology: expected an object, got str",
+        "levels": "spec.topology.levels: expected a list of str, got 'a'",
+        "kind": "spec.topology.kind: tree or block, got 'ring'",
+        "mixed": "spec.topology: tree and block cannot be mixed in one topology",
+        "sizes": "spec.topology: block sizes [4, 6]: 6 is not 4 times a power of two",
+        "preset": "spec.topology: unknown preset 'azure'",
+        "unknown": "spec.topology: unknown fields ['switches']",
+    }
+    raws: dict[str, object] = {
+        "x": "tree", "levels": {"levels": "a"}, "kind": {"kind": "ring"},
+        "mixed": {"levels": ["a"], "blockLabel": "b"},
+        "sizes": {"kind": "block", "blockSizes": [4, 6]}, "preset": {"preset": "azure"},
+        "unknown": {"switches": []},
+    }
+    for case, expected in cases.items():
+        choice = parse_topology(raws[case])
+        assert choice is not None and choice.error is not None, case
+        assert choice.error.startswith(expected), (case, choice.error)
+        with pytest.raises(TopologyError):
+            choice_spec(choice)
+
+
+def _nodeset(pool: str, topology: object = None, deleted: bool = False) -> K8sNodesetObserved:
+    return K8sNodesetObserved(pool=pool, topology=parse_topology(topology), deleted=deleted)
+
+
+def test_the_nodesets_replace_the_default_only_when_they_agree() -> None:
+    default = TREE
+    coreweave = {"preset": "coreweave"}
+    assert effective_spec(default, {}) == default
+    assert effective_spec(default, {"a/x": _nodeset("a/x")}) == default
+    agreed = {"a/x": _nodeset("a/x", coreweave), "a/y": _nodeset("a/y", coreweave),
+              "a/z": _nodeset("a/z"), "a/gone": _nodeset("a/gone", {"kind": "block"}, True)}
+    assert effective_spec(default, agreed) == spec_from("tree", preset="coreweave")
+    with pytest.raises(TopologyError, match="Nodesets a/x, a/y ask for different"):
+        effective_spec(default, {"a/x": _nodeset("a/x", coreweave),
+                                 "a/y": _nodeset("a/y", {"preset": "nebius"})})
+    with pytest.raises(TopologyError, match=r"Nodeset a/x: spec\.topology\.kind"):
+        effective_spec(default, {"a/x": _nodeset("a/x", {"kind": "ring"})})
+    state = ClusterState(nodesets={"a/x": _nodeset("a/x", {"kind": "ring"})})
+    plan = plan_for(state, [], default, fmt="conf", last_text="good", last_write_at=None,
+                    now=0.0, min_interval=60.0)
+    assert (plan.write, plan.reason) == (None, "Invalid")
+    assert plan.message.endswith("; the last good file stays")
+
+
+def test_a_nodeset_topology_survives_the_log() -> None:
+    nodeset = _nodeset("a/x", {"kind": "block", "blockLabel": "l", "blockSizes": [2]})
+    body = encode_payload(nodeset)
+    assert body["topology"]["block_sizes"] == [2]
+    assert decode_payload(nodeset.KIND, body) == nodeset
+    older = {k: v for k, v in body.items() if k != "topology"}  # written before the field
+    assert decode_payload(nodeset.KIND, older) == _nodeset("a/x")
+
+
+def test_parse_nodeset_reads_spec_topology() -> None:
+    obj = {"metadata": {"name": "x", "namespace": "a"},
+           "spec": {"slurm": {"partitions": ["p"]}, "topology": {"preset": "nebius"}}}
+    assert parse_nodeset(obj).topology == TopologyChoice(preset="nebius")
+    del obj["spec"]["topology"]  # type: ignore[attr-defined]
+    assert parse_nodeset(obj).topology is None
