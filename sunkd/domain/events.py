@@ -176,6 +176,9 @@ class SlurmNodeObserved(Payload):
     # `job_end` only beyond `JOB_END_TOLERANCE_SECONDS` (sunkd/slurm/source.py).
     jobs: int = 0
     job_end: float | None = None
+    # The node's configured GRES as Slurm reports it (`gpu:a100:8(S:0-1)`); None when the
+    # answer had none. Compared with what Kubernetes says the node has (K8sNodeObserved.gres).
+    gres: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +227,10 @@ class K8sNodeObserved(Payload):
     # The allocatable resources (`cpu`, `memory`, the GPU resource) whose quantity did not
     # parse (malformed, NaN, negative, out of range): unknown, whatever the field above says.
     unparsed: tuple[str, ...] = ()
+    # The GRES Slurm must report for this node, from its GPUs (sunkd/domain/gres.py:
+    # `gpu:TYPE:N`, "" for none, `unknown: why` when the count cannot be read). None: the
+    # GRES check is off.
+    gres: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

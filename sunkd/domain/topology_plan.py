@@ -19,7 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sunkd.domain.events import K8sNodesetObserved, SlurmNodeObserved, TopologyChoice
+from sunkd.domain import wellknown as wk
+from sunkd.domain.events import K8sNodesetObserved, TopologyChoice
+from sunkd.domain.slurmnode import registered
 from sunkd.domain.state import OWNER_SLURM, ClusterState
 from sunkd.domain.topology import (
     DEFAULT_PRESET,
@@ -39,17 +41,7 @@ __all__ = ["CONDITION_TOPOLOGY_APPLIED", "Format", "TopologyPlan", "choice_spec"
            "text_of", "topology_nodes"]
 
 Format = Literal["conf", "yaml"]
-CONDITION_TOPOLOGY_APPLIED = "TopologyApplied"
-
-# A node Slurm lists but has not heard from since slurmctld started (UNKNOWN), or a
-# cloud/dynamic slot that never registered (FUTURE), is not registered.
-_UNREGISTERED = frozenset({"FUTURE", "UNKNOWN"})
-
-
-def registered(observation: SlurmNodeObserved | None) -> bool:
-    """Slurm has the node and has heard from its slurmd."""
-    return observation is not None and observation.state.upper() not in _UNREGISTERED
-
+CONDITION_TOPOLOGY_APPLIED = wk.CONDITION_TOPOLOGY_APPLIED
 
 def deliverable_nodes(state: ClusterState) -> tuple[str, ...]:
     """The Slurm names a topology may list: owned by Slurm and registered in it, sorted."""

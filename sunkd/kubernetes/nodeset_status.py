@@ -64,9 +64,14 @@ def build_nodeset_status(
     slurm_states = {"idle": 0, "allocated": 0, "mixed": 0, "drain": 0, "down": 0}
     entries: list[dict[str, Any]] = []
     failed_actions = 0
+    gres_checked = False  # any member's GPUs are checked ([gres] check)
+    gres_bad: list[str] = []
     for name in members:
         node = state.nodes[name]
         assessment = assess(state, node, now)
+        gres_checked = gres_checked or (node.k8s is not None and node.k8s.gres is not None)
+        if assessment.gres_problem is not None:
+            gres_bad.append(f"{name}: {assessment.gres_problem}")
         phase = assessment.phase
         if phase in (Phase.TO_K8S, Phase.TO_SLURM) or node.transition is not None:
             counts["moving"] += 1
@@ -109,6 +114,12 @@ def build_nodeset_status(
                      f"{failed_actions} failed action(s) pending retry")
         if counts["held"] or failed_actions else ("False", wk.REASON_AS_EXPECTED, "nothing held"),
     }
+    if gres_checked:
+        wanted[wk.CONDITION_GRES_CONSISTENT] = (
+            ("False", wk.REASON_GRES_MISMATCH,
+             f"{len(gres_bad)} node(s) held: " + "; ".join(gres_bad[:5])[:1024])
+            if gres_bad else
+            ("True", wk.REASON_GRES_MATCH, "Slurm's GRES equals every checked node's GPUs"))
     conditions = []
     for condition_type, (status, reason, message) in wanted.items():
         previous = (previous_conditions or {}).get(condition_type)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 from sunkd.domain.events import Label, OwnershipSpec
+from sunkd.domain.gres import GresError, gpu_type
 from sunkd.domain.policy import PoolSpec
 from sunkd.domain.topology import DEFAULT_PRESET, TopologyError, TopologySpec, spec_from
 
@@ -89,6 +90,17 @@ class TopologySettings:
 
 
 @dataclass(frozen=True)
+class GresSettings:
+    """The GPU check (docs/topology.md, "GPUs"): with `check`, a Slurm-owned node whose
+    registered GRES differs from its Kubernetes Node's GPUs (count from allocatable
+    `nvidia.com/gpu`, type from `nvidia.com/gpu.product`, lower case with `_`) is held.
+    `type_map` maps a product label (as is, or normalised) to the type Slurm uses."""
+
+    check: bool = False
+    type_map: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PoolSettings:
     """A pool defined in the config file (sites without the Nodeset CRD)."""
 
@@ -145,6 +157,7 @@ class Settings:
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     topology: TopologySettings = field(default_factory=TopologySettings)
+    gres: GresSettings = field(default_factory=GresSettings)
     pools: tuple[PoolSettings, ...] = ()
 
     def __post_init__(self) -> None:
@@ -243,6 +256,13 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("slurm.url", "must start with http://, https:// or unix:")
     _check_name("identity", settings.identity)
     _check_topology(settings.topology)
+    for product, kind in settings.gres.type_map.items():
+        try:
+            gpu_type(product, settings.gres.type_map)
+        except GresError as error:
+            raise ConfigError(f"gres.type_map.{product}", str(error)) from error
+        if not kind:
+            raise ConfigError(f"gres.type_map.{product}", "must not be empty")
     for index, pool in enumerate(settings.pools):
         _check_name(f"pools[{index}].name", pool.name)
         if pool.max_kubernetes is not None and pool.min_kubernetes > pool.max_kubernetes:

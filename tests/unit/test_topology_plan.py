@@ -36,6 +36,7 @@ from sunkd.domain.topology_plan import (
     registered,
 )
 from sunkd.kubernetes.normalize import parse_nodeset, parse_topology
+from sunkd.runtime.config import ConfigError, load_settings, topology_spec
 from sunkd.slurm.topology import TopologyFile
 
 TREE = spec_from("tree", preset="topograph")
@@ -196,3 +197,30 @@ def test_parse_nodeset_reads_spec_topology() -> None:
     assert parse_nodeset(obj).topology == TopologyChoice(preset="nebius")
     del obj["spec"]["topology"]  # type: ignore[attr-defined]
     assert parse_nodeset(obj).topology is None
+
+
+@pytest.mark.parametrize(("toml", "key", "problem"), [
+    ('[topology]\nkind = "ring"', "topology.kind", "must be tree or block"),
+    ('[topology]\nlevels = ["a"]\nblock_label = "b"', "topology", "cannot be mixed"),
+    ('[topology]\nkind = "block"\nblock_sizes = [4, 6]', "topology", "power of two"),
+    ('[topology]\nfile = "/etc/slurm/topo.conf"', "topology.file", "topology.conf"),
+    ('[topology]\nmin_interval_seconds = 0', "topology.min_interval_seconds", "at least 1"),
+    ('[gres]\ntype_map = { "A100" = "a b" }', "gres.type_map.A100", "letters, digits"),
+])
+def test_bad_topology_and_gres_settings_name_the_key(tmp_path: Path, toml: str, key: str,
+                                                     problem: str) -> None:
+    path = tmp_path / "sunkd.toml"
+    path.write_text(toml + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert info.value.key == key and problem in info.value.problem
+
+
+def test_topology_and_gres_settings() -> None:
+    settings = load_settings(None, env={"SUNKD_TOPOLOGY_FILE": "/etc/slurm/topology.yaml",
+                                        "SUNKD_TOPOLOGY_KIND": "block",
+                                        "SUNKD_GRES_CHECK": "true"})
+    assert settings.topology.file == Path("/etc/slurm/topology.yaml")
+    assert topology_spec(settings.topology) == spec_from("block", preset="topograph")
+    assert settings.gres.check and settings.gres.type_map == {}
+    assert load_settings(None, env={}).topology.file is None  # off by default
