@@ -172,3 +172,18 @@ def test_only_a_registered_slurm_owned_node_is_held(owner: str, slurm_state: str
     assert any(h.startswith("GRES") for h in assessment.slurm_holds) == held
     if held:
         assert assessment.phase == Phase.HELD
+
+
+@given(st.integers(0, 64), st.integers(0, 64),
+       st.sampled_from(["NVIDIA-A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla-T4", ""]),
+       st.booleans(), st.sampled_from(["", "(S:0-1)", "(IDX:0-3)", ",nic:2"]))
+def test_the_check_holds_exactly_when_slurm_differs(count: int, registered_count: int,
+                                                    product: str, mapped: bool,
+                                                    suffix: str) -> None:
+    """Slurm registering the Node's own GPUs (whatever socket or index suffix and other
+    GRES it adds) is never a problem; any other GPU count is."""
+    type_map = {product: "mapped"} if mapped and product else None
+    expected = expected_gres(k8s_node(str(count), product or None), type_map)
+    kind = gpu_type(product, type_map) if product else ""
+    registered = node_gres(Gres(registered_count, kind)) + (suffix if registered_count else "")
+    assert (gres_problem(registered or None, expected) is None) == (registered_count == count)

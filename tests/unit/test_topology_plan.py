@@ -36,7 +36,8 @@ from sunkd.domain.topology_plan import (
     registered,
 )
 from sunkd.kubernetes.normalize import parse_nodeset, parse_topology
-from sunkd.runtime.config import ConfigError, load_settings, topology_spec
+from sunkd.runtime.config import ConfigError, TopologySettings, load_settings, topology_spec
+from sunkd.runtime.topology import TopologyDelivery
 from sunkd.slurm.topology import TopologyFile
 
 TREE = spec_from("tree", preset="topograph")
@@ -224,3 +225,34 @@ def test_topology_and_gres_settings() -> None:
     assert topology_spec(settings.topology) == spec_from("block", preset="topograph")
     assert settings.gres.check and settings.gres.type_map == {}
     assert load_settings(None, env={}).topology.file is None  # off by default
+
+
+def test_the_loop_keeps_the_file_when_the_labels_cannot_be_read(tmp_path: Path) -> None:
+    """`run` rounds until stopped; a LIST that fails is `LabelsUnknown` (nothing written),
+    and the next good round writes. (`/bin/true` stands in for scontrol here; the real
+    reconfigure is tests/integration/test_slurm_topology_delivery.py.)"""
+    path = tmp_path / "topology.conf"
+    node = NodeState("n1", k8s_name="k1", owner=OWNER_SLURM,
+                     slurm=SlurmNodeObserved(node="n1", state="IDLE"))
+    state = ClusterState(nodes={"n1": node}, k8s_names={"k1": "n1"})
+    calls: list[int] = []
+    stop = asyncio.Event()
+
+    async def list_nodes() -> list[dict[str, object]]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("connection refused")
+        stop.set()  # the loop ends after this round
+        return [{"metadata": {"name": "k1", "labels": {TOPOGRAPH_LEAF: "l1"}}}]
+
+    async def scenario() -> None:
+        delivery = TopologyDelivery(TopologySettings(file=path), TopologyFile(
+            path, scontrol="/bin/true"), list_nodes, lambda: state)
+        first = await delivery.round()
+        assert (first.applied, first.reason) == (False, "LabelsUnknown")
+        assert "connection refused" in first.message and not path.exists()
+        await asyncio.wait_for(delivery.run(stop, every=0.01), 5)
+        assert delivery.last is not None and delivery.last.reason == "Applied"
+        assert path.read_text().splitlines()[1:] == ["SwitchName=leaf_l1 Nodes=n1"]
+
+    asyncio.run(scenario())
