@@ -23,17 +23,14 @@ from sunkd.domain.topology import (
     DEFAULT_PRESET,
     PRESETS,
     Kind,
-    Topology,
     TopologyError,
     TopologyNode,
     TopologySpec,
     conf_kind,
     render,
     spec_from,
-    to_conf,
-    to_yaml,
 )
-from sunkd.domain.topology_plan import choice_spec
+from sunkd.domain.topology_plan import choice_spec, text_of
 from sunkd.runtime.config import Settings, topology_spec
 
 __all__ = ["add_arguments", "cmd_topology_render", "load_objects"]
@@ -169,10 +166,6 @@ def _diff(old_path: Path, old: str, new: str) -> str:
                                         fromfile=str(old_path), tofile="rendered"))
 
 
-def render_text(args: argparse.Namespace, topology: Topology) -> str:
-    return to_yaml(topology) if args.format == "yaml" else to_conf(topology)
-
-
 def _spec(args: argparse.Namespace, nodesets: Sequence[Mapping[str, Any]],
           default: TopologySpec | None) -> TopologySpec:
     """The flags' spec; without label flags, what the daemon would use: the Nodeset's
@@ -207,7 +200,7 @@ def run(args: argparse.Namespace, objects: tuple[list[Mapping[str, Any]],
         else:
             err.write(f"sunkd topology render: {error}\n")
         return 2
-    text = render_text(args, topology)
+    text = text_of(topology, args.format)
     result: dict[str, Any] = {"ok": True, "kind": topology.kind, "format": args.format,
                               "nodes": len(topology.nodes), "text": text,
                               "topology": topology.as_dict()}
