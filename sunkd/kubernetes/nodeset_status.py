@@ -9,7 +9,7 @@ through `KubernetesActuator.update_nodeset_status`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,11 +51,14 @@ def build_nodeset_status(
     now: float,
     previous_conditions: Mapping[str, Mapping[str, Any]] | None = None,
     member_of: Mapping[str, str] | None = None,
+    extra_conditions: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
     """The status for one pool. `previous_conditions` (by type) keep their
     `lastTransitionTime` while their status does not change. `member_of` is
     `membership(state, pools)` when the caller has it (one per round for every pool: at
-    10,000 nodes each costs ~0.1 s of the event loop)."""
+    10,000 nodes each costs ~0.1 s of the event loop). `extra_conditions` are
+    cluster-wide ones computed elsewhere (`{type, status, reason, message}`: the topology
+    delivery's `TopologyApplied`, `TopologyPlan.condition`)."""
     if member_of is None:
         member_of = membership(state, pools)
     members = sorted(name for name, pool in member_of.items() if pool == pool_name)
@@ -120,6 +123,8 @@ def build_nodeset_status(
              f"{len(gres_bad)} node(s) held: " + "; ".join(gres_bad[:5])[:1024])
             if gres_bad else
             ("True", wk.REASON_GRES_MATCH, "Slurm's GRES equals every checked node's GPUs"))
+    for extra in extra_conditions:
+        wanted[extra["type"]] = (extra["status"], extra["reason"], extra["message"][:1024])
     conditions = []
     for condition_type, (status, reason, message) in wanted.items():
         previous = (previous_conditions or {}).get(condition_type)

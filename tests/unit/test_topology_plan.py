@@ -18,6 +18,7 @@ from sunkd.domain.events import (
     decode_payload,
     encode_payload,
 )
+from sunkd.domain.policy import PoolSpec
 from sunkd.domain.ports import RefusedError
 from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, ClusterState, NodeState
 from sunkd.domain.topology import (
@@ -35,6 +36,7 @@ from sunkd.domain.topology_plan import (
     plan_topology,
     registered,
 )
+from sunkd.kubernetes.nodeset_status import build_nodeset_status
 from sunkd.kubernetes.normalize import parse_nodeset, parse_topology
 from sunkd.runtime.config import ConfigError, TopologySettings, load_settings, topology_spec
 from sunkd.runtime.topology import TopologyDelivery
@@ -256,3 +258,15 @@ def test_the_loop_keeps_the_file_when_the_labels_cannot_be_read(tmp_path: Path) 
         assert path.read_text().splitlines()[1:] == ["SwitchName=leaf_l1 Nodes=n1"]
 
     asyncio.run(scenario())
+
+
+def test_topology_applied_reaches_the_nodeset_status() -> None:
+    plan = plan_topology([], [], TREE, fmt="conf", last_text=None, last_write_at=None,
+                         now=0.0, min_interval=60.0)
+    pool = PoolSpec(name="a/x", partitions=("p",))
+    status = build_nodeset_status(ClusterState(), (pool,), "a/x", 3, 10.0,
+                                  extra_conditions=[plan.condition])
+    [applied] = [c for c in status["conditions"] if c["type"] == "TopologyApplied"]
+    assert (applied["status"], applied["reason"], applied["observedGeneration"]) == (
+        "False", "Empty", 3)
+    assert applied["message"].startswith("the topology would list no node")
