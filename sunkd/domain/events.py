@@ -173,6 +173,20 @@ class SlurmdSpec:
     max_concurrent_startup: int | None = None  # None: no bound
 
 
+@dataclass(frozen=True, slots=True)
+class TopologyChoice:
+    """A Nodeset's `spec.topology` (docs/topology.md): the labels Slurm's topology is
+    rendered from. `error` says why it cannot be used (the rest of the Nodeset still
+    counts): the topology is then not delivered, and the condition says so."""
+
+    kind: str = "tree"  # tree | block
+    preset: str | None = None
+    levels: tuple[str, ...] = ()
+    block_label: str | None = None
+    block_sizes: tuple[int, ...] = ()
+    error: str | None = None
+
+
 # ---------------------------------------------------------------------- observations
 
 
@@ -200,6 +214,9 @@ class SlurmNodeObserved(Payload):
     # `job_end` only beyond `JOB_END_TOLERANCE_SECONDS` (sunkd/slurm/source.py).
     jobs: int = 0
     job_end: float | None = None
+    # The node's configured GRES as Slurm reports it (`gpu:a100:8(S:0-1)`); None when the
+    # answer had none. Compared with what Kubernetes says the node has (K8sNodeObserved.gres).
+    gres: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +256,8 @@ class K8sNodeObserved(Payload):
     unschedulable: bool = False
     # Informational only: the Node carries sunkd's hold taint (sunkd.io/slurm-hold). Never
     # proof that sunkd made it (domain/authorship.py decides that). Rows written before the
-    # rename carry it as `cordoned_by_sunkd`, kept in `extra` as any unknown field is.
+    # rename carry it under its former key ("cordoned" where it now says "held"), kept in
+    # `extra` as any unknown field is.
     held_by_sunkd: bool = False
     taints: tuple[Taint, ...] = ()
     labels: tuple[Label, ...] = ()  # pool-relevant labels only
@@ -250,6 +268,10 @@ class K8sNodeObserved(Payload):
     # The allocatable resources (`cpu`, `memory`, the GPU resource) whose quantity did not
     # parse (malformed, NaN, negative, out of range): unknown, whatever the field above says.
     unparsed: tuple[str, ...] = ()
+    # The GRES Slurm must report for this node, from its GPUs (sunkd/domain/gres.py:
+    # `gpu:TYPE:N`, "" for none, `unknown: why` when the count cannot be read). None: the
+    # GRES check is off.
+    gres: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +318,7 @@ class K8sNodesetObserved(Payload):
     deleted: bool = False
     uid: str = ""  # metadata.uid: the owner reference of the slurmd pods names it
     slurmd: SlurmdSpec | None = None  # spec.slurmd; None: sunkd runs no slurmd pods
+    topology: TopologyChoice | None = None  # spec.topology; None: the config's default
 
 
 @dataclass(frozen=True, slots=True)

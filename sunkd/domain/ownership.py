@@ -39,8 +39,10 @@ from sunkd.domain import authorship as marks
 from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark
 from sunkd.domain.events import K8sNodeObserved, SlurmNodeObserved
+from sunkd.domain.gres import gres_problem
 from sunkd.domain.slurmnode import (
     in_contact,
+    registered,
     slurm_busy,
     slurm_drained,
     slurm_unhealthy,
@@ -190,6 +192,9 @@ class Assessment:
     # The operator's pin text when it is none of VALID_PINS: `pin` is then the side the
     # node is on (a move away is aborted as for a pin to it), never a move.
     invalid_pin: str | None = None
+    # Slurm registered other GPUs than the Kubernetes Node has (or they cannot be read):
+    # also in `slurm_holds`, so the node is HELD, never lent (`GresConsistent=False`).
+    gres_problem: str | None = None
 
     @property
     def pin_problem(self) -> str | None:
@@ -266,6 +271,7 @@ def assess(state: ClusterState, node: NodeState, now: float,
     slurm_holds: list[str] = []
     slurm = node.slurm
     unhealthy = False
+    gres: str | None = None
     if slurm is None:
         slurm_holds.append("missing in Slurm")
     else:
@@ -273,6 +279,10 @@ def assess(state: ClusterState, node: NodeState, now: float,
         since = node.slurm_unhealthy_since
         if unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS:
             slurm_holds.append(f"slurm {_slurm_condition(slurm)}")
+        if node.owner == OWNER_SLURM and registered(slurm) and node.k8s is not None:
+            gres = gres_problem(slurm.gres, node.k8s.gres)
+            if gres is not None:
+                slurm_holds.append(gres)  # after registration, before any lend
         if "DRAIN" in slurm.flags and not our_drain(node):
             by = f" by {slurm.reason_set_by}" if slurm.reason_set_by else ""
             forged = " (sunkd's log does not prove it wrote it)" if is_ours(slurm.reason) else ""
@@ -324,6 +334,7 @@ def assess(state: ClusterState, node: NodeState, now: float,
         pin=pin,
         conflicts=tuple(conflicts),
         invalid_pin=invalid_pin,
+        gres_problem=gres,
     )
 
 

@@ -52,11 +52,16 @@ EVENT_CONFLICT = "SunkdConflict"  # Warning: a Slurm job and a pod share the nod
 EVENT_IDENTITY_CONFLICT = "SunkdIdentityConflict"  # Warning: two Nodes claim one Slurm name
 EVENT_POOL_CONFLICT = "SunkdPoolConflict"  # Warning: two Nodesets select the node
 EVENT_INVALID_PIN = "SunkdInvalidPin"  # Warning: sunkd.io/pin is not slurm|kubernetes|auto
+EVENT_GRES_MISMATCH = "SunkdGresMismatch"  # Warning: Slurm registered other GPUs (held)
 
 # --- Nodeset status condition types and their reasons -----------------------------------
 CONDITION_READY = "Ready"  # sources fresh: sunkd may act
 CONDITION_PROGRESSING = "Progressing"  # some node is changing owner
 CONDITION_DEGRADED = "Degraded"  # nodes held or actions failing
+CONDITION_GRES_CONSISTENT = "GresConsistent"  # Slurm's GRES equals the Nodes' GPUs
+CONDITION_TOPOLOGY_APPLIED = "TopologyApplied"  # slurmctld has the rendered topology
+REASON_GRES_MATCH = "GresMatch"  # GresConsistent=True
+REASON_GRES_MISMATCH = "GresMismatch"  # GresConsistent=False
 REASON_SOURCES_FRESH = "SourcesFresh"  # Ready=True
 REASON_SOURCES_STALE = "SourcesStale"  # Ready=False
 REASON_MOVING = "Moving"  # Progressing=True

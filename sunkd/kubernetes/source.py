@@ -54,6 +54,7 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
+from sunkd.domain.gres import expected_gres
 from sunkd.domain.ports import EventSink
 from sunkd.kubernetes.client import JSON, NODES, NODESETS, PODS, KubeClient, ResourceType
 from sunkd.kubernetes.listwatch import (
@@ -159,7 +160,11 @@ class KubernetesSource:
         stale_after_failures: int = 2,
         lost_after: float = 60.0,
         fatal_errors: tuple[type[BaseException], ...] = (),
+        gres_type_map: Mapping[str, str] | None = None,
     ) -> None:
+        # Not None: every Node's observation carries the GRES Slurm must report for it
+        # (`[gres] check`; the map turns GPU product labels into Slurm's type names).
+        self._gres_type_map = dict(gres_type_map) if gres_type_map is not None else None
         self.client = client
         self.sink = sink
         self.stale_after_failures = stale_after_failures
@@ -580,6 +585,8 @@ class KubernetesSource:
             memory_bytes=quantities["memory"] or 0,
             gpus=quantities[GPU_RESOURCE] or 0,
             unparsed=unparsed,
+            gres=(None if self._gres_type_map is None
+                  else expected_gres(node, self._gres_type_map)),
         )
 
     def _workload_payload(

@@ -140,6 +140,21 @@ async def test_initial_observations(cluster: Cluster) -> None:
         await stop_source(stop, task)
 
 
+async def test_gres_expectation_only_when_checked(cluster: Cluster) -> None:
+    """With a GPU type map (`[gres] check`) each Node says what GRES Slurm must report;
+    without one nothing is expected (the check is off)."""
+    for type_map, wanted in (({}, {"k-gpu-1": "gpu:4", "k-cpu-1": ""}),
+                             (None, {"k-gpu-1": None, "k-cpu-1": None})):
+        sink = ListSink()
+        _source, stop, task = await start(cluster, sink, gres_type_map=type_map)
+        try:
+            nodes = {p.node: p.gres for p in sink.payloads(K8sNodeObserved)
+                     if isinstance(p, K8sNodeObserved)}
+            assert {k: nodes[k] for k in wanted} == wanted
+        finally:
+            await stop_source(stop, task)
+
+
 async def test_changes_emit_once(cluster: Cluster) -> None:
     sink = ListSink()
     source, stop, task = await start(cluster, sink)

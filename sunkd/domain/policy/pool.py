@@ -33,6 +33,7 @@ from sunkd.domain.policy.repair import (
     _repair,
     _repair_while_held,
     _report_conflict,
+    _report_gres,
     _report_invalid_pin,
 )
 from sunkd.domain.policy.transitions import _adopt, _handle_transition
@@ -109,6 +110,8 @@ def _step_nodes(
             _report_conflict(planner, node, assessment)
         elif assessment.invalid_pin is not None:
             _report_invalid_pin(planner, node, assessment)
+        elif assessment.gres_problem is not None:
+            _report_gres(planner, node, assessment)
         if assessment.identity_conflict:
             continue  # which Node is which is unknown: no action but the Warning
         if node.transition is not None:

@@ -103,6 +103,15 @@ def _report_invalid_pin(planner: _Planner, node: NodeState, assessment: Assessme
                        (Label("event_reason", wk.EVENT_INVALID_PIN), Label("message", problem)))
 
 
+def _report_gres(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+    """A Slurm-owned node whose registered GRES is not its GPUs is held (never lent): a
+    Warning Event on the node says why, as often as a conflict's."""
+    problem = assessment.gres_problem
+    if problem is not None and not _warned_lately(planner, node):
+        planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, problem,
+                       (Label("event_reason", wk.EVENT_GRES_MISMATCH), Label("message", problem)))
+
+
 def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, ...]) -> None:
     """A node several pools select belongs to none of them: say so on the node, once per
     CONFLICT_WARN_EVERY_SECONDS (only when both sides can be trusted right now).
