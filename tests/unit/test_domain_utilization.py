@@ -162,6 +162,24 @@ def test_from_state_continues_where_the_fold_is() -> None:
                              Key("b/cpu", "kubernetes", BUSY): 10.0}
 
 
+def test_a_forgotten_node_still_observed_keeps_its_pods_busy() -> None:
+    """Forgetting a node that left every pool drops what sunkd did, not what the sources
+    see: the pods its Kubernetes Node reported still run there, as the fold keeps them
+    (found by the property below)."""
+    events = log(
+        (0.0, K8sNodeObserved(node="k-n1", slurm_node="n1")),
+        (0.0, SlurmNodeVanished(node="n1")),
+        (0.0, K8sWorkloadObserved(node="k-n1", pool="a/gpu", pods=(
+            PodRef("fn", "a", "Running", pool_pod=True),))),
+        (0.0, NodeForgotten(node="n1")),
+    )
+    counted = Utilization()
+    counted.apply_all(events)
+    counted.advance(T0.timestamp() + 1)
+    assert counted.totals == {Key(NO_POOL, "none", BUSY): 1.0}
+    assert node_busy(fold(events).nodes["n1"])
+
+
 # ------------------------------------------------------------------ properties
 
 _pods = st.lists(st.builds(PodRef, namespace=st.just("fn"), name=st.sampled_from(["a", "b"]),
