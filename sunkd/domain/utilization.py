@@ -326,10 +326,10 @@ class Utilization:
             known = self._nodes.get(name)
             if known is not None and (known.slurm or known.k8s or known.k8s_rivals):
                 # Still observed (it left every pool): the fold forgets what sunkd did
-                # (owner, transition, workload) and keeps what the sources see.
+                # (owner, transition) and keeps what the sources see, the pods its
+                # Kubernetes Node reports included.
                 record = self._node(name, at)
                 record.owner, record.pool, record.transition = OWNER_NONE, NO_POOL, None
-                record.busy_pools = frozenset()
             elif known is not None:
                 self._accrue(name, self._nodes.pop(name), at)
                 for k8s_name in [k for k, v in self._k8s_names.items() if name in (k, v)]:
