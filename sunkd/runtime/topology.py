@@ -8,7 +8,7 @@ Slurm adapter (`sunkd.slurm.topology`), then report `TopologyApplied` as a metri
 the condition changes. A failed write leaves the previous file in place.
 
 Meant to run in the leader only (`may_write` on the file fences each write) when
-`[topology] file` is set; the daemon does not start it yet (docs/topology.md).
+`[topology] file` is set: each term starts `run` (runtime/term.py).
 """
 
 from __future__ import annotations
