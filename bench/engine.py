@@ -60,9 +60,10 @@ from sunkd.domain.events import (
     payload_from_json,
     payload_to_json,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.policy import PoolSpec, decide
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import ClusterState, fold
+from sunkd.domain.state import ClusterState
 
 OWNER_TAINT = Taint("sunkd.io/owner", "NoSchedule", "slurm")
 POOLS = 10

@@ -129,8 +129,8 @@ from sunkd.domain.events import (
     TransitionStarted,
     payload_to_json,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.snapshot import state_to_json
-from sunkd.domain.state import fold
 from sunkd.kubernetes.client import KubeClient, nodesets
 from sunkd.kubernetes.source import KubernetesSource
 from sunkd.runtime.config import SlurmSettings

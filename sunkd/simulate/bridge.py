@@ -44,6 +44,7 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.forecast import HOUR
 from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS
 from sunkd.domain.policy import (
@@ -63,7 +64,7 @@ from sunkd.domain.policy import (
     stale_action,
     starvation_held_until,
 )
-from sunkd.domain.state import EMPTY, OWNER_NONE, OWNER_SLURM, ClusterState, OpenAction, fold
+from sunkd.domain.state import EMPTY, OWNER_NONE, OWNER_SLURM, ClusterState, OpenAction
 from sunkd.simulate.actuate import carry_out
 from sunkd.simulate.checks import check_in_flight, check_round
 from sunkd.simulate.quiet import quiet, slurm_outweighs

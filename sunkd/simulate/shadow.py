@@ -5,7 +5,7 @@ Why: a site running sunkd has its own workload in its event log. Before changing
 it on *that* history: how many moves, when, what they would have cost, next to what
 sunkd actually did.
 
-The log is read only through the fold (`sunkd.domain.state.fold`): the state after each
+The log is read only through the fold (`sunkd.domain.fold.fold`): the state after each
 recorded instant says which nodes Slurm reported allocated, which pool pods Kubernetes
 reported on which node, how many jobs were pending per partition and which pods were
 pending with their requests, and where sunkd's transitions stood. Payload fields are
@@ -51,6 +51,7 @@ from sunkd.domain.events import (
     RecordedEvent,
     legacy_node_job_ends,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.slurmnode import slurm_busy
 from sunkd.domain.state import (
     EMPTY,
@@ -59,7 +60,6 @@ from sunkd.domain.state import (
     NodeState,
     OpenTransition,
     Phase,
-    fold,
 )
 from sunkd.simulate.records import NodeShape
 from sunkd.simulate.workload import BatchJob, SimPod, Workload

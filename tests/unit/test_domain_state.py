@@ -31,8 +31,9 @@ from sunkd.domain.events import (
     TransitionStarted,
     UnknownPayload,
 )
+from sunkd.domain.fold import apply, fold
 from sunkd.domain.snapshot import state_from_json, state_to_json, state_to_json_text
-from sunkd.domain.state import EMPTY, OWNER_KUBERNETES, OWNER_SLURM, Phase, apply, fold
+from sunkd.domain.state import EMPTY, OWNER_KUBERNETES, OWNER_SLURM, Phase
 from tests.unit.domain_world import Log, k8s_obs, slurm_obs
 
 
