@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sunkd.domain.codec import payload_from_json, payload_to_json
 from sunkd.domain.events import (
     ActionRequested,
     ActionSucceeded,
@@ -57,8 +58,6 @@ from sunkd.domain.events import (
     Taint,
     TransitionCompleted,
     TransitionStarted,
-    payload_from_json,
-    payload_to_json,
 )
 from sunkd.domain.fold import fold
 from sunkd.domain.policy import PoolSpec, decide

@@ -119,6 +119,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kube_watch import crd_object, node_object, populate
 from real_kube import EmulatorWrites, KubeWrites, RealKube
 
+from sunkd.domain.codec import payload_to_json
 from sunkd.domain.events import (
     ActionRequested,
     ActionSucceeded,
@@ -127,7 +128,6 @@ from sunkd.domain.events import (
     SlurmNodeObserved,
     TransitionCompleted,
     TransitionStarted,
-    payload_to_json,
 )
 from sunkd.domain.fold import fold
 from sunkd.domain.snapshot import state_to_json

@@ -22,6 +22,7 @@ from sunkd.domain import authorship as marks
 from sunkd.domain import forecast
 from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark, HoldMark
+from sunkd.domain.codec import decode_payload, encode_payload
 from sunkd.domain.events import (
     ConfiguredPool,
     K8sDemandObserved,
@@ -32,8 +33,6 @@ from sunkd.domain.events import (
     PodRef,
     SlurmDemandObserved,
     SlurmNodeObserved,
-    decode_payload,
-    encode_payload,
 )
 from sunkd.domain.state import (
     ActionOutcome,

@@ -45,12 +45,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sunkd.domain.events import (
-    K8sWorkloadObserved,
-    OwnershipSpec,
-    RecordedEvent,
-    legacy_node_job_ends,
-)
+from sunkd.domain.codec import legacy_node_job_ends
+from sunkd.domain.events import K8sWorkloadObserved, OwnershipSpec, RecordedEvent
 from sunkd.domain.fold import fold
 from sunkd.domain.slurmnode import slurm_busy
 from sunkd.domain.state import (

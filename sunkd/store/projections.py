@@ -70,7 +70,8 @@ from typing import Any
 from sqlalchemy import Text, cast, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sunkd.domain.events import RecordedEvent, decode_payload
+from sunkd.domain.codec import decode_payload
+from sunkd.domain.events import RecordedEvent
 from sunkd.domain.ownership import observed
 from sunkd.domain.state import ClusterState
 from sunkd.store.migrations_api import SchemaError

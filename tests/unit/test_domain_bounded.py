@@ -12,6 +12,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sunkd.domain.codec import decode_payload, encode_payload, legacy_node_job_ends, payload_to_json
 from sunkd.domain.events import (
     ConfiguredPool,
     K8sNodesetObserved,
@@ -25,10 +26,6 @@ from sunkd.domain.events import (
     SourceHealth,
     TransitionCompleted,
     TransitionStarted,
-    decode_payload,
-    encode_payload,
-    legacy_node_job_ends,
-    payload_to_json,
 )
 from sunkd.domain.fold import fold
 from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode, StartTransition, decide

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from sunkd.domain.events import legacy_node_job_ends
+from sunkd.domain.codec import legacy_node_job_ends
 from sunkd.domain.ownership import (
     Assessment,
     assess,
