@@ -24,8 +24,9 @@ rejected with its cause (`rejected_observations()`, retried when it changes or a
 characters before it is emitted (`normalize.clean_payload`).
 
 The source composes the objects that own the rest: `PodIndex` (pods by Node, pending
-pods), `NodesetView` (parsed Nodesets and the selector questions, memoized per flush)
-and `Payloads` (what the caches say, as payloads); the pure parts live in
+pods), `NodesetView` (parsed Nodesets and the selector questions, memoized per flush),
+`Payloads` (what the caches say, as payloads) and `Troubles` (what is wrong, the
+health it means and the retry clock); the pure parts live in
 `normalize.py`. What stays here is the one state machine the watches, the dirty-set
 flush and the append/rejection path share under one lock.
 """
@@ -72,12 +73,12 @@ from sunkd.kubernetes.normalize import (
 )
 from sunkd.kubernetes.payloads import Payloads
 from sunkd.kubernetes.podindex import PodIndex
+from sunkd.kubernetes.troubles import Troubles
 from sunkd.kubernetes.wire import MalformedObject, resource_version
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 
 SOURCE = "kubernetes"
-RETRY_MAX_SECONDS = 30.0
 REJECTED_RETRY_SECONDS = 60.0
 INBOX_MAX = 10_000  # changes waiting for a flush; a watch that has more waits
 SLOW_FLUSH_S = 1.0  # a flush that took this long is logged with its cost
@@ -153,8 +154,8 @@ class KubernetesSource:
     ) -> None:
         self.client = client
         self.sink = sink
-        self.stale_after_failures = stale_after_failures
-        self.lost_after = lost_after
+        self.troubles = Troubles(stale_after_failures=stale_after_failures,
+                                 lost_after=lost_after)
         self.fatal_errors = fatal_errors
         self._last: dict[tuple[str, str], Payload] = {}
         for payload in previous:
@@ -182,14 +183,8 @@ class KubernetesSource:
         }
         self._synced_once: set[str] = set()
         self._synced = asyncio.Event()
-        self._trouble: dict[str, WatchTrouble] = {}
-        # Failures of our own side (appends, internal errors), by kind.
-        self._sync_trouble: dict[str, WatchTrouble] = {}
-        self._retry_at: float | None = None
-        self._retry_delay = 1.0
         # Observations the log refused on their own: family -> (payload, retry after).
         self._rejected: dict[tuple[str, str], tuple[Payload, float]] = {}
-        self._unhealthy_since: float | None = None
         self._dirty = _Dirty()
         # What the payloads read besides the watches' caches: an index over the pods
         # and the parsed Nodesets.
@@ -295,7 +290,7 @@ class KubernetesSource:
                 log.exception("kubernetes.watch_crashed", resource=name)
                 async with self._lock:
                     await self._failed("internal", "internal_error", error)
-                await asyncio.sleep(self._retry_delay)
+                await asyncio.sleep(self.troubles.retry_delay)
 
     async def _flusher(self) -> None:
         """Note the changes in the inbox and flush them: one append for all of them.
@@ -323,10 +318,11 @@ class KubernetesSource:
             await asyncio.sleep(1.0)
             async with self._lock:
                 now = time.monotonic()
-                if self._retry_at is None:
+                retry_at = self.troubles.retry_at
+                if retry_at is None:
                     retry = self._dirty.everything  # a recomputation is still owed
                 else:
-                    retry = now >= self._retry_at
+                    retry = now >= retry_at
                 if retry:
                     try:
                         await self._flush()
@@ -334,7 +330,7 @@ class KubernetesSource:
                         raise
                     except Exception as error:
                         await self._failed("internal", "internal_error", error)
-                if not self._sync_trouble:
+                if not self.troubles.own:
                     await self._retry_rejected(now)
                 await self._emit_health()
 
@@ -362,30 +358,20 @@ class KubernetesSource:
     async def _failed(self, what: str, cause: str, error: Exception) -> None:
         """Our side failed (`what`: append | internal): stale at once with `cause`, recompute
         everything on the next try, retry with backoff."""
-        previous = self._sync_trouble.get(what)
-        detail = clean_text(f"{type(error).__name__}: {error}")[:300]
-        self._sync_trouble[what] = WatchTrouble(
-            cause, detail, (previous.consecutive if previous else 0) + 1, immediate=True)
-        if self._unhealthy_since is None:
-            self._unhealthy_since = time.monotonic()
+        detail = self.troubles.failed(what, cause, error)
         self._dirty.everything = True
-        self._retry_at = time.monotonic() + self._retry_delay
-        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_SECONDS)
+        retry_at = self.troubles.retry_at
+        assert retry_at is not None
         log.warning("kubernetes.sync_failed", what=what, cause=cause, error=detail,
-                    retry_in=round(self._retry_at - time.monotonic(), 1))
+                    retry_in=round(retry_at - time.monotonic(), 1))
         if what != "append":
             with contextlib.suppress(_SinkDown):
                 await self._emit_health()
 
     def _recovered(self, what: str) -> bool:
-        if self._sync_trouble.pop(what, None) is None:
+        if not self.troubles.recovered(what):
             return False
         log.info("kubernetes.sync_recovered", what=what)
-        if not self._sync_trouble:
-            self._retry_at = None
-            self._retry_delay = 1.0
-        if not self._trouble and not self._sync_trouble:
-            self._unhealthy_since = None
         return True
 
     # -- handling --------------------------------------------------------------------
@@ -393,21 +379,15 @@ class KubernetesSource:
     async def _handle(self, name: str, item: Relisted | WatchTrouble | WatchRecovered) -> None:
         """A watch item that is not a change (changes go through the inbox)."""
         if isinstance(item, WatchTrouble):
-            self._trouble[name] = item
-            if self._unhealthy_since is None:
-                self._unhealthy_since = time.monotonic()
+            self.troubles.watch_failing(name, item)
             await self._emit_health()
             return
         if isinstance(item, WatchRecovered):
-            self._trouble.pop(name, None)
-            if not self._trouble:
-                self._unhealthy_since = None
+            self.troubles.watch_ok(name)
             await self._emit_health()
             return
         if isinstance(item, Relisted):
-            self._trouble.pop(name, None)
-            if not self._trouble:
-                self._unhealthy_since = None
+            self.troubles.watch_ok(name)
             for event in item.events:
                 self._note(name, event)
             if name not in self._synced_once:
@@ -576,7 +556,7 @@ class KubernetesSource:
             events.append(Event(subject=_subject(payload), payload=payload))
         if not events:
             return
-        trouble = self._sync_trouble.get("append")
+        trouble = self.troubles.own.get("append")
         last_health = self._last.get(("health", SOURCE))
         if trouble is not None and not (isinstance(last_health, SourceHealth)
                                         and last_health.cause == trouble.cause):
@@ -688,18 +668,11 @@ class KubernetesSource:
                 accepted.extend(half)
 
     async def _emit_health(self) -> None:
-        troubles = [*self._trouble.values(), *self._sync_trouble.values()]
-        if troubles:
-            worst = max(troubles, key=lambda t: (t.immediate, t.consecutive))
-            if self._unhealthy_since is None:
-                self._unhealthy_since = time.monotonic()
-            since = self._unhealthy_since
-            if time.monotonic() - since >= self.lost_after:
-                status = "lost"
-            elif worst.immediate or worst.consecutive >= self.stale_after_failures:
-                status = "stale"
-            else:
+        if self.troubles.any():
+            verdict = self.troubles.verdict()
+            if verdict is None:
                 return  # a single blip: the loop is already retrying
+            status, worst = verdict
             health = SourceHealth(
                 source=SOURCE, status=status, cause=worst.cause, detail=worst.detail[:300]
             )
@@ -707,7 +680,8 @@ class KubernetesSource:
             health = SourceHealth(source=SOURCE, status="fresh")
         else:
             return
-        if health.status == "fresh" and (self._dirty.everything or self._retry_at is not None):
+        if health.status == "fresh" and (self._dirty.everything
+                                        or self.troubles.retry_at is not None):
             return  # a recomputation is pending: fresh only once it went through
         last = self._last.get(("health", SOURCE))
         # Detail text varies from retry to retry; only status and cause make a new event.
@@ -717,8 +691,6 @@ class KubernetesSource:
         ):
             return
         await self._emit([health])
-
-
 
 
 def _replace_deleted(last: K8sNodesetObserved) -> K8sNodesetObserved:
