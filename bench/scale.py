@@ -120,6 +120,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kube_watch import crd_object, node_object, populate
 from real_kube import EmulatorWrites, KubeWrites, RealKube
 
+from sunkd.domain.codec import payload_to_json
 from sunkd.domain.events import (
     ActionRequested,
     ActionSucceeded,
@@ -128,10 +129,9 @@ from sunkd.domain.events import (
     SlurmNodeObserved,
     TransitionCompleted,
     TransitionStarted,
-    payload_to_json,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.snapshot import state_to_json
-from sunkd.domain.state import fold
 from sunkd.kubernetes.client import KubeClient, nodesets
 from sunkd.kubernetes.source import KubernetesSource
 from sunkd.runtime.config import SlurmSettings

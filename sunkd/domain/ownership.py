@@ -48,19 +48,10 @@ from sunkd.domain.slurmnode import (
     slurm_unhealthy,
     slurm_usable,
 )
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_NONE,
-    OWNER_SLURM,
-    ClusterState,
-    NodeState,
-    Phase,
-)
+from sunkd.domain.state import OWNER_NONE, ClusterState, NodeState, Phase
 
 __all__ = [
-    "OWNER_KUBERNETES",
     "OWNER_NONE",
-    "OWNER_SLURM",
     "UNHEALTHY_GRACE_SECONDS",
     "VALID_PINS",
     "Assessment",
@@ -87,7 +78,7 @@ __all__ = [
 
 UNHEALTHY_GRACE_SECONDS = 30.0
 # What `sunkd.io/pin` and `operator.pinned` may say; "auto" (or nothing) is no pin.
-VALID_PINS = (OWNER_SLURM, OWNER_KUBERNETES, "auto")
+VALID_PINS = (wk.OWNER_SLURM, wk.OWNER_KUBERNETES, "auto")
 
 
 def is_ours(reason: str | None) -> bool:
@@ -108,7 +99,7 @@ def our_drain(node: NodeState) -> bool:
     mark = node.drain_mark
     if mark is not None and marks.drain_shows(mark, slurm):
         return True
-    return any(action.side == OWNER_SLURM and action.verb == "drain"
+    return any(action.side == wk.OWNER_SLURM and action.verb == "drain"
                and marks.requested_reason(action.args, action.reason) == slurm.reason
                for action in node.open_actions.values())
 
@@ -123,7 +114,7 @@ def our_hold_taint(node: NodeState) -> bool:
     mark = node.hold_mark
     if mark is not None and marks.hold_shows(mark, k8s):
         return True
-    return any(action.side == OWNER_KUBERNETES and action.verb == "cordon"
+    return any(action.side == wk.OWNER_KUBERNETES and action.verb == "cordon"
                for action in node.open_actions.values())
 
 
@@ -239,7 +230,7 @@ def _slurm_condition(observation: SlurmNodeObserved) -> str:
 def sources_unknown(state: ClusterState) -> tuple[str, ...]:
     """Why no node may be acted on: a source not fresh in this leadership term."""
     unknown: list[str] = []
-    for source in (OWNER_SLURM, OWNER_KUBERNETES):
+    for source in (wk.OWNER_SLURM, wk.OWNER_KUBERNETES):
         health = state.sources.get(source)
         if health is None:
             unknown.append(f"{source} source has not reported yet")
@@ -279,7 +270,7 @@ def assess(state: ClusterState, node: NodeState, now: float,
         since = node.slurm_unhealthy_since
         if unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS:
             slurm_holds.append(f"slurm {_slurm_condition(slurm)}")
-        if node.owner == OWNER_SLURM and registered(slurm) and node.k8s is not None:
+        if node.owner == wk.OWNER_SLURM and registered(slurm) and node.k8s is not None:
             gres = gres_problem(slurm.gres, node.k8s.gres)
             if gres is not None:
                 slurm_holds.append(gres)  # after registration, before any lend
@@ -345,10 +336,10 @@ def _pin_of(node: NodeState) -> tuple[str | None, str | None]:
     return, and an adoption (from no owner) is left alone."""
     if node.pin is None:
         return None, None
-    if node.pin.to in (OWNER_SLURM, OWNER_KUBERNETES):
+    if node.pin.to in (wk.OWNER_SLURM, wk.OWNER_KUBERNETES):
         return node.pin.to, None
     here = node.transition.from_owner if node.transition is not None else node.owner
-    return (here if here in (OWNER_SLURM, OWNER_KUBERNETES) else None), node.pin.to
+    return (here if here in (wk.OWNER_SLURM, wk.OWNER_KUBERNETES) else None), node.pin.to
 
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})

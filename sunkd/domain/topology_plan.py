@@ -22,7 +22,7 @@ from typing import Any, Literal
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodesetObserved, TopologyChoice
 from sunkd.domain.slurmnode import registered
-from sunkd.domain.state import OWNER_SLURM, ClusterState
+from sunkd.domain.state import ClusterState
 from sunkd.domain.topology import (
     DEFAULT_PRESET,
     Topology,
@@ -46,7 +46,7 @@ def deliverable_nodes(state: ClusterState) -> tuple[str, ...]:
     """The Slurm names a topology may list: owned by Slurm and registered in it, sorted."""
     return tuple(sorted(
         name for name, node in state.nodes.items()
-        if node.owner == OWNER_SLURM and not node.slurm_missing and registered(node.slurm)))
+        if node.owner == wk.OWNER_SLURM and not node.slurm_missing and registered(node.slurm)))
 
 
 @dataclass(frozen=True)

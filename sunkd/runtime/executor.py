@@ -24,7 +24,7 @@ from sunkd.domain.policy import (
 )
 from sunkd.domain.policy.slurmd import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE
 from sunkd.domain.ports import ActionError
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, OpenAction
+from sunkd.domain.state import NodeState, OpenAction
 from sunkd.slurm.model import SlurmNode
 
 # Annotations mirroring a Slurm-side hold onto the Kubernetes node.
@@ -76,9 +76,9 @@ class ActuatorExecutor:
         self.slurm_reader = slurm_reader
 
     async def execute(self, action: OpenAction, node: NodeState | None) -> bool:
-        if action.side == OWNER_SLURM:
+        if action.side == wk.OWNER_SLURM:
             return await self._slurm(action)
-        if action.side == OWNER_KUBERNETES:
+        if action.side == wk.OWNER_KUBERNETES:
             k8s_name = (_arg(action, "k8s_node")
                         or (node.k8s_name if node is not None else None) or action.node)
             if action.verb == VERB_UNLOCK:

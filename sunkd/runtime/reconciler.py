@@ -38,6 +38,7 @@ from sunkd.domain.events import (
     PoolsConfigured,
     RecordedEvent,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.policy import (
     Decision,
     PoolSpec,
@@ -48,13 +49,7 @@ from sunkd.domain.policy import (
 )
 from sunkd.domain.ports import ActionError, EventSink, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
-from sunkd.domain.state import (
-    EMPTY,
-    ClusterState,
-    NodeState,
-    OpenAction,
-    fold,
-)
+from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction
 from sunkd.runtime import malloc
 from sunkd.runtime.forkencode import encode_in_child
 from sunkd.runtime.groupcommit import GroupAppender

@@ -51,8 +51,9 @@ from sunkd.domain.events import (
     Event,
     LogArchived,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import EMPTY, ClusterState, fold
+from sunkd.domain.state import EMPTY, ClusterState
 from sunkd.store.archive_read import (
     FORMAT,
     ArchivedRow,

@@ -48,14 +48,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from sunkd.domain.events import (
-    Event,
-    LeaderElected,
-    LogArchived,
-    RecordedEvent,
-    decode_payload,
-    encode_payload,
-)
+from sunkd.domain.codec import decode_payload, encode_payload
+from sunkd.domain.events import Event, LeaderElected, LogArchived, RecordedEvent
 from sunkd.store.backend import Backend, EventRow, as_utc
 from sunkd.store.migrate_apart import migrate_in_child
 from sunkd.store.migrations_api import NotASunkdLog, at_head, ensure_schema, require_log

@@ -20,9 +20,10 @@ from sqlalchemy.exc import DBAPIError
 
 from sunkd.cli.main import main
 from sunkd.cli.operator import replay_check
-from sunkd.domain.events import Event, LogArchived, SlurmNodeObserved, encode_payload
+from sunkd.domain.codec import encode_payload
+from sunkd.domain.events import Event, LogArchived, SlurmNodeObserved
+from sunkd.domain.fold import fold
 from sunkd.domain.snapshot import state_to_json
-from sunkd.domain.state import fold
 from sunkd.store import archive, projections
 from sunkd.store.eventlog import EventLog
 from tests.seeding import ClockedLog, all_events, open_clocked, seed_pool_history

@@ -33,7 +33,7 @@ from sunkd.domain.events import (
     OperatorPinned,
     SlurmNodeObserved,
 )
-from sunkd.domain.state import fold
+from sunkd.domain.fold import fold
 from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
 from sunkd.store.eventlog import EventLog
 

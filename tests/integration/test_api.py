@@ -15,7 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from sunkd.api.app import api_pools, build_app
 from sunkd.api.extender import WHY_HELD, WHY_MOVING, WHY_SLURM, ApiPool
 from sunkd.api.metrics import Metrics
-from sunkd.domain.state import ClusterState, fold
+from sunkd.domain.fold import fold
+from sunkd.domain.state import ClusterState
 from sunkd.store.eventlog import EventLog
 from tests.seeding import POOL, all_events, open_clocked, seed_pool_history
 

@@ -22,7 +22,7 @@ from sunkd.domain.gres import expected_gres
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import PoolSpec, decide
 from sunkd.domain.policy.model import VERB_WARN, RequestAction
-from sunkd.domain.state import OWNER_SLURM, ClusterState, NodeState, Phase, SourceState
+from sunkd.domain.state import ClusterState, NodeState, Phase, SourceState
 from sunkd.kubernetes.nodeset_status import build_nodeset_status
 from sunkd_testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import jwt_client, slurm_test_versions, start_cluster
@@ -75,7 +75,7 @@ async def test_slurm_gres_is_checked_against_the_nodes_gpus(cluster: SlurmCluste
                               labels=(Label("pool", "gpu"),),
                               gres=expected_gres(k8s_node(name), TYPE_MAP))
         nodes[name] = NodeState(name, k8s_name=name, slurm=slurm[name].to_observed(), k8s=k8s,
-                                owner=OWNER_SLURM, phase=Phase.SLURM, pods=())
+                                owner=wk.OWNER_SLURM, phase=Phase.SLURM, pods=())
     fresh = SourceState("fresh", None, None, 0.0, 0.0)
     state = ClusterState(nodes=nodes, k8s_names={"g1": "g1", "g2": "g2"},
                          sources={"slurm": fresh, "kubernetes": fresh})

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from sunkd.domain.events import Event, SlurmDemandObserved, SlurmNodeObserved, payload_to_json
+from sunkd.domain.codec import payload_to_json
+from sunkd.domain.events import Event, SlurmDemandObserved, SlurmNodeObserved
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.source import JOB_END_TOLERANCE_SECONDS, SlurmSource
 from sunkd_testbed.slurmrestd import FakeSlurmrestd, fake_node

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import SlurmNodeObserved
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
+from sunkd.domain.state import ClusterState, NodeState
 from sunkd.domain.topology import TOPOGRAPH_LEAF, TOPOGRAPH_SPINE, TopologyNode, render
 from sunkd.domain.topology_plan import text_of
 from sunkd.runtime.config import TopologySettings, topology_spec
@@ -38,7 +39,7 @@ def k8s(name: str, leaf: str, spine: str) -> dict[str, Any]:
                          "labels": {TOPOGRAPH_LEAF: leaf, TOPOGRAPH_SPINE: spine}}}
 
 
-def world(owner: str = OWNER_SLURM, state: str = "IDLE") -> ClusterState:
+def world(owner: str = wk.OWNER_SLURM, state: str = "IDLE") -> ClusterState:
     nodes = {n: NodeState(n, k8s_name=f"k-{n}", owner=owner,
                           slurm=SlurmNodeObserved(node=n, state=state)) for n in NODES}
     return ClusterState(nodes=nodes, k8s_names={f"k-{n}": n for n in NODES})
@@ -108,7 +109,7 @@ async def test_write_reconfigure_and_keep_the_last_good(cluster: SlurmCluster) -
     assert path.read_text() == good
 
     # No node is Slurm's any more: the render is empty, the last good file stays.
-    current[0] = world(owner=OWNER_KUBERNETES)
+    current[0] = world(owner=wk.OWNER_KUBERNETES)
     now[0] += 100
     plan = await delivery.round()
     assert (plan.applied, plan.reason) == (False, "Empty"), plan.message

@@ -8,6 +8,7 @@ adapter are checked on 24.11 and 26.05 by test_slurm_topology_delivery.py."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 
@@ -38,34 +39,35 @@ def _leaves(cluster: SlurmCluster) -> dict[str, str]:
     return found
 
 
-async def test_the_leader_keeps_slurms_topology_with_the_labels() -> None:
-    for cluster in start_cluster("tp[1-3]", extra_conf=["TopologyPlugin=topology/tree"],
-                                 config_files={"topology.conf": START}):
-        path = cluster.slurm_conf.parent / "topology.conf"
-        async with migrated_database() as database_url:
-            emulator = await start_emulator(cluster)
-            for index, name in enumerate(NODES):
-                emulator.patch("nodes", name, {"metadata": {"labels": {
-                    TOPOGRAPH_LEAF: "leaf-a" if index < 2 else "leaf-b",
-                    TOPOGRAPH_SPINE: "spine-1"}}})
-            settings = TopologySettings(file=path, preset="topograph",
-                                        min_interval_seconds=1.0)
-            async with running_sunkd(database_url, cluster, emulator,
-                                     topology=settings) as sunkd:
-                await sunkd.until("slurmctld shows the labels' two leaves", lambda: set(
-                    _leaves(cluster)) == {"leaf-a", "leaf-b"}, 60)
-                assert "leaf-a" in path.read_text() and "start" not in path.read_text()
-                emulator.patch("nodes", "tp3", {"metadata": {"labels": {
-                    TOPOGRAPH_LEAF: "leaf-a"}}})
-                await sunkd.until("tp3 moved under leaf-a", lambda: set(
-                    _leaves(cluster)) == {"leaf-a"}, 60)
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    yield from start_cluster("tp[1-3]", extra_conf=["TopologyPlugin=topology/tree"],
+                             config_files={"topology.conf": START})
 
-                def applied() -> bool:
-                    status = emulator.get("nodesets", "pool", "sunkd").get("status") or {}
-                    return any(c.get("type") == "TopologyApplied" and c.get("status") == "True"
-                               for c in status.get("conditions", []))
 
-                await sunkd.until("the Nodeset says TopologyApplied", applied, 30)
-                metrics = sunkd.daemon.metrics.render().decode()
-            await emulator.stop()
-        assert "sunkd_topology_applied 1.0" in metrics
+async def test_the_leader_keeps_slurms_topology_with_the_labels(cluster: SlurmCluster) -> None:
+    path = cluster.slurm_conf.parent / "topology.conf"
+    async with migrated_database() as database_url:
+        emulator = await start_emulator(cluster)
+        for index, name in enumerate(NODES):
+            emulator.patch("nodes", name, {"metadata": {"labels": {
+                TOPOGRAPH_LEAF: "leaf-a" if index < 2 else "leaf-b",
+                TOPOGRAPH_SPINE: "spine-1"}}})
+        settings = TopologySettings(file=path, preset="topograph", min_interval_seconds=1.0)
+
+        def applied() -> bool:
+            status = emulator.get("nodesets", "pool", "sunkd").get("status") or {}
+            return any(c.get("type") == "TopologyApplied" and c.get("status") == "True"
+                       for c in status.get("conditions", []))
+
+        async with running_sunkd(database_url, cluster, emulator, topology=settings) as sunkd:
+            await sunkd.until("slurmctld shows the labels' two leaves",
+                              lambda: set(_leaves(cluster)) == {"leaf-a", "leaf-b"}, 60)
+            assert "leaf-a" in path.read_text() and "start" not in path.read_text()
+            emulator.patch("nodes", "tp3", {"metadata": {"labels": {TOPOGRAPH_LEAF: "leaf-a"}}})
+            await sunkd.until("tp3 moved under leaf-a",
+                              lambda: set(_leaves(cluster)) == {"leaf-a"}, 60)
+            await sunkd.until("the Nodeset says TopologyApplied", applied, 30)
+            metrics = sunkd.daemon.metrics.render().decode()
+        await emulator.stop()
+    assert "sunkd_topology_applied 1.0" in metrics

@@ -34,9 +34,10 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.ownership import is_ours
 from sunkd.domain.policy import Decision, PoolSpec, decide, decision_to_event, stale_action
-from sunkd.domain.state import EMPTY, ClusterState, OpenAction, fold
+from sunkd.domain.state import EMPTY, ClusterState, OpenAction
 
 POOL = "default/gpu"
 PARTITION = "gpu"

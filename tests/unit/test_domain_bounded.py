@@ -12,6 +12,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sunkd.domain.codec import decode_payload, encode_payload, legacy_node_job_ends, payload_to_json
 from sunkd.domain.events import (
     ConfiguredPool,
     K8sNodesetObserved,
@@ -25,15 +26,12 @@ from sunkd.domain.events import (
     SourceHealth,
     TransitionCompleted,
     TransitionStarted,
-    decode_payload,
-    encode_payload,
-    legacy_node_job_ends,
-    payload_to_json,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode, StartTransition, decide
 from sunkd.domain.policy.demand import _job_ends
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import ClusterState, fold
+from sunkd.domain.state import ClusterState
 from tests.unit.domain_world import PARTITION, POOL, POOL_LABEL, Log, k8s_obs, pool_spec, slurm_obs
 
 T0 = 100_000.0

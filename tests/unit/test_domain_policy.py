@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TypeVar
 
+from sunkd.domain.codec import decode_payload, legacy_node_job_ends
 from sunkd.domain.events import (
     ActionFailed,
     ActionRequested,
@@ -23,8 +24,6 @@ from sunkd.domain.events import (
     TransitionAborted,
     TransitionCompleted,
     TransitionStarted,
-    decode_payload,
-    legacy_node_job_ends,
 )
 from sunkd.domain.policy import (
     AbortTransition,

@@ -1,6 +1,6 @@
 """The utilization fold (`sunkd.domain.utilization`) against a reference built on the
 real fold: on random logs, every stretch between two events is classified by folding
-the log up to it with `sunkd.domain.state.fold` (owner as the fold says, busy from its
+the log up to it with `sunkd.domain.fold.fold` (owner as the fold says, busy from its
 observations, pool from the last transition), and the incremental fold must give the
 same seconds per (pool, owner, busy|idle), per node and per period."""
 
@@ -25,7 +25,8 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.state import EMPTY, fold
+from sunkd.domain.fold import fold
+from sunkd.domain.state import EMPTY
 from sunkd.domain.utilization import (
     BUSY,
     IDLE,

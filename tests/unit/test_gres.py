@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodeObserved, SlurmNodeObserved
 from sunkd.domain.gres import (
     UNKNOWN_PREFIX,
@@ -24,14 +25,7 @@ from sunkd.domain.gres import (
     parse_gres,
 )
 from sunkd.domain.ownership import assess
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
-    ClusterState,
-    NodeState,
-    Phase,
-    SourceState,
-)
+from sunkd.domain.state import ClusterState, NodeState, Phase, SourceState
 
 
 def k8s_node(gpus: Any = None, product: str | None = None) -> dict[str, Any]:
@@ -157,11 +151,11 @@ def _state(owner: str, slurm_state: str, reported: str | None, expected: str | N
 
 
 @pytest.mark.parametrize(("owner", "slurm_state", "reported", "expected", "held"), [
-    (OWNER_SLURM, "IDLE", "gpu:a100:1", "gpu:a100:2", True),
-    (OWNER_SLURM, "IDLE", "gpu:a100:2(S:0-1)", "gpu:a100:2", False),
-    (OWNER_SLURM, "IDLE", "gpu:a100:1", None, False),  # check off
-    (OWNER_SLURM, "UNKNOWN", None, "gpu:a100:2", False),  # not registered yet
-    (OWNER_KUBERNETES, "IDLE", "gpu:a100:1", "gpu:a100:2", False),  # Slurm's slurmd is gone
+    (wk.OWNER_SLURM, "IDLE", "gpu:a100:1", "gpu:a100:2", True),
+    (wk.OWNER_SLURM, "IDLE", "gpu:a100:2(S:0-1)", "gpu:a100:2", False),
+    (wk.OWNER_SLURM, "IDLE", "gpu:a100:1", None, False),  # check off
+    (wk.OWNER_SLURM, "UNKNOWN", None, "gpu:a100:2", False),  # not registered yet
+    (wk.OWNER_KUBERNETES, "IDLE", "gpu:a100:1", "gpu:a100:2", False),  # Slurm's slurmd is gone
 ])
 def test_only_a_registered_slurm_owned_node_is_held(owner: str, slurm_state: str,
                                                     reported: str | None,

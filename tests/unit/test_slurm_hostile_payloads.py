@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sunkd.domain.events import encode_payload
+from sunkd.domain.codec import encode_payload
 from sunkd.slurm.model import SlurmPayloadError
 from sunkd.slurm.normalize import clean_text, normalize_jobs, normalize_nodes
 from sunkd.store.eventlog import dumps_json

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     K8sNodesetObserved,
     SlurmNodeObserved,
@@ -20,7 +21,7 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.policy import PoolSpec
 from sunkd.domain.ports import RefusedError
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, ClusterState, NodeState
+from sunkd.domain.state import OWNER_NONE, ClusterState, NodeState
 from sunkd.domain.topology import (
     TOPOGRAPH_LEAF,
     TopologyError,
@@ -52,10 +53,10 @@ def test_only_slurm_owned_and_registered_nodes_are_deliverable() -> None:
         return NodeState(name, owner=owner, slurm=obs, slurm_missing=missing)
 
     state = ClusterState(nodes={n.name: n for n in (
-        node("a", OWNER_SLURM, "IDLE"), node("b", OWNER_SLURM, "DOWN"),
-        node("c", OWNER_SLURM, "FUTURE"), node("d", OWNER_SLURM, "UNKNOWN"),
-        node("e", OWNER_SLURM, None), node("f", OWNER_KUBERNETES, "IDLE"),
-        node("g", OWNER_NONE, "IDLE"), node("h", OWNER_SLURM, "IDLE", missing=True))})
+        node("a", wk.OWNER_SLURM, "IDLE"), node("b", wk.OWNER_SLURM, "DOWN"),
+        node("c", wk.OWNER_SLURM, "FUTURE"), node("d", wk.OWNER_SLURM, "UNKNOWN"),
+        node("e", wk.OWNER_SLURM, None), node("f", wk.OWNER_KUBERNETES, "IDLE"),
+        node("g", OWNER_NONE, "IDLE"), node("h", wk.OWNER_SLURM, "IDLE", missing=True))})
     assert deliverable_nodes(state) == ("a", "b")
     assert not registered(None) and registered(SlurmNodeObserved(node="x", state="MIXED"))
 
@@ -234,7 +235,7 @@ def test_the_loop_keeps_the_file_when_the_labels_cannot_be_read(tmp_path: Path) 
     and the next good round writes. (`/bin/true` stands in for scontrol here; the real
     reconfigure is tests/integration/test_slurm_topology_delivery.py.)"""
     path = tmp_path / "topology.conf"
-    node = NodeState("n1", k8s_name="k1", owner=OWNER_SLURM,
+    node = NodeState("n1", k8s_name="k1", owner=wk.OWNER_SLURM,
                      slurm=SlurmNodeObserved(node="n1", state="IDLE"))
     state = ClusterState(nodes={"n1": node}, k8s_names={"k1": "n1"})
     calls: list[int] = []

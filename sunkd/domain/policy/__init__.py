@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Set
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.policy.ahead import forecast_wanted, lead_seconds
 from sunkd.domain.policy.fairness import (
     FAIR_SHARE,
@@ -91,7 +92,7 @@ from sunkd.domain.policy.pool import _plan_pool
 from sunkd.domain.policy.reclaim import reclaim_grace_started_at
 from sunkd.domain.policy.repair import _report_overlap
 from sunkd.domain.policy.transitions import stale_action
-from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState
+from sunkd.domain.state import ClusterState, NodeState
 
 __all__ = [
     "FAIR_SHARE",
@@ -209,7 +210,7 @@ def _forget_gone(planner: _Planner, state: ClusterState, pooled: Set[str]) -> No
             and node.pin is None
             # A node lent to Kubernetes keeps its history: its Slurm drain is sunkd's,
             # and only a pool that takes it again may resume it (docs/safety.md).
-            and node.owner != OWNER_KUBERNETES
+            and node.owner != wk.OWNER_KUBERNETES
         ):
             # Its observations stay (compactly, `ClusterState.unpooled`): only sunkd's
             # history of it goes, so a pool that takes it later adopts it afresh.
