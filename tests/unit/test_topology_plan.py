@@ -12,12 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sunkd.domain import wellknown as wk
+from sunkd.domain.codec import decode_payload, encode_payload
 from sunkd.domain.events import (
     K8sNodesetObserved,
     SlurmNodeObserved,
     TopologyChoice,
-    decode_payload,
-    encode_payload,
 )
 from sunkd.domain.policy import PoolSpec
 from sunkd.domain.ports import RefusedError
