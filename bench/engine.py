@@ -239,7 +239,7 @@ def decide_state(nodes: int) -> tuple[ClusterState, list[PoolSpec], float]:
                                         pods=(PodRef("serving", f"web-{i}", "Running"),)), name)
         else:
             busy = rng.random() < 0.7
-            # The node's expected job end rides on its own observation (issue 15).
+            # The node's expected job end rides on its own observation.
             end = START + rng.uniform(60, 86400) if busy else None
             add(_slurm(name, pool, "ALLOCATED" if busy else "IDLE", (), None,
                        64 if busy else 0, end), name)

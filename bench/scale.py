@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 15): what sunkd costs at 10,000 nodes in 10 Nodeset pools and
+"""Scale benchmark: what sunkd costs at 10,000 nodes in 10 Nodeset pools and
 100,000 pods, in log bytes, memory and time.
 
 Why: a site runs sunkd for years on thousands of nodes. The log must grow with what

@@ -68,8 +68,8 @@ log = structlog.get_logger(__name__)
 
 # From this many nodes on, folding a batch, deciding and turning the state into a snapshot
 # run in a worker thread (the state is immutable: every fold builds a new one), so the
-# event loop keeps its turns for the lease renewal, the API and the sources (issue 15.5:
-# at 10,000 nodes each of these held the loop for seconds and a renewal came too late).
+# event loop keeps its turns for the lease renewal, the API and the sources (at
+# 10,000 nodes each of these held the loop for seconds and a renewal came too late).
 # Below it the work takes milliseconds and the hop to a thread would cost more.
 OFFLOAD_NODES = 1000
 # Decisions logged one by one per turn; beyond it one summary line (a first sync at
@@ -88,7 +88,7 @@ DECIDE_SHARE = 1 / 3
 
 class CorruptRowError(Exception):
     """The log has a row the fold cannot decode; deciding on a state that skipped it
-    would be deciding on a lie, so the daemon stops and names the row (issue 12)."""
+    would be deciding on a lie, so the daemon stops and names the row."""
 
     def __init__(self, row: CorruptRow) -> None:
         super().__init__(row.describe())

@@ -1,4 +1,4 @@
-"""Issue 15, items 1 and 2: `sunkd log archive`, `sunkd log restore` and `sunkd replay
+"""`sunkd log archive`, `sunkd log restore` and `sunkd replay
 --check --archive` on SQLite and PostgreSQL; the append-only triggers refuse every
 delete but the archive's; the archive base snapshot survives pruning.
 

@@ -282,7 +282,7 @@ async def test_body_limit_is_413(client: TestClient[Any, Any]) -> None:
     response = await client.post("/scheduler/filter", data=body,
                                  headers={"Content-Type": "application/json"})
     assert response.status == 413
-    # Within both limits (bytes, and at most MAX_NODES names: issue 12.5) still works.
+    # Within both limits (bytes, and at most MAX_NODES names) still works.
     ok = json.dumps({"Pod": OTHER_POD, "NodeNames": names[:20_000]}).encode()
     assert len(ok) < 8 * 1024 * 1024
     response = await client.post("/scheduler/filter", data=ok,

@@ -193,7 +193,7 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
         await client.delete(NODES, "k-cpu-1")
         await settle(source)
         assert K8sNodeVanished(node="k-cpu-1") in sink.payloads(K8sNodeVanished)
-        # Reported gone, it is forgotten by the source too (issue 15.4: bounded caches).
+        # Reported gone, it is forgotten by the source too (bounded caches).
         assert not [p for p in source.last_payloads() if getattr(p, "node", "") == "k-cpu-1"]
         gpu1 = [p for p in sink.payloads(K8sWorkloadObserved)
                 if isinstance(p, K8sWorkloadObserved) and p.node == "k-gpu-1"][-1]

@@ -1,4 +1,4 @@
-"""Issue 15.3 and 15.4 in the fold and the policy: events proportional to change (job
+"""Bounded growth in the fold and the policy: events proportional to change (job
 ends per node; old demand rows still mean what they meant) and memory proportional to
 the pools (only nodes a pool, a pin or sunkd's history names are `NodeState`s; the rest
 are compact `UnpooledNode` records; a node is forgotten by an explicit event after a
@@ -73,7 +73,7 @@ def _assert_batching_independent(log: Log) -> ClusterState:
 
 
 def _legacy_demand(ends: list[dict[str, object]]) -> SlurmDemandObserved:
-    """A slurm.demand.observed row exactly as sunkd wrote it before issue 15."""
+    """A slurm.demand.observed row exactly as sunkd wrote it before job ends moved into node observations."""
     payload = decode_payload(SlurmDemandObserved.KIND, {
         "v": 1, "partition": PARTITION, "pending_jobs": 0, "pending_nodes": 0,
         "running_jobs": len(ends), "node_job_ends": ends})

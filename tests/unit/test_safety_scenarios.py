@@ -339,7 +339,7 @@ def test_a_pool_conflict_warning_that_failed_is_retried_with_backoff() -> None:
     assert again.attempt == 2 and again.arg("event_reason") == wk.EVENT_POOL_CONFLICT
 
 
-# --------------------------------------------------- bounded growth (issue 15, item 4)
+# --------------------------------------------------- bounded growth (item 4)
 
 
 def test_a_node_gone_from_both_sides_is_forgotten_after_a_grace() -> None:

@@ -1,4 +1,4 @@
-"""Issue 12, the normalizer's half: hostile values in slurmrestd JSON are refused with a
+"""The normalizer's half: hostile values in slurmrestd JSON are refused with a
 named field or sanitised before they can reach the log (the integration half, against
 the fake slurmrestd, is tests/integration/test_hostile_slurm.py)."""
 
