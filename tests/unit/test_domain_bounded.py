@@ -73,7 +73,8 @@ def _assert_batching_independent(log: Log) -> ClusterState:
 
 
 def _legacy_demand(ends: list[dict[str, object]]) -> SlurmDemandObserved:
-    """A slurm.demand.observed row exactly as sunkd wrote it before job ends moved into node observations."""
+    """A slurm.demand.observed row exactly as sunkd wrote it before job ends moved into
+    node observations."""
     payload = decode_payload(SlurmDemandObserved.KIND, {
         "v": 1, "partition": PARTITION, "pending_jobs": 0, "pending_nodes": 0,
         "running_jobs": len(ends), "node_job_ends": ends})

@@ -85,7 +85,8 @@ def _jobs(log: Log, nodes: int, now: float = 3.0, ends: tuple[NodeJobEnd, ...] =
         log.add(SlurmDemandObserved(partition=PARTITION, pending_jobs=nodes,
                                     pending_nodes=nodes), now)
         return
-    # A row as sunkd wrote it before job ends moved into node observations: every busy node's job end in the demand.
+    # A row as sunkd wrote it before job ends moved into node observations: every busy
+    # node's job end in the demand.
     legacy = decode_payload(SlurmDemandObserved.KIND, {
         "v": 1, "partition": PARTITION, "pending_jobs": nodes, "pending_nodes": nodes,
         "running_jobs": 0, "node_job_ends": [
