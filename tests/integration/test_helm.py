@@ -703,7 +703,8 @@ SCHEMA_BOUNDS = {
     ("config", "topology", "minIntervalSeconds"): "topology.min_interval_seconds",
     **{("config", "pools", "*", key): f"pools.{key}" for key in (
         "min_slurm", "min_kubernetes", "max_kubernetes", "max_in_flight", "dwell_seconds",
-        "drain_timeout_seconds", "reclaim_grace_seconds")},
+        "drain_timeout_seconds", "reclaim_grace_seconds", "forecast_horizon_seconds",
+        "headroom_quantile")},
 }
 
 
