@@ -205,7 +205,7 @@ async def test_apply_crd_and_nodeset(kube: Kube, kubectl: Kubectl) -> None:
     assert table[1].split()[:5] == ["gpu-a", "5", "2", "1", "0"]
     wide = (await kubectl("get", "nodesets.sunkd.io", "-n", "sunkd", "-o", "wide")).out
     assert wide.splitlines()[0].split() == [
-        "NAME", "SLURM", "K8S", "MOVING", "HELD", "NODES", "MODE", "AGE"]
+        "NAME", "SLURM", "K8S", "MOVING", "HELD", "NODES", "MODE", "SLURMD", "AGE"]
     # Re-apply unchanged, then with a change (client-side apply: merge patch for CRs).
     out = await kubectl("apply", "-f", str(example))
     assert "nodeset.sunkd.io/gpu-a unchanged" in out.out

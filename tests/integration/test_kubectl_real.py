@@ -86,7 +86,7 @@ async def test_sunkds_objects_through_kubectl(world: World,
             assert table[1][:6] == ["sunkd", "pool", "3", "1", "0", "0"]
             wide = rows(await kubectl_async(plane, "get", "nds", "-A", "-o", "wide"))
             assert wide[0] == ["NAMESPACE", "NAME", "SLURM", "K8S", "MOVING", "HELD", "NODES",
-                               "MODE", "AGE"]
+                               "MODE", "SLURMD", "AGE"]
             assert wide[1][:8] == ["sunkd", "pool", "3", "1", "0", "0", "4", "Auto"]
             short = await kubectl_async(plane, "get", "nodesets.sunkd.io", "-n", "sunkd",
                                         "pool", "-o", "jsonpath={.status.counts.nodes}")
