@@ -56,12 +56,37 @@ class _Demand:
     ahead_why: str | None = None  # the forecast set lend_target (policy/ahead.py)
 
 
+# Each node's last assessment with the NodeState and the sources' verdict it read.
+# `assess` reads nothing else but `now`, and `now` only for a node Slurm reports
+# unhealthy (the grace): such assessments are never kept. The fold is copy-on-write, so a
+# node no event touched keeps its identity, and most rounds re-assess a few nodes of a
+# large pool. At most one entry per node name (a bound for pathological callers below).
+_ASSESSED: dict[str, tuple[NodeState, tuple[str, ...], Assessment]] = {}
+_ASSESSED_MAX = 200_000
+
+
+def _assess(state: ClusterState, node: NodeState, now: float,
+            sources: tuple[str, ...]) -> Assessment:
+    """`assess(state, node, now, sources)`, remembered while node and sources stay."""
+    kept = _ASSESSED.get(node.name)
+    if kept is not None and kept[0] is node and kept[1] == sources:
+        return kept[2]
+    assessment = assess(state, node, now, sources)
+    if assessment.slurm_unhealthy:
+        _ASSESSED.pop(node.name, None)
+    else:
+        if len(_ASSESSED) >= _ASSESSED_MAX:
+            _ASSESSED.clear()
+        _ASSESSED[node.name] = (node, sources, assessment)
+    return assessment
+
+
 def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
     """Assess every member; count the pool's open moves and its settled owners."""
     state = planner.state
     now = planner.now
     sources = sources_unknown(state)
-    assessments = {node.name: assess(state, node, now, sources) for node in members}
+    assessments = {node.name: _assess(state, node, now, sources) for node in members}
 
     lends = [n for n in members if n.transition is not None and n.transition.direction == "lend"]
     reclaims = [
