@@ -1,4 +1,4 @@
-"""`sunkd log archive` of a large log on PostgreSQL: time and archive size (issue 15).
+"""`sunkd log archive` of a large log on PostgreSQL: time and archive size.
 
 Seeds a fresh database server-side (`generate_series`, ~370-byte node observations of a
 1,000-node cluster, one event per millisecond), saves a snapshot at the cut as the

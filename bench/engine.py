@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sunkd.domain.codec import payload_from_json, payload_to_json
 from sunkd.domain.events import (
     ActionRequested,
     ActionSucceeded,
@@ -57,12 +58,11 @@ from sunkd.domain.events import (
     Taint,
     TransitionCompleted,
     TransitionStarted,
-    payload_from_json,
-    payload_to_json,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.policy import PoolSpec, decide
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import ClusterState, fold
+from sunkd.domain.state import ClusterState
 
 OWNER_TAINT = Taint("sunkd.io/owner", "NoSchedule", "slurm")
 POOLS = 10
@@ -239,7 +239,7 @@ def decide_state(nodes: int) -> tuple[ClusterState, list[PoolSpec], float]:
                                         pods=(PodRef("serving", f"web-{i}", "Running"),)), name)
         else:
             busy = rng.random() < 0.7
-            # The node's expected job end rides on its own observation (issue 15).
+            # The node's expected job end rides on its own observation.
             end = START + rng.uniform(60, 86400) if busy else None
             add(_slurm(name, pool, "ALLOCATED" if busy else "IDLE", (), None,
                        64 if busy else 0, end), name)

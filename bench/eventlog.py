@@ -29,7 +29,8 @@ from pathlib import Path
 
 import asyncpg
 
-from sunkd.domain.events import Event, SlurmNodeObserved, encode_payload
+from sunkd.domain.codec import encode_payload
+from sunkd.domain.events import Event, SlurmNodeObserved
 from sunkd.store.eventlog import EventLog
 
 PG_BASE = os.environ.get("SUNKD_TEST_DATABASE_URL",

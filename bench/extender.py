@@ -51,7 +51,8 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.state import ClusterState, fold
+from sunkd.domain.fold import fold
+from sunkd.domain.state import ClusterState
 
 POOL = "default/gpu"
 POOL_LABEL = Label("sunkd.io/pool", "gpu")

@@ -14,8 +14,8 @@ Same-run baseline: the speed of the world model alone (the separate arm: same wo
 same event engine, no policy) against the sunkd arm, in simulated seconds per wall
 second; their ratio (a figure, no target) is what sunkd's fold + decide cost the
 simulation. Also a figure: what recording the time series for --plot costs the world
-model (with / without, best of 3). Targets (from
-issue 16): utilization efficiency >= 0.8 in the diurnal scenario; in every scenario
+model (with / without, best of 3). Targets:
+utilization efficiency >= 0.8 in the diurnal scenario; in every scenario
 sunkd starves no more batch jobs than separate clusters and meets the pod pending p95
 target wherever separate clusters do; the traces scenario in under 2 minutes (--quick:
 under a minute for everything). Utilization efficiency is null when the ideal pool

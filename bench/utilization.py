@@ -49,7 +49,7 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.state import fold
+from sunkd.domain.fold import fold
 from sunkd.domain.utilization import Utilization
 from sunkd.store.eventlog import EventLog
 from sunkd.store.utilization import RollingUtilization, utilization

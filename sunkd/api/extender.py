@@ -41,10 +41,11 @@ from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS, assess, slurm_drained
 from sunkd.domain.policy import PoolSpec, membership
-from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState, Phase
+from sunkd.domain.state import ClusterState, NodeState, Phase
 
 MAX_EXTENDER_PRIORITY = 10
 # Most nodes one ExtenderArgs may name. Kubernetes supports clusters of 5,000 nodes (the
@@ -170,7 +171,7 @@ def _verdict(state: ClusterState, node: NodeState, pool: str | None, now: float
         valid_until = node.slurm_unhealthy_since + UNHEALTHY_GRACE_SECONDS
         if valid_until <= now:
             valid_until = float("inf")
-    if phase is Phase.KUBERNETES and node.owner == OWNER_KUBERNETES and node.transition is None:
+    if phase is Phase.KUBERNETES and node.owner == wk.OWNER_KUBERNETES and node.transition is None:
         return Verdict(pool, True, "", node.since), valid_until
     if phase is Phase.TO_K8S and _handing_over(node):
         # The lend's last step is under way: Slurm reported the node drained and the owner

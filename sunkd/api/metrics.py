@@ -120,6 +120,10 @@ class Metrics:
             "sunkd_nodes_invalid_pin",
             "Nodes whose pin is not slurm|kubernetes|auto (not obeyed: the node stays put).",
             ["pool"], registry=r)
+        self.gres_inconsistent = Gauge(
+            "sunkd_nodes_gres_inconsistent",
+            "Slurm-owned nodes held because Slurm's GRES is not their GPUs (GresConsistent).",
+            ["pool"], registry=r)
         self.unpooled_marked = Gauge(
             "sunkd_nodes_unpooled_marked",
             "Nodes in no pool that still carry a drain or taint sunkd made (`sunkd status` "
@@ -312,6 +316,7 @@ class Metrics:
         moving: dict[tuple[str, ...], int] = {("lend",): 0, ("reclaim",): 0, ("adopt",): 0}
         conflicts: dict[tuple[str, ...], int] = {}
         invalid_pins: dict[tuple[str, ...], int] = {}
+        gres_bad: dict[tuple[str, ...], int] = {}
         unpooled_marked = 0
         for name, node in state.nodes.items():
             if not observed(node):
@@ -324,6 +329,8 @@ class Metrics:
                 unpooled_marked += 1
             if assessment.invalid_pin is not None:
                 invalid_pins[(pool,)] = invalid_pins.get((pool,), 0) + 1
+            if assessment.gres_problem is not None:
+                gres_bad[(pool,)] = gres_bad.get((pool,), 0) + 1
             key = (pool, node.owner, assessment.phase.value)
             counts[key] = counts.get(key, 0) + 1
             if node.slurm is not None:
@@ -349,6 +356,7 @@ class Metrics:
         self._set_all("open_transitions", self.open_transitions, moving)
         self._set_all("conflicts", self.conflicts, conflicts)
         self._set_all("invalid_pins", self.invalid_pins, invalid_pins)
+        self._set_all("gres_inconsistent", self.gres_inconsistent, gres_bad)
         self.unpooled_marked.set(unpooled_marked)
         self.pending_actions.set(len(state.pending_actions()))
         refused = self.append_failing()

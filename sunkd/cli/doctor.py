@@ -13,13 +13,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sunkd.cli.text import printable
+from sunkd.domain.ports import ActionError
 from sunkd.runtime.config import Settings
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import SlurmAuthError, SlurmError, SlurmNode, SlurmPayloadError
+from sunkd.slurm.prerequisites import parse_show_config, slurmd_prerequisites
+from sunkd.slurm.scontrol import run_scontrol
 
 __all__ = ["doctor", "slurm_report"]
 
@@ -91,6 +95,35 @@ async def slurm_report(settings: Settings) -> SlurmReport:
         )
     finally:
         await client.close()
+
+
+async def slurmd_report(node_count: int, scontrol: str = "scontrol",
+                        env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What slurmctld still needs before sunkd runs slurmd pods (a Nodeset's
+    `spec.slurmd`), from `scontrol show config` (docs/nodeset.md): findings and the
+    slurm.conf lines to add. sunkd never edits slurm.conf; without scontrol here the
+    check says so and is skipped."""
+    try:
+        shown = await run_scontrol(scontrol, ["show", "config"],
+                                   what="read slurmctld's configuration", env=env, limit=15)
+    except ActionError as error:
+        return {"checked": False, "error": str(error)}
+    findings = slurmd_prerequisites(parse_show_config(shown), nodes_known=node_count)
+    return {"checked": True, "findings": [f.as_dict() for f in findings]}
+
+
+def _slurmd_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = ["slurmd pods (Nodeset spec.slurmd): prerequisites in slurmctld"]
+    if not report["checked"]:
+        return [*lines, f"  not checked: {report['error']}"]
+    for finding in report["findings"]:
+        scope = f" [{finding['only_for']} registration]" if finding["only_for"] else ""
+        if finding["ok"]:
+            lines.append(f"  ok       {finding['check']} = {finding['found']}{scope}")
+        else:
+            lines.append(f"  MISSING  {finding['check']} = {finding['found']}{scope}: "
+                         f"add `{finding['add']}` ({finding['why']})")
+    return lines
 
 
 def _table(nodes: list[SlurmNode]) -> list[str]:
@@ -182,6 +215,10 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
                 f"  nodes:          {len(report.nodes)}\n\n"
             )
             lines.extend(line + "\n" for line in _table(report.nodes))
+            slurmd = await slurmd_report(len(report.nodes))
+            result["slurmd_prerequisites"] = slurmd
+            lines.append("\n")
+            lines.extend(line + "\n" for line in _slurmd_lines(slurmd))
     if settings.kubernetes.enabled:
         try:
             kube = await kubernetes_report(settings)

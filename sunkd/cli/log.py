@@ -33,7 +33,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def _event_line(recorded: Any, as_json: bool) -> str:
     """One event, or one row that does not decode (`CorruptRow`: shown as corrupt, with
     its raw text, so the log can be inspected past it)."""
-    from sunkd.domain.events import encode_payload
+    from sunkd.domain.codec import encode_payload
     from sunkd.store.projections import CorruptRow
 
     if isinstance(recorded, CorruptRow):

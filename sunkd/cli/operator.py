@@ -18,10 +18,11 @@ from typing import Any
 
 from sunkd.cli.text import printable, shortened
 from sunkd.domain.events import Event, OperatorPinned, RecordedEvent
+from sunkd.domain.fold import fold
 from sunkd.domain.ownership import assess, explain, observed, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership, unpooled_marks
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import EMPTY, ClusterState, fold
+from sunkd.domain.state import EMPTY, ClusterState
 from sunkd.runtime.config import Settings, pool_spec
 from sunkd.runtime.reconciler import ArchivedLogError, load_state
 from sunkd.store import archive

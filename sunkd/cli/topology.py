@@ -20,18 +20,18 @@ from typing import Any, TextIO
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.topology import (
+    DEFAULT_PRESET,
     PRESETS,
     Kind,
-    Topology,
     TopologyError,
     TopologyNode,
+    TopologySpec,
     conf_kind,
     render,
     spec_from,
-    to_conf,
-    to_yaml,
 )
-from sunkd.runtime.config import Settings
+from sunkd.domain.topology_plan import choice_spec, text_of
+from sunkd.runtime.config import Settings, topology_spec
 
 __all__ = ["add_arguments", "cmd_topology_render", "load_objects"]
 
@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "cluster")
     parser.add_argument("--nodeset", metavar="NS/NAME",
                         help="only this Nodeset's nodes, named by its nodeNameLabel")
-    parser.add_argument("--kind", choices=["tree", "block"], default="tree")
+    parser.add_argument("--kind", choices=["tree", "block"],
+                        help="default: as the daemon would (the Nodeset's spec.topology "
+                             "with --nodeset, else [topology] in the config: tree)")
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="label names of a provider (default topograph unless "
                              "--levels/--block-label are given)")
@@ -164,19 +166,32 @@ def _diff(old_path: Path, old: str, new: str) -> str:
                                         fromfile=str(old_path), tofile="rendered"))
 
 
-def render_text(args: argparse.Namespace, topology: Topology) -> str:
-    return to_yaml(topology) if args.format == "yaml" else to_conf(topology)
+def _spec(args: argparse.Namespace, nodesets: Sequence[Mapping[str, Any]],
+          default: TopologySpec | None) -> TopologySpec:
+    """The flags' spec; without label flags, what the daemon would use: the Nodeset's
+    `spec.topology` (with --nodeset), else the config's `[topology]` default."""
+    levels = [x.strip() for x in (args.levels or "").split(",") if x.strip()]
+    explicit = args.kind or args.preset or levels or args.block_label or args.block_sizes
+    if not explicit:
+        from sunkd.kubernetes.normalize import parse_nodeset
+
+        chosen = [parse_nodeset(dict(o)).topology for o in nodesets
+                  if args.nodeset and parse_nodeset(dict(o)).pool == args.nodeset]
+        if chosen and chosen[0] is not None:
+            return choice_spec(chosen[0])
+        if default is not None:
+            return default
+    kind: Kind = args.kind or "tree"
+    preset = args.preset or (None if levels or args.block_label else DEFAULT_PRESET)
+    return spec_from(kind, preset=preset, levels=levels, block_label=args.block_label,
+                     block_sizes=_ints(args.block_sizes))
 
 
 def run(args: argparse.Namespace, objects: tuple[list[Mapping[str, Any]],
                                                  list[Mapping[str, Any]]],
-        out: TextIO, err: TextIO) -> int:
-    kind: Kind = args.kind
-    levels = [x.strip() for x in (args.levels or "").split(",") if x.strip()]
-    preset = args.preset or (None if levels or args.block_label else "topograph")
+        out: TextIO, err: TextIO, default: TopologySpec | None = None) -> int:
     try:
-        spec = spec_from(kind, preset=preset, levels=levels, block_label=args.block_label,
-                         block_sizes=_ints(args.block_sizes))
+        spec = _spec(args, objects[1], default)
         nodes, include = _select(objects[0], objects[1], args.nodeset, args.all_nodes)
         topology = render(nodes, include, spec)
     except (TopologyError, InputError) as error:
@@ -185,7 +200,7 @@ def run(args: argparse.Namespace, objects: tuple[list[Mapping[str, Any]],
         else:
             err.write(f"sunkd topology render: {error}\n")
         return 2
-    text = render_text(args, topology)
+    text = text_of(topology, args.format)
     result: dict[str, Any] = {"ok": True, "kind": topology.kind, "format": args.format,
                               "nodes": len(topology.nodes), "text": text,
                               "topology": topology.as_dict()}
@@ -227,4 +242,4 @@ def cmd_topology_render(args: argparse.Namespace, settings: Settings) -> int:
     except (OSError, UnicodeDecodeError, InputError) as error:
         print(f"sunkd topology render: {error}", file=sys.stderr)
         return 2
-    return run(args, objects, sys.stdout, sys.stderr)
+    return run(args, objects, sys.stdout, sys.stderr, topology_spec(settings.topology))

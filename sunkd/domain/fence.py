@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.policy.model import VERB_RESUME
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState
+from sunkd.domain.state import ClusterState
 
 __all__ = ["fence_verdict"]
 
@@ -27,14 +28,14 @@ def fence_verdict(state: ClusterState, nodes: Sequence[str]) -> tuple[bool, str]
         if node is None:
             continue
         transition = node.transition
-        if transition is not None and transition.to_owner == OWNER_KUBERNETES:
+        if transition is not None and transition.to_owner == wk.OWNER_KUBERNETES:
             refusals.append(f"{name}: being lent to Kubernetes ({transition.reason})"[:200])
-        elif transition is not None and transition.from_owner == OWNER_KUBERNETES:
+        elif transition is not None and transition.from_owner == wk.OWNER_KUBERNETES:
             # A reclaim resumes the node in Slurm as its last Slurm step: from then on
             # Slurm may run jobs there.
-            if not transition.did(OWNER_SLURM, VERB_RESUME):
+            if not transition.did(wk.OWNER_SLURM, VERB_RESUME):
                 refusals.append(f"{name}: being reclaimed, not yet resumed in Slurm")
-        elif transition is None and node.owner == OWNER_KUBERNETES:
+        elif transition is None and node.owner == wk.OWNER_KUBERNETES:
             refusals.append(f"{name}: owned by Kubernetes")
     if refusals:
         return False, "sunkd: " + "; ".join(refusals[:10]) + (

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GPU_PRODUCT_LABEL", "GPU_RESOURCE", "Gres", "GresError", "gpu_type",
-           "gres_conf_line", "gres_from_node", "gres_matches", "node_gres", "parse_gres"]
+__all__ = ["GPU_PRODUCT_LABEL", "GPU_RESOURCE", "UNKNOWN_PREFIX", "Gres", "GresError",
+           "expected_gres", "gpu_type", "gres_conf_line", "gres_from_node", "gres_matches",
+           "gres_problem", "node_gres", "parse_gres"]
 
 GPU_RESOURCE = "nvidia.com/gpu"  # extended resource of the NVIDIA device plugin
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # NVIDIA GPU feature discovery
@@ -25,6 +26,9 @@ _COUNT = re.compile(r"[0-9]{1,9}")
 # One entry of Slurm's GRES string: name[:type][:count][(S:sockets|IDX:...)]
 _ENTRY = re.compile(r"(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[^:(,]+))?(?::(?P<count>\d+))?"
                     r"(?:\([^)]*\))?")
+
+
+UNKNOWN_PREFIX = "unknown: "  # an expectation that could not be read (never "none")
 
 
 class GresError(ValueError):
@@ -137,3 +141,31 @@ def gres_matches(reported: str, expected: Gres) -> bool:
     if expected.count <= 0:
         return not gpus
     return gpus == {expected.type: expected.count}
+
+
+def expected_gres(obj: Mapping[str, Any], type_map: Mapping[str, str] | None = None) -> str:
+    """What Slurm must report for this Kubernetes Node (`gpu:TYPE:N`, "" for no GPUs), or
+    `unknown: why` when its GPUs cannot be read: unknown is not none."""
+    try:
+        return node_gres(gres_from_node(obj, type_map))
+    except GresError as error:
+        return f"{UNKNOWN_PREFIX}{error}"
+
+
+def gres_problem(reported: str | None, expected: str | None) -> str | None:
+    """Why Slurm's GRES is not the expected one (None when it is, or when nothing is
+    expected: the check is off). Other GRES kinds than `gpu` are Slurm's business."""
+    if expected is None:
+        return None
+    if expected.startswith(UNKNOWN_PREFIX):
+        return f"GRES unknown: {expected.removeprefix(UNKNOWN_PREFIX)}"
+    try:
+        parsed = parse_gres(expected)
+    except GresError as error:
+        return f"GRES expected {expected!r} cannot be read: {error}"
+    gpus = [(kind, n) for (name, kind), n in parsed.items() if name == "gpu"]
+    want = Gres(gpus[0][1], gpus[0][0]) if len(gpus) == 1 else Gres()
+    if gres_matches(reported or "", want):
+        return None
+    return (f"GRES mismatch: Slurm reports {reported or 'no GRES'}, Kubernetes has "
+            f"{node_gres(want) or 'no GPUs'}")

@@ -39,30 +39,19 @@ from sunkd.domain import authorship as marks
 from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark
 from sunkd.domain.events import K8sNodeObserved, SlurmNodeObserved
+from sunkd.domain.gres import gres_problem
 from sunkd.domain.slurmnode import (
     in_contact,
+    registered,
     slurm_busy,
     slurm_drained,
     slurm_unhealthy,
     slurm_usable,
 )
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_NONE,
-    OWNER_SLURM,
-    ClusterState,
-    NodeState,
-    Phase,
-)
+from sunkd.domain.state import OWNER_NONE, ClusterState, NodeState, Phase
 
 __all__ = [
-    "LEND_REASON_PREFIX",
-    "MIRROR_REASON_PREFIX",
-    "OUR_REASON_PREFIX",
-    "OWNER_KUBERNETES",
     "OWNER_NONE",
-    "OWNER_SLURM",
-    "OWNER_TAINT_KEY",
     "UNHEALTHY_GRACE_SECONDS",
     "VALID_PINS",
     "Assessment",
@@ -87,19 +76,15 @@ __all__ = [
     "slurm_usable",
 ]
 
-OUR_REASON_PREFIX = wk.REASON_PREFIX
-LEND_REASON_PREFIX = wk.REASON_LEND
-MIRROR_REASON_PREFIX = wk.REASON_MIRROR
-OWNER_TAINT_KEY = wk.TAINT_OWNER
 UNHEALTHY_GRACE_SECONDS = 30.0
 # What `sunkd.io/pin` and `operator.pinned` may say; "auto" (or nothing) is no pin.
-VALID_PINS = (OWNER_SLURM, OWNER_KUBERNETES, "auto")
+VALID_PINS = (wk.OWNER_SLURM, wk.OWNER_KUBERNETES, "auto")
 
 
 def is_ours(reason: str | None) -> bool:
     """A reason in sunkd's format (`sunkd:` first). A convention, not a proof: necessary
     for sunkd to lift a drain, never sufficient (`our_drain` is the proof)."""
-    return reason is not None and reason.startswith(OUR_REASON_PREFIX)
+    return reason is not None and reason.startswith(wk.REASON_PREFIX)
 
 
 def our_drain(node: NodeState) -> bool:
@@ -114,7 +99,7 @@ def our_drain(node: NodeState) -> bool:
     mark = node.drain_mark
     if mark is not None and marks.drain_shows(mark, slurm):
         return True
-    return any(action.side == OWNER_SLURM and action.verb == "drain"
+    return any(action.side == wk.OWNER_SLURM and action.verb == "drain"
                and marks.requested_reason(action.args, action.reason) == slurm.reason
                for action in node.open_actions.values())
 
@@ -129,7 +114,7 @@ def our_hold_taint(node: NodeState) -> bool:
     mark = node.hold_mark
     if mark is not None and marks.hold_shows(mark, k8s):
         return True
-    return any(action.side == OWNER_KUBERNETES and action.verb == "cordon"
+    return any(action.side == wk.OWNER_KUBERNETES and action.verb == "cordon"
                for action in node.open_actions.values())
 
 
@@ -141,12 +126,12 @@ def foreign_hold_taint(node: NodeState) -> bool:
 
 
 def is_lend_drain(reason: str | None) -> bool:
-    return reason is not None and reason.startswith(LEND_REASON_PREFIX)
+    return reason is not None and reason.startswith(wk.REASON_LEND)
 
 
 def is_mirror_drain(reason: str | None) -> bool:
     """Our drain mirroring a Kubernetes-side hold (`sunkd: k8s <why>`)."""
-    return reason is not None and reason.startswith(MIRROR_REASON_PREFIX)
+    return reason is not None and reason.startswith(wk.REASON_MIRROR)
 
 
 def foreign_word(observation: SlurmNodeObserved | None, mark: DrainMark | None = None) -> bool:
@@ -176,7 +161,7 @@ def has_hold_taint(observation: K8sNodeObserved | None) -> bool:
 def has_owner_taint(observation: K8sNodeObserved | None) -> bool:
     """The Kubernetes node carries the `sunkd.io/owner` taint (pool pods stay off)."""
     return observation is not None and any(
-        taint.key == OWNER_TAINT_KEY for taint in observation.taints
+        taint.key == wk.TAINT_OWNER for taint in observation.taints
     )
 
 
@@ -198,6 +183,9 @@ class Assessment:
     # The operator's pin text when it is none of VALID_PINS: `pin` is then the side the
     # node is on (a move away is aborted as for a pin to it), never a move.
     invalid_pin: str | None = None
+    # Slurm registered other GPUs than the Kubernetes Node has (or they cannot be read):
+    # also in `slurm_holds`, so the node is HELD, never lent (`GresConsistent=False`).
+    gres_problem: str | None = None
 
     @property
     def pin_problem(self) -> str | None:
@@ -242,7 +230,7 @@ def _slurm_condition(observation: SlurmNodeObserved) -> str:
 def sources_unknown(state: ClusterState) -> tuple[str, ...]:
     """Why no node may be acted on: a source not fresh in this leadership term."""
     unknown: list[str] = []
-    for source in (OWNER_SLURM, OWNER_KUBERNETES):
+    for source in (wk.OWNER_SLURM, wk.OWNER_KUBERNETES):
         health = state.sources.get(source)
         if health is None:
             unknown.append(f"{source} source has not reported yet")
@@ -274,6 +262,7 @@ def assess(state: ClusterState, node: NodeState, now: float,
     slurm_holds: list[str] = []
     slurm = node.slurm
     unhealthy = False
+    gres: str | None = None
     if slurm is None:
         slurm_holds.append("missing in Slurm")
     else:
@@ -281,6 +270,10 @@ def assess(state: ClusterState, node: NodeState, now: float,
         since = node.slurm_unhealthy_since
         if unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS:
             slurm_holds.append(f"slurm {_slurm_condition(slurm)}")
+        if node.owner == wk.OWNER_SLURM and registered(slurm) and node.k8s is not None:
+            gres = gres_problem(slurm.gres, node.k8s.gres)
+            if gres is not None:
+                slurm_holds.append(gres)  # after registration, before any lend
         if "DRAIN" in slurm.flags and not our_drain(node):
             by = f" by {slurm.reason_set_by}" if slurm.reason_set_by else ""
             forged = " (sunkd's log does not prove it wrote it)" if is_ours(slurm.reason) else ""
@@ -332,6 +325,7 @@ def assess(state: ClusterState, node: NodeState, now: float,
         pin=pin,
         conflicts=tuple(conflicts),
         invalid_pin=invalid_pin,
+        gres_problem=gres,
     )
 
 
@@ -342,10 +336,10 @@ def _pin_of(node: NodeState) -> tuple[str | None, str | None]:
     return, and an adoption (from no owner) is left alone."""
     if node.pin is None:
         return None, None
-    if node.pin.to in (OWNER_SLURM, OWNER_KUBERNETES):
+    if node.pin.to in (wk.OWNER_SLURM, wk.OWNER_KUBERNETES):
         return node.pin.to, None
     here = node.transition.from_owner if node.transition is not None else node.owner
-    return (here if here in (OWNER_SLURM, OWNER_KUBERNETES) else None), node.pin.to
+    return (here if here in (wk.OWNER_SLURM, wk.OWNER_KUBERNETES) else None), node.pin.to
 
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})

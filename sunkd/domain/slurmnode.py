@@ -29,6 +29,7 @@ __all__ = [
     "UNHEALTHY_STATES",
     "drain_requested",
     "in_contact",
+    "registered",
     "slurm_busy",
     "slurm_drained",
     "slurm_unhealthy",
@@ -99,3 +100,9 @@ def slurm_usable(observation: SlurmNodeObserved | None) -> bool:
         and observation.state.upper() in KNOWN_USABLE_STATES
         and not slurm_unhealthy(observation)
     )
+
+
+def registered(observation: SlurmNodeObserved | None) -> bool:
+    """Slurm has the node and has heard from its slurmd: not a slot that never registered
+    (FUTURE) nor a node slurmctld has not heard from since it started (UNKNOWN)."""
+    return observation is not None and observation.state.upper() not in ("FUTURE", "UNKNOWN")

@@ -22,6 +22,7 @@ from sunkd.domain import authorship as marks
 from sunkd.domain import forecast
 from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark, HoldMark
+from sunkd.domain.codec import decode_payload, encode_payload
 from sunkd.domain.events import (
     ConfiguredPool,
     K8sDemandObserved,
@@ -32,8 +33,6 @@ from sunkd.domain.events import (
     PodRef,
     SlurmDemandObserved,
     SlurmNodeObserved,
-    decode_payload,
-    encode_payload,
 )
 from sunkd.domain.state import (
     ActionOutcome,
@@ -150,7 +149,7 @@ def _pods_from_json(raw: list[list[Any]]) -> tuple[PodRef, ...]:
 def _pods_to_node_json(pods: tuple[PodRef, ...] | None,
                        reports: Mapping[str, tuple[PodRef, ...]],
                        k8s_name: str | None) -> Any:
-    """A node's pods are mostly its claimant's report (`state._on_workload`): then the
+    """A node's pods are mostly its claimant's report (`fold.kubernetes._on_workload`): then the
     snapshot says so (True) instead of repeating them; else the list, or None."""
     if pods is not None and k8s_name is not None and reports.get(k8s_name) is pods:
         return True

@@ -41,6 +41,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.hostlist import compress, is_valid_name
 
 __all__ = [
+    "DEFAULT_PRESET",
     "PRESETS",
     "Block",
     "Preset",
@@ -119,6 +120,9 @@ PRESETS: dict[str, Preset] = {
     "aws": Preset((AWS_LAYER3, AWS_LAYER2, AWS_LAYER1), ("layer3", "layer2", "layer1"), None),
     "gcp": Preset((GCP_SUBBLOCK, GCP_BLOCK), ("subblock", "block"), GCP_SUBBLOCK),
 }
+
+
+DEFAULT_PRESET = "topograph"  # the labels used when neither config nor Nodeset names any
 
 
 class TopologyError(ValueError):

@@ -18,7 +18,7 @@ What counts (per node, over time):
   it (`PodRef.pool_pod` and phase Running; other pods are not what the pool is for).
   Either side's work makes the node busy, whoever owns it: during a drain the node is
   still running Slurm's jobs.
-- *Owner*: as in the fold (`sunkd.domain.state`): `none` until adopted, then the
+- *Owner*: as in the fold (`sunkd.domain.fold`): `none` until adopted, then the
   `to_owner` of a completed transition or the `from_owner` of an aborted one. A node in
   transit is counted for the side it comes from (the fold's `NodeState.owner`, the
   `ownership_intervals` view and the `sunkd_nodes{owner}` gauge say the same), so the
@@ -294,7 +294,7 @@ class Utilization:
                 self._node(name, at).k8s_vanished(k8s_name)
         elif isinstance(p, K8sWorkloadObserved):
             # A report is the Node's whole pod list (older logs also named a pool); it
-            # counts for the node its Node claims, as in the fold (`state._on_workload`).
+            # counts for the node its Node claims, as in the fold (`fold.kubernetes._on_workload`).
             k8s_name = p.node or subject
             running = pool_pods_running(p.pods) and p.complete
             if p.complete:
@@ -326,10 +326,10 @@ class Utilization:
             known = self._nodes.get(name)
             if known is not None and (known.slurm or known.k8s or known.k8s_rivals):
                 # Still observed (it left every pool): the fold forgets what sunkd did
-                # (owner, transition, workload) and keeps what the sources see.
+                # (owner, transition) and keeps what the sources see, the pods its
+                # Kubernetes Node reports included.
                 record = self._node(name, at)
                 record.owner, record.pool, record.transition = OWNER_NONE, NO_POOL, None
-                record.busy_pools = frozenset()
             elif known is not None:
                 self._accrue(name, self._nodes.pop(name), at)
                 for k8s_name in [k for k, v in self._k8s_names.items() if name in (k, v)]:

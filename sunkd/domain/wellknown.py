@@ -28,31 +28,40 @@ TAINT_OWNER_EFFECT = "NoSchedule"  # effect of TAINT_OWNER (running pods are not
 TAINT_HOLD = "sunkd.io/slurm-hold"
 
 # --- annotations ----------------------------------------------------------------------
-ANNOTATION_CORDONED_BY = "sunkd.io/cordoned-by"  # legacy (written by older sunkd); removed
-ANNOTATION_CORDON_REASON = "sunkd.io/cordon-reason"  # on Nodes: why sunkd holds it
+ANNOTATION_LEGACY_CORDONED_BY = "sunkd.io/cordoned-by"  # legacy (written by older sunkd); removed
+# On Nodes: why sunkd holds it. The key keeps the word of sunkd's first releases, which
+# wrote it before the hold became a taint: Nodes and operators' tooling carry it.
+ANNOTATION_HOLD_REASON = "sunkd.io/cordon-reason"
 ANNOTATION_PIN = "sunkd.io/pin"  # on Nodes, set by operators: slurm | kubernetes | auto
 ANNOTATION_SLURM_STATE = "sunkd.io/slurm-state"  # on Nodes: Slurm's state, mirrored by sunkd
 ANNOTATION_SLURM_REASON = "sunkd.io/slurm-reason"  # on Nodes: Slurm's reason, mirrored by sunkd
-CORDONED_BY_SUNKD = "sunkd"  # value of ANNOTATION_CORDONED_BY
+LEGACY_CORDONED_BY_VALUE = "sunkd"  # value of ANNOTATION_LEGACY_CORDONED_BY
 
 # --- Kubernetes Events (reason field) and their reporting component --------------------
 EVENT_COMPONENT = "sunkd"  # Event source.component
 EVENT_REPORTING_COMPONENT = "sunkd.io/sunkd"  # Event reportingComponent (events.k8s.io style)
 EVENT_LOCKED = "SunkdLocked"  # sunkd tainted a node for Slurm
 EVENT_UNLOCKED = "SunkdUnlocked"  # sunkd removed its taint: the node is Kubernetes'
-EVENT_CORDONED = "SunkdCordoned"  # sunkd added its hold taint (mirroring a Slurm hold)
-EVENT_UNCORDONED = "SunkdUncordoned"  # sunkd removed its hold taint
+# sunkd added / removed its hold taint (mirroring a Slurm hold). The reasons keep the
+# first releases' words: alerts and `kubectl get events --field-selector` select by them.
+EVENT_HELD = "SunkdCordoned"
+EVENT_RELEASED = "SunkdUncordoned"
 EVENT_ANNOTATED = "SunkdAnnotated"  # sunkd mirrored Slurm state into annotations
 EVENT_EVICTED = "SunkdEvicted"  # sunkd evicted a pod to reclaim a node for Slurm
 EVENT_CONFLICT = "SunkdConflict"  # Warning: a Slurm job and a pod share the node
 EVENT_IDENTITY_CONFLICT = "SunkdIdentityConflict"  # Warning: two Nodes claim one Slurm name
 EVENT_POOL_CONFLICT = "SunkdPoolConflict"  # Warning: two Nodesets select the node
 EVENT_INVALID_PIN = "SunkdInvalidPin"  # Warning: sunkd.io/pin is not slurm|kubernetes|auto
+EVENT_GRES_MISMATCH = "SunkdGresMismatch"  # Warning: Slurm registered other GPUs (held)
 
 # --- Nodeset status condition types and their reasons -----------------------------------
 CONDITION_READY = "Ready"  # sources fresh: sunkd may act
 CONDITION_PROGRESSING = "Progressing"  # some node is changing owner
 CONDITION_DEGRADED = "Degraded"  # nodes held or actions failing
+CONDITION_GRES_CONSISTENT = "GresConsistent"  # Slurm's GRES equals the Nodes' GPUs
+CONDITION_TOPOLOGY_APPLIED = "TopologyApplied"  # slurmctld has the rendered topology
+REASON_GRES_MATCH = "GresMatch"  # GresConsistent=True
+REASON_GRES_MISMATCH = "GresMismatch"  # GresConsistent=False
 REASON_SOURCES_FRESH = "SourcesFresh"  # Ready=True
 REASON_SOURCES_STALE = "SourcesStale"  # Ready=False
 REASON_MOVING = "Moving"  # Progressing=True

@@ -51,16 +51,9 @@ from sunkd.kubernetes.wire import format_time, utcnow
 
 log = structlog.get_logger("sunkd.kubernetes.actuator")
 
-OWNER_KEY = wk.LABEL_OWNER
 OWNER_TAINT = {"key": wk.TAINT_OWNER, "value": wk.OWNER_SLURM,
                "effect": wk.TAINT_OWNER_EFFECT}
 HOLD_TAINT = {"key": wk.TAINT_HOLD, "value": wk.OWNER_SLURM, "effect": wk.TAINT_OWNER_EFFECT}
-ANNOTATION_CORDONED_BY = wk.ANNOTATION_CORDONED_BY
-ANNOTATION_CORDON_REASON = wk.ANNOTATION_CORDON_REASON
-SUNKD = wk.CORDONED_BY_SUNKD
-ANNOTATION_PREFIX = wk.PREFIX
-EVENT_SOURCE_COMPONENT = wk.EVENT_COMPONENT
-REPORTING_COMPONENT = wk.EVENT_REPORTING_COMPONENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +192,13 @@ class KubernetesActuator:
         def mutate(obj: JSON) -> dict[str, Any] | None:
             taints = list((obj.get("spec") or {}).get("taints") or [])
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            ours = [t for t in taints if t.get("key") == OWNER_KEY]
+            ours = [t for t in taints if t.get("key") == wk.LABEL_OWNER]
             has_taint = len(ours) == 1 and _same_taint(ours[0], OWNER_TAINT)
-            if has_taint and labels.get(OWNER_KEY) == "slurm":
+            if has_taint and labels.get(wk.LABEL_OWNER) == "slurm":
                 return None
-            kept = [t for t in taints if t.get("key") != OWNER_KEY]
+            kept = [t for t in taints if t.get("key") != wk.LABEL_OWNER]
             return {
-                "metadata": {"labels": {OWNER_KEY: "slurm"}},
+                "metadata": {"labels": {wk.LABEL_OWNER: "slurm"}},
                 "spec": {"taints": [*kept, dict(OWNER_TAINT)]},
             }
 
@@ -225,10 +218,10 @@ class KubernetesActuator:
         def mutate(obj: JSON) -> dict[str, Any] | None:
             taints = list((obj.get("spec") or {}).get("taints") or [])
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            kept = [t for t in taints if t.get("key") != OWNER_KEY]
-            if len(kept) == len(taints) and labels.get(OWNER_KEY) == "kubernetes":
+            kept = [t for t in taints if t.get("key") != wk.LABEL_OWNER]
+            if len(kept) == len(taints) and labels.get(wk.LABEL_OWNER) == "kubernetes":
                 return None
-            patch: dict[str, Any] = {"metadata": {"labels": {OWNER_KEY: "kubernetes"}}}
+            patch: dict[str, Any] = {"metadata": {"labels": {wk.LABEL_OWNER: "kubernetes"}}}
             if len(kept) != len(taints):
                 # Merge patch replaces lists wholesale; an empty list would be stored as [],
                 # so write null to drop the field when nothing remains.
@@ -245,9 +238,9 @@ class KubernetesActuator:
             )
         return changed
 
-    # -- hold (sunkd's "cordon") -----------------------------------------------------------
+    # -- hold ----------------------------------------------------------------------------
 
-    async def cordon(self, node: str, reason: str) -> bool:
+    async def hold(self, node: str, reason: str) -> bool:
         """Keep new pods off the node while Slurm holds it: add sunkd's own NoSchedule taint
         `sunkd.io/slurm-hold=slurm` (and the reason as an annotation for `kubectl describe`).
 
@@ -261,25 +254,25 @@ class KubernetesActuator:
             annotations = (obj.get("metadata") or {}).get("annotations") or {}
             ours = [t for t in taints if t.get("key") == wk.TAINT_HOLD]
             has_taint = len(ours) == 1 and _same_taint(ours[0], HOLD_TAINT)
-            if has_taint and annotations.get(ANNOTATION_CORDON_REASON) == reason:
+            if has_taint and annotations.get(wk.ANNOTATION_HOLD_REASON) == reason:
                 return None
             patch: dict[str, Any] = {
-                "metadata": {"annotations": {ANNOTATION_CORDON_REASON: reason}}}
+                "metadata": {"annotations": {wk.ANNOTATION_HOLD_REASON: reason}}}
             if not has_taint:
                 kept = [t for t in taints if t.get("key") != wk.TAINT_HOLD]
                 patch["spec"] = {"taints": [*kept, dict(HOLD_TAINT)]}
             return patch
 
-        changed, obj = await self._modify_node(node, "cordon", mutate)
+        changed, obj = await self._modify_node(node, "hold", mutate)
         if changed:
             await self._record(
-                node, wk.EVENT_CORDONED,
+                node, wk.EVENT_HELD,
                 f"sunkd tainted the node {wk.TAINT_HOLD} (Slurm holds it): {reason}",
                 uid=_uid(obj),
             )
         return changed
 
-    async def uncordon(self, node: str) -> bool:
+    async def release(self, node: str) -> bool:
         """Remove sunkd's hold taint (and its annotations). Never changes spec.unschedulable:
         a cordon on the node is someone else's and stays."""
 
@@ -287,7 +280,7 @@ class KubernetesActuator:
             taints = list((obj.get("spec") or {}).get("taints") or [])
             annotations = (obj.get("metadata") or {}).get("annotations") or {}
             kept = [t for t in taints if t.get("key") != wk.TAINT_HOLD]
-            stale = [key for key in (ANNOTATION_CORDONED_BY, ANNOTATION_CORDON_REASON)
+            stale = [key for key in (wk.ANNOTATION_LEGACY_CORDONED_BY, wk.ANNOTATION_HOLD_REASON)
                      if key in annotations]
             if len(kept) == len(taints) and not stale:
                 return None
@@ -298,10 +291,10 @@ class KubernetesActuator:
                 patch["spec"] = {"taints": kept or None}
             return patch
 
-        changed, obj = await self._modify_node(node, "uncordon", mutate)
+        changed, obj = await self._modify_node(node, "release", mutate)
         if changed:
             await self._record(
-                node, wk.EVENT_UNCORDONED, f"sunkd removed its {wk.TAINT_HOLD} taint",
+                node, wk.EVENT_RELEASED, f"sunkd removed its {wk.TAINT_HOLD} taint",
                 uid=_uid(obj))
         return changed
 
@@ -309,10 +302,10 @@ class KubernetesActuator:
 
     async def annotate(self, node: str, values: Mapping[str, str | None]) -> bool:
         """Set (or with None remove) sunkd.io/ annotations, e.g. sunkd.io/slurm-state."""
-        foreign = [key for key in values if not key.startswith(ANNOTATION_PREFIX)]
+        foreign = [key for key in values if not key.startswith(wk.PREFIX)]
         if foreign:
             raise ActionError(
-                f"annotate {node}: refusing to write annotations outside {ANNOTATION_PREFIX}: "
+                f"annotate {node}: refusing to write annotations outside {wk.PREFIX}: "
                 f"{sorted(foreign)}",
                 retryable=False,
             )
@@ -513,8 +506,8 @@ class KubernetesActuator:
             "reason": reason,
             "message": message[:1024],
             "type": type,
-            "source": {"component": EVENT_SOURCE_COMPONENT},
-            "reportingComponent": REPORTING_COMPONENT,
+            "source": {"component": wk.EVENT_COMPONENT},
+            "reportingComponent": wk.EVENT_REPORTING_COMPONENT,
             "reportingInstance": self.instance,
             "firstTimestamp": now,
             "lastTimestamp": now,

@@ -103,11 +103,10 @@ EVENTS = ResourceType("", "v1", "events", "Event", namespaced=True)
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 PDBS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 
-NODESET_GROUP = wk.GROUP  # manifests/crds/nodeset.yaml
 NODESET_VERSION = "v1alpha1"
 
 
-def nodesets(group: str = NODESET_GROUP, version: str = NODESET_VERSION) -> ResourceType:
+def nodesets(group: str = wk.GROUP, version: str = NODESET_VERSION) -> ResourceType:
     return ResourceType(group, version, "nodesets", "Nodeset", namespaced=True)
 
 

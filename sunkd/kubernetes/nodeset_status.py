@@ -9,7 +9,7 @@ through `KubernetesActuator.update_nodeset_status`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,11 +53,14 @@ def build_nodeset_status(
     now: float,
     previous_conditions: Mapping[str, Mapping[str, Any]] | None = None,
     member_of: Mapping[str, str] | None = None,
+    extra_conditions: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
     """The status for one pool. `previous_conditions` (by type) keep their
     `lastTransitionTime` while their status does not change. `member_of` is
     `membership(state, pools)` when the caller has it (one per round for every pool: at
-    10,000 nodes each costs ~0.1 s of the event loop)."""
+    10,000 nodes each costs ~0.1 s of the event loop). `extra_conditions` are
+    cluster-wide ones computed elsewhere (`{type, status, reason, message}`: the topology
+    delivery's `TopologyApplied`, `TopologyPlan.condition`)."""
     if member_of is None:
         member_of = membership(state, pools)
     members = sorted(name for name, pool in member_of.items() if pool == pool_name)
@@ -66,9 +69,14 @@ def build_nodeset_status(
     slurm_states = {"idle": 0, "allocated": 0, "mixed": 0, "drain": 0, "down": 0}
     entries: list[dict[str, Any]] = []
     failed_actions = 0
+    gres_checked = False  # any member's GPUs are checked ([gres] check)
+    gres_bad: list[str] = []
     for name in members:
         node = state.nodes[name]
         assessment = assess(state, node, now)
+        gres_checked = gres_checked or (node.k8s is not None and node.k8s.gres is not None)
+        if assessment.gres_problem is not None:
+            gres_bad.append(f"{name}: {assessment.gres_problem}")
         phase = assessment.phase
         if phase in (Phase.TO_K8S, Phase.TO_SLURM) or node.transition is not None:
             counts["moving"] += 1
@@ -110,6 +118,14 @@ def build_nodeset_status(
                      f"{failed_actions} failed action(s) pending retry")
         if counts["held"] or failed_actions else ("False", wk.REASON_AS_EXPECTED, "nothing held"),
     }
+    if gres_checked:
+        wanted[wk.CONDITION_GRES_CONSISTENT] = (
+            ("False", wk.REASON_GRES_MISMATCH,
+             f"{len(gres_bad)} node(s) held: " + "; ".join(gres_bad[:5])[:1024])
+            if gres_bad else
+            ("True", wk.REASON_GRES_MATCH, "Slurm's GRES equals every checked node's GPUs"))
+    for extra in extra_conditions:
+        wanted[extra["type"]] = (extra["status"], extra["reason"], extra["message"][:1024])
     conditions = []
     for condition_type, (status, reason, message) in wanted.items():
         previous = (previous_conditions or {}).get(condition_type)

@@ -26,14 +26,15 @@ from sunkd.domain.events import (
     Label,
     OwnershipSpec,
     Payload,
+    TopologyChoice,
 )
+from sunkd.domain.topology import DEFAULT_PRESET, TopologyError, spec_from
 from sunkd.kubernetes.client import JSON
 from sunkd.kubernetes.slurmd_spec import parse_slurmd
 from sunkd.kubernetes.wire import MalformedObject, checked_name, parse_quantity
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 
-SUNKD_PREFIX = wk.PREFIX
 GPU_RESOURCE = "nvidia.com/gpu"
 PayloadT = TypeVar("PayloadT", bound=Payload)
 
@@ -157,7 +158,7 @@ def slim_node(obj: JSON) -> JSON:
     annotations = {
         k: "" if v is None else str(v)
         for k, v in _mapping(meta.get("annotations"), "metadata.annotations").items()
-        if k.startswith(SUNKD_PREFIX)
+        if k.startswith(wk.PREFIX)
     }
     taints = [
         {"key": str(t.get("key") or ""), "value": str(t.get("value") or ""),
@@ -511,6 +512,60 @@ def _float(value: Any, default: float) -> float:
     return float(value)
 
 
+def parse_topology(raw: Any) -> TopologyChoice | None:
+    """`spec.topology` (None when absent). What cannot be used is kept with `error`
+    naming the field, so the operator sees why (the TopologyApplied condition) and the
+    Nodeset's other fields still count."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        return TopologyChoice(error=f"spec.topology: expected an object, got {_kind(raw)}")
+    problems: list[str] = []
+
+    def text(key: str) -> str | None:
+        value = raw.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip():
+            return value
+        problems.append(f"spec.topology.{key}: expected a non-empty string, got {value!r}")
+        return None
+
+    def items(key: str, kind: type) -> tuple[Any, ...]:
+        value = raw.get(key)
+        if value is None:
+            return ()
+        if isinstance(value, list) and all(
+                isinstance(v, kind) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+        problems.append(f"spec.topology.{key}: expected a list of {kind.__name__}, "
+                        f"got {value!r}"[:300])
+        return ()
+
+    unknown = sorted(set(raw) - {"kind", "preset", "levels", "blockLabel", "blockSizes"})
+    if unknown:
+        problems.append(f"spec.topology: unknown fields {unknown}")
+    kind = text("kind") or "tree"
+    preset, label = text("preset"), text("blockLabel")
+    levels, sizes = items("levels", str), items("blockSizes", int)
+    if not problems:
+        if kind not in ("tree", "block"):
+            problems.append(f"spec.topology.kind: tree or block, got {kind!r}")
+        else:
+            try:
+                spec_from("tree" if kind == "tree" else "block",
+                          preset=preset or DEFAULT_PRESET, levels=levels,
+                          block_label=label, block_sizes=sizes)
+            except TopologyError as error:
+                problems.append(f"spec.topology: {error}")
+    return TopologyChoice(kind=kind, preset=preset, levels=levels, block_label=label,
+                          block_sizes=sizes, error="; ".join(problems) or None)
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
 def pool_name(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
@@ -535,6 +590,7 @@ def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
         deleted=deleted,
         uid=str(meta.get("uid") or ""),
         slurmd=parse_slurmd(spec.get("slurmd"), str(meta.get("name") or "")),
+        topology=parse_topology(spec.get("topology")),
     )
 
 

@@ -23,9 +23,12 @@ rejected with its cause (`rejected_observations()`, retried when it changes or a
 `REJECTED_RETRY_SECONDS`) and the rest goes on. Every string is cleaned of control
 characters before it is emitted (`normalize.clean_payload`).
 
-Why one long module: the three caches, the dirty-set flush and the append/rejection
-path share one lock-free state machine; split, each half would need the other's
-internals. The pure parts already live in `normalize.py`.
+The source composes the objects that own the rest: `PodIndex` (pods by Node, pending
+pods), `NodesetView` (parsed Nodesets and the selector questions, memoized per flush),
+`Payloads` (what the caches say, as payloads) and `Troubles` (what is wrong, the
+health it means and the retry clock); the pure parts live in
+`normalize.py`. What stays here is the one state machine the watches, the dirty-set
+flush and the append/rejection path share under one lock.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from typing import Any
 
 import structlog
 
-from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     Event,
     K8sDemandObserved,
@@ -47,12 +49,8 @@ from sunkd.domain.events import (
     K8sNodesetObserved,
     K8sNodeVanished,
     K8sWorkloadObserved,
-    Label,
     Payload,
-    PendingPod,
-    PodRef,
     SourceHealth,
-    Taint,
 )
 from sunkd.domain.ports import EventSink
 from sunkd.kubernetes.client import JSON, NODES, NODESETS, PODS, KubeClient, ResourceType
@@ -63,33 +61,27 @@ from sunkd.kubernetes.listwatch import (
     WatchRecovered,
     WatchTrouble,
 )
+from sunkd.kubernetes.nodesetview import NodesetView
 from sunkd.kubernetes.normalize import (
-    GPU_RESOURCE,
     PodFacts,
-    _matches,
     clean_payload,
     clean_text,
-    node_quantity,
-    parse_nodeset,
     pod_version,
     slim_node,
     slim_nodeset,
     slim_pod,
-    workload_selector_matches,
 )
+from sunkd.kubernetes.payloads import Payloads
+from sunkd.kubernetes.podindex import PodIndex
+from sunkd.kubernetes.troubles import Troubles
 from sunkd.kubernetes.wire import MalformedObject, resource_version
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 
 SOURCE = "kubernetes"
-RETRY_MAX_SECONDS = 30.0
 REJECTED_RETRY_SECONDS = 60.0
 INBOX_MAX = 10_000  # changes waiting for a flush; a watch that has more waits
 SLOW_FLUSH_S = 1.0  # a flush that took this long is logged with its cost
-ANNOTATION_CORDONED_BY = wk.ANNOTATION_CORDONED_BY
-ANNOTATION_PIN = wk.ANNOTATION_PIN
-LABEL_SLURM_NODE_NAME = wk.LABEL_SLURM_NODE_NAME
-SUNKD_PREFIX = wk.PREFIX
 
 
 # --------------------------------------------------------------------------- source
@@ -159,11 +151,14 @@ class KubernetesSource:
         stale_after_failures: int = 2,
         lost_after: float = 60.0,
         fatal_errors: tuple[type[BaseException], ...] = (),
+        gres_type_map: Mapping[str, str] | None = None,
     ) -> None:
+        # `[gres] check`: the Node payloads carry the GRES Slurm must report (payloads.py).
+        self._gres_type_map = dict(gres_type_map) if gres_type_map is not None else None
         self.client = client
         self.sink = sink
-        self.stale_after_failures = stale_after_failures
-        self.lost_after = lost_after
+        self.troubles = Troubles(stale_after_failures=stale_after_failures,
+                                 lost_after=lost_after)
         self.fatal_errors = fatal_errors
         self._last: dict[tuple[str, str], Payload] = {}
         for payload in previous:
@@ -191,25 +186,17 @@ class KubernetesSource:
         }
         self._synced_once: set[str] = set()
         self._synced = asyncio.Event()
-        self._trouble: dict[str, WatchTrouble] = {}
-        # Failures of our own side (appends, internal errors), by kind.
-        self._sync_trouble: dict[str, WatchTrouble] = {}
-        self._retry_at: float | None = None
-        self._retry_delay = 1.0
         # Observations the log refused on their own: family -> (payload, retry after).
         self._rejected: dict[tuple[str, str], tuple[Payload, float]] = {}
-        self._unhealthy_since: float | None = None
         self._dirty = _Dirty()
-        # Indexes over the ListWatch caches. A node's pods are a list, not a set: ~10-110
-        # keys a node, and at 100,000 pods the sets were 7 MB (docs/performance.md). The
-        # node a pod is indexed under is the cached object's (`WatchEvent.previous`).
-        self._pods_by_node: dict[str, list[str]] = {}
-        self._pending: set[str] = set()
+        # What the payloads read besides the watches' caches: an index over the pods
+        # and the parsed Nodesets.
+        self.pod_index = PodIndex()
+        self.nodeset_view = NodesetView(self.watches["nodesets"])
+        self._payloads = Payloads(self.watches["pods"], self.pod_index, self.nodeset_view,
+                                  self._gres_type_map)
         self._lock = asyncio.Lock()
-        self._nodeset_cache: dict[str, K8sNodesetObserved] | None = None
-        self._memo: _FlushMemo | None = None  # only while a flush builds its payloads
         self.full_flushes = 0  # flushes that rebuilt every payload (first sync, Nodesets)
-        self._workload_selectors: dict[str, Any] = {}
         self._received = 0  # watch items pulled
         self._handled = 0  # ... and handled (indexes updated, dirty marked)
         self._flushed = 0  # ... and covered by a flush since
@@ -307,7 +294,7 @@ class KubernetesSource:
                 log.exception("kubernetes.watch_crashed", resource=name)
                 async with self._lock:
                     await self._failed("internal", "internal_error", error)
-                await asyncio.sleep(self._retry_delay)
+                await asyncio.sleep(self.troubles.retry_delay)
 
     async def _flusher(self) -> None:
         """Note the changes in the inbox and flush them: one append for all of them.
@@ -335,10 +322,11 @@ class KubernetesSource:
             await asyncio.sleep(1.0)
             async with self._lock:
                 now = time.monotonic()
-                if self._retry_at is None:
+                retry_at = self.troubles.retry_at
+                if retry_at is None:
                     retry = self._dirty.everything  # a recomputation is still owed
                 else:
-                    retry = now >= self._retry_at
+                    retry = now >= retry_at
                 if retry:
                     try:
                         await self._flush()
@@ -346,7 +334,7 @@ class KubernetesSource:
                         raise
                     except Exception as error:
                         await self._failed("internal", "internal_error", error)
-                if not self._sync_trouble:
+                if not self.troubles.own:
                     await self._retry_rejected(now)
                 await self._emit_health()
 
@@ -374,30 +362,20 @@ class KubernetesSource:
     async def _failed(self, what: str, cause: str, error: Exception) -> None:
         """Our side failed (`what`: append | internal): stale at once with `cause`, recompute
         everything on the next try, retry with backoff."""
-        previous = self._sync_trouble.get(what)
-        detail = clean_text(f"{type(error).__name__}: {error}")[:300]
-        self._sync_trouble[what] = WatchTrouble(
-            cause, detail, (previous.consecutive if previous else 0) + 1, immediate=True)
-        if self._unhealthy_since is None:
-            self._unhealthy_since = time.monotonic()
+        detail = self.troubles.failed(what, cause, error)
         self._dirty.everything = True
-        self._retry_at = time.monotonic() + self._retry_delay
-        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_SECONDS)
+        retry_at = self.troubles.retry_at
+        assert retry_at is not None
         log.warning("kubernetes.sync_failed", what=what, cause=cause, error=detail,
-                    retry_in=round(self._retry_at - time.monotonic(), 1))
+                    retry_in=round(retry_at - time.monotonic(), 1))
         if what != "append":
             with contextlib.suppress(_SinkDown):
                 await self._emit_health()
 
     def _recovered(self, what: str) -> bool:
-        if self._sync_trouble.pop(what, None) is None:
+        if not self.troubles.recovered(what):
             return False
         log.info("kubernetes.sync_recovered", what=what)
-        if not self._sync_trouble:
-            self._retry_at = None
-            self._retry_delay = 1.0
-        if not self._trouble and not self._sync_trouble:
-            self._unhealthy_since = None
         return True
 
     # -- handling --------------------------------------------------------------------
@@ -405,21 +383,15 @@ class KubernetesSource:
     async def _handle(self, name: str, item: Relisted | WatchTrouble | WatchRecovered) -> None:
         """A watch item that is not a change (changes go through the inbox)."""
         if isinstance(item, WatchTrouble):
-            self._trouble[name] = item
-            if self._unhealthy_since is None:
-                self._unhealthy_since = time.monotonic()
+            self.troubles.watch_failing(name, item)
             await self._emit_health()
             return
         if isinstance(item, WatchRecovered):
-            self._trouble.pop(name, None)
-            if not self._trouble:
-                self._unhealthy_since = None
+            self.troubles.watch_ok(name)
             await self._emit_health()
             return
         if isinstance(item, Relisted):
-            self._trouble.pop(name, None)
-            if not self._trouble:
-                self._unhealthy_since = None
+            self.troubles.watch_ok(name)
             for event in item.events:
                 self._note(name, event)
             if name not in self._synced_once:
@@ -434,184 +406,19 @@ class KubernetesSource:
     def _note(self, name: str, event: WatchEvent) -> None:
         """Update indexes and mark what the change can affect."""
         if name == "nodesets":
-            # sunkd itself writes every Nodeset's status every few seconds: a MODIFIED
-            # event that changes nothing the payloads read. Rebuild them only when the
-            # parsed Nodesets or their workload selectors changed (at 10,000 nodes a
-            # rebuild is ~1 s of the event loop).
-            before = (self._nodeset_cache, self._workload_selectors)
-            self._nodeset_cache = None
-            if before[0] is None or before != (self._nodesets(), self._workload_selectors):
+            if self.nodeset_view.changed():
                 self._dirty.everything = True
             return
         if name == "nodes":
             self._dirty.nodes.add(event.key)
             return
-        key = event.key
-        replaced: PodFacts | None = event.previous
-        old_node = replaced.node if replaced is not None else None
-        if old_node is not None:
-            members = self._pods_by_node.get(old_node, [])
-            with contextlib.suppress(ValueError):  # not indexed there: nothing to undo
-                members.remove(key)
-            if not members:
-                self._pods_by_node.pop(old_node, None)
-            self._dirty.nodes.add(old_node)
-        was_pending = key in self._pending
-        self._pending.discard(key)
-        pod: PodFacts = event.object
-        if event.type != "DELETED":
-            node = pod.node
-            if node:
-                members = self._pods_by_node.setdefault(node, [])
-                if key not in members:
-                    members.append(key)
-                self._dirty.nodes.add(node)
-            if pod.pending_unschedulable:
-                self._pending.add(key)
-        if was_pending or key in self._pending:
-            for pool in self._nodesets():
-                if self._workload_match(pool, pod.labels):
+        if self.pod_index.note(event, self._dirty.nodes):
+            pod: PodFacts = event.object
+            for pool in self.nodeset_view.parsed():
+                if self.nodeset_view.workload_match(pool, pod.labels):
                     self._dirty.pools.add(pool)
 
-    def _nodesets(self) -> dict[str, K8sNodesetObserved]:
-        """Parsed Nodesets by pool, cached until a Nodeset changes."""
-        if self._nodeset_cache is None:
-            parsed: dict[str, K8sNodesetObserved] = {}
-            selectors: dict[str, Any] = {}
-            for obj in self.nodeset_objects.values():
-                try:  # slim_nodeset already refused what does not parse
-                    nodeset = parse_nodeset(obj)
-                except (ValueError, TypeError, ArithmeticError, AttributeError) as error:
-                    log.warning("kubernetes.nodeset_rejected", error=str(error)[:300])
-                    continue
-                parsed[nodeset.pool] = nodeset
-                selectors[nodeset.pool] = (obj.get("spec") or {}).get("workloadSelector")
-            self._nodeset_cache = parsed
-            self._workload_selectors = selectors
-        return self._nodeset_cache
-
-    def _workload_match(self, pool: str, labels: Mapping[str, Any]) -> bool:
-        self._nodesets()
-        memo = self._memo
-        if memo is None:
-            return workload_selector_matches(self._workload_selectors.get(pool), labels)
-        key = (pool, id(labels))
-        hit = memo.pods.get(key)
-        if hit is None or hit[0] is not labels:
-            hit = (labels, workload_selector_matches(self._workload_selectors.get(pool), labels))
-            memo.pods[key] = hit
-        return hit[1]
-
     # -- payloads ----------------------------------------------------------------------
-
-    def _pool_of(
-        self, labels: Mapping[str, Any], nodesets: Mapping[str, K8sNodesetObserved]
-    ) -> K8sNodesetObserved | None:
-        # A node matched by several Nodesets belongs to the first by name: deterministic,
-        # and the overlap is a configuration error the Nodeset status should report.
-        memo = self._memo
-        if memo is None or memo.nodesets is not nodesets:
-            return _first_match(labels, [nodesets[pool] for pool in sorted(nodesets)])
-        hit = memo.pools.get(id(labels))
-        if hit is None or hit[0] is not labels:
-            hit = (labels, _first_match(labels, memo.ordered))
-            memo.pools[id(labels)] = hit
-        return hit[1]
-
-    def _node_payload(
-        self,
-        node: JSON,
-        nodesets: Mapping[str, K8sNodesetObserved],
-        relevant_keys: frozenset[str],
-    ) -> K8sNodeObserved:
-        meta = node.get("metadata") or {}
-        spec = node.get("spec") or {}
-        status = node.get("status") or {}
-        name = str(meta.get("name") or "")
-        labels: dict[str, Any] = meta.get("labels") or {}
-        annotations: dict[str, Any] = meta.get("annotations") or {}
-        ready: bool | None = None
-        for condition in status.get("conditions") or []:
-            if condition.get("type") == "Ready":
-                ready = {"True": True, "False": False}.get(str(condition.get("status")))
-        pool = self._pool_of(labels, nodesets)
-        slurm_node = ""
-        if pool is not None and pool.node_name_label:
-            slurm_node = str(labels.get(pool.node_name_label) or "")
-        slurm_node = slurm_node or str(labels.get(LABEL_SLURM_NODE_NAME) or "") or name
-        allocatable = status.get("allocatable") or {}
-        taints = tuple(
-            sorted(
-                (
-                    Taint(
-                        str(t.get("key") or ""),
-                        str(t.get("effect") or ""),
-                        str(t.get("value") or ""),
-                    )
-                    for t in spec.get("taints") or []
-                ),
-                key=lambda t: (t.key, t.effect, t.value),
-            )
-        )
-        pin = annotations.get(ANNOTATION_PIN)
-        quantities = {key: node_quantity(allocatable, key, scale) for key, scale in
-                      (("cpu", 1000), ("memory", 1), (GPU_RESOURCE, 1))}
-        unparsed = tuple(key for key, value in quantities.items() if value is None)
-        if unparsed:
-            log.warning("kubernetes.node_quantity_unparsed", node=clean_text(name),
-                        resources=list(unparsed), values=[
-                            clean_text(repr(allocatable.get(key)))[:100] for key in unparsed],
-                        treated_as="unknown capacity")
-        return K8sNodeObserved(
-            node=name,
-            slurm_node=slurm_node,
-            ready=ready,
-            unschedulable=bool(spec.get("unschedulable")),
-            # sunkd's own hold is its taint; the annotation proves nothing (see events.py).
-            cordoned_by_sunkd=any(t.key == wk.TAINT_HOLD for t in taints),
-            taints=taints,
-            labels=tuple(
-                Label(k, str(v))
-                for k, v in sorted(labels.items())
-                if k in relevant_keys or k.startswith(SUNKD_PREFIX)
-            ),
-            pin=str(pin) if pin else None,
-            cpu_millis=quantities["cpu"] or 0,
-            memory_bytes=quantities["memory"] or 0,
-            gpus=quantities[GPU_RESOURCE] or 0,
-            unparsed=unparsed,
-        )
-
-    def _workload_payload(
-        self, node: str, labels: Mapping[str, Any], nodesets: Mapping[str, K8sNodesetObserved]
-    ) -> K8sWorkloadObserved:
-        """Every Node's whole pod list, whatever attributes the Node to a pool (a Nodeset
-        selector, partitions, a config-file pool, a transition in flight) or none: the
-        fold treats a Node without a report as unknown, never as empty, so every Node
-        is reported. `pool_pod` tells the pods of the Nodeset that selects the Node."""
-        pool = self._pool_of(labels, nodesets)
-        refs = []
-        for key in self._pods_by_node.get(node, ()):
-            pod = self.pods.get(key)
-            if pod is None or pod.node != node:
-                continue
-            if pod.node_local:
-                continue  # DaemonSet and mirror pods stay with the node, whoever owns it
-            slurmd = _slurmd_node(pod, nodesets)
-            refs.append(
-                PodRef(
-                    pod.namespace,
-                    pod.name,
-                    pod.phase,
-                    uid=pod.uid or "",
-                    pool_pod=not slurmd and pool is not None
-                    and self._workload_match(pool.pool, pod.labels),
-                    slurmd=slurmd,
-                )
-            )
-        return K8sWorkloadObserved(
-            node=node, pool="", pods=tuple(sorted(refs, key=lambda r: (r.namespace, r.name)))
-        )
 
     def _report_claimants(self, out: list[Payload], released: set[str],
                           claims: Mapping[str, str],
@@ -636,28 +443,7 @@ class KubernetesSource:
             node = self.nodes[name]
             labels = (node.get("metadata") or {}).get("labels") or {}
             self._last.pop(("workload", name), None)
-            out.append(self._workload_payload(name, labels, nodesets))
-
-    def _demand_payload(self, nodeset: K8sNodesetObserved) -> K8sDemandObserved:
-        pending = []
-        for key in self._pending:
-            pod = self.pods.get(key)
-            if pod is None:
-                continue
-            if self._workload_match(nodeset.pool, pod.labels):
-                cpu, memory, gpus = pod.requests
-                pending.append(
-                    PendingPod(
-                        pod.namespace,
-                        pod.name,
-                        cpu,
-                        memory,
-                        gpus,
-                    )
-                )
-        return K8sDemandObserved(
-            pool=nodeset.pool, pending=tuple(sorted(pending, key=lambda p: (p.namespace, p.name)))
-        )
+            out.append(self._payloads.workload(name, labels, nodesets))
 
     async def _drain(self) -> None:
         """Note the inbox's changes in arrival order (under the lock)."""
@@ -674,16 +460,13 @@ class KubernetesSource:
         await self._drain()  # a flush never builds from indexes behind the caches
         if len(self._synced_once) < len(self.watches):
             return  # no partial views: see the module docstring
-        nodesets = self._nodesets()
+        nodesets = self.nodeset_view.parsed()
         relevant = frozenset(label.key for ns in nodesets.values() for label in ns.node_selector)
         out: list[Payload] = []
         dirty = self._dirty
-        self._memo = _FlushMemo(nodesets)
         started = time.monotonic()
-        try:
+        with self.nodeset_view.flush_memo(nodesets):
             self._build_payloads(out, dirty, nodesets, relevant)
-        finally:
-            self._memo = None
         dirty.clear()
         built = time.monotonic()
         await self._emit(out)
@@ -725,9 +508,9 @@ class KubernetesSource:
                     released.add(last_node.slurm_node)
                 continue
             try:
-                payload = self._node_payload(node, nodesets, relevant)
+                payload = self._payloads.node(node, nodesets, relevant)
                 labels = (node.get("metadata") or {}).get("labels") or {}
-                workload = self._workload_payload(name, labels, nodesets)
+                workload = self._payloads.workload(name, labels, nodesets)
             except Exception as error:  # the transforms should have refused it already
                 log.warning("kubernetes.object_rejected", key=name, field="object",
                             cause=f"{type(error).__name__}: {error}"[:300])
@@ -743,7 +526,7 @@ class KubernetesSource:
         for pool in sorted(pools):
             nodeset = nodesets.get(pool)
             if nodeset is not None:
-                out.append(self._demand_payload(nodeset))
+                out.append(self._payloads.demand(nodeset))
             else:
                 last_demand = self._last.get(("demand", pool))
                 if isinstance(last_demand, K8sDemandObserved) and last_demand.pending:
@@ -777,7 +560,7 @@ class KubernetesSource:
             events.append(Event(subject=_subject(payload), payload=payload))
         if not events:
             return
-        trouble = self._sync_trouble.get("append")
+        trouble = self.troubles.own.get("append")
         last_health = self._last.get(("health", SOURCE))
         if trouble is not None and not (isinstance(last_health, SourceHealth)
                                         and last_health.cause == trouble.cause):
@@ -889,18 +672,11 @@ class KubernetesSource:
                 accepted.extend(half)
 
     async def _emit_health(self) -> None:
-        troubles = [*self._trouble.values(), *self._sync_trouble.values()]
-        if troubles:
-            worst = max(troubles, key=lambda t: (t.immediate, t.consecutive))
-            if self._unhealthy_since is None:
-                self._unhealthy_since = time.monotonic()
-            since = self._unhealthy_since
-            if time.monotonic() - since >= self.lost_after:
-                status = "lost"
-            elif worst.immediate or worst.consecutive >= self.stale_after_failures:
-                status = "stale"
-            else:
+        if self.troubles.any():
+            verdict = self.troubles.verdict()
+            if verdict is None:
                 return  # a single blip: the loop is already retrying
+            status, worst = verdict
             health = SourceHealth(
                 source=SOURCE, status=status, cause=worst.cause, detail=worst.detail[:300]
             )
@@ -908,7 +684,8 @@ class KubernetesSource:
             health = SourceHealth(source=SOURCE, status="fresh")
         else:
             return
-        if health.status == "fresh" and (self._dirty.everything or self._retry_at is not None):
+        if health.status == "fresh" and (self._dirty.everything
+                                        or self.troubles.retry_at is not None):
             return  # a recomputation is pending: fresh only once it went through
         last = self._last.get(("health", SOURCE))
         # Detail text varies from retry to retry; only status and cause make a new event.
@@ -920,40 +697,6 @@ class KubernetesSource:
         await self._emit([health])
 
 
-class _FlushMemo:
-    """Selector answers for one flush, keyed by the identity of a label map. Pods (and
-    nodes) with equal labels share one map (`PodFacts`, `shared_labels`), so a flush at
-    100,000 pods evaluates each selector once per distinct map, not once per pod. Each
-    entry holds its map, so an id cannot be reused while the memo lives; the memo lives
-    only while `_build_payloads` runs, which never yields, so no map changes under it."""
-
-    __slots__ = ("nodesets", "ordered", "pods", "pools")
-
-    def __init__(self, nodesets: Mapping[str, K8sNodesetObserved]) -> None:
-        self.nodesets = nodesets
-        self.ordered = [nodesets[pool] for pool in sorted(nodesets)]
-        self.pods: dict[tuple[str, int], tuple[Mapping[str, Any], bool]] = {}
-        self.pools: dict[int, tuple[Mapping[str, Any], K8sNodesetObserved | None]] = {}
-
-
-def _first_match(labels: Mapping[str, Any],
-                 ordered: list[K8sNodesetObserved]) -> K8sNodesetObserved | None:
-    for nodeset in ordered:
-        if _matches(nodeset.node_selector, labels):
-            return nodeset
-    return None
-
-
 def _replace_deleted(last: K8sNodesetObserved) -> K8sNodesetObserved:
     return replace(last, deleted=True)
 
-
-def _slurmd_node(pod: PodFacts, nodesets: Mapping[str, K8sNodesetObserved]) -> str:
-    """The Slurm node `pod` is sunkd's slurmd pod for: its claim names a Nodeset of its own
-    namespace that the source knows, by that Nodeset's uid. "" otherwise (impostors too)."""
-    claim = pod.slurmd_claim
-    if claim is None:
-        return ""
-    uid, name, node = claim
-    nodeset = nodesets.get(f"{pod.namespace}/{name}")
-    return node if nodeset is not None and nodeset.uid and nodeset.uid == uid else ""

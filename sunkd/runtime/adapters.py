@@ -9,7 +9,7 @@ sources are seeded from the folded state, so they report only what changed since
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -23,8 +23,11 @@ from sunkd.runtime.ports import Fatal, Source
 from sunkd.store.eventlog import StaleLeaderError
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from sunkd.kubernetes.actuator import KubernetesActuator
     from sunkd.kubernetes.client import KubeClient
+    from sunkd.runtime.topology import TopologyDelivery
     from sunkd.slurm.client import SlurmRestClient
 
 log = structlog.get_logger(__name__)
@@ -70,6 +73,7 @@ class Adapters:
         self._slurm_client = slurm_client
         self._kube_client = kube_client
         self._slurm_env = slurm_env
+        self._topology: TopologyDelivery | None = None
 
     def enabled_sources(self) -> list[str]:
         sources = []
@@ -167,10 +171,43 @@ class Adapters:
 
             # Only a fenced append ends the source (our term is over); anything else makes
             # it stale and it recovers by itself.
+            gres = self.settings.gres
             sources.append(KubernetesSource(kube_client, appends.wrap("kubernetes", sink),
                                             previous=kubernetes_seed(state),
-                                            fatal_errors=(StaleLeaderError,)))
+                                            fatal_errors=(StaleLeaderError,),
+                                            gres_type_map=gres.type_map if gres.check
+                                            else None))
         return sources
+
+    def topology(self, state: Callable[[], ClusterState], may_write: Callable[[], bool],
+                 clock: Callable[[], float], registry: CollectorRegistry
+                 ) -> TopologyDelivery | None:
+        """The topology file's keeper when `[topology] file` is set (one per process: its
+        metrics live as long as the registry), else None. Each term runs its rounds with
+        that term's Kubernetes client."""
+        if self.settings.topology.file is None:
+            return None
+        if self._topology is not None:
+            return self._topology
+        from sunkd.runtime.topology import TopologyDelivery
+        from sunkd.slurm.topology import TopologyFile
+
+        file = TopologyFile(self.settings.topology.file, scontrol_env=self._slurm_env,
+                            write_timeout=max(1.0, self.settings.lease_seconds / 3),
+                            may_write=may_write)
+
+        async def list_nodes() -> list[dict[str, Any]]:
+            from sunkd.kubernetes.client import NODES
+
+            client = self._kube_client
+            if client is None:
+                raise RuntimeError("no Kubernetes client in this term")
+            items, _version = await client.list(NODES)
+            return items
+
+        self._topology = TopologyDelivery(self.settings.topology, file, list_nodes, state,
+                                          clock=clock, registry=registry)
+        return self._topology
 
     def failed(self, error: Exception, fatal: Fatal) -> None:
         """Building a client failed. A missing or unusable kubeconfig will not fix itself:

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 from sunkd.domain.events import Label, OwnershipSpec
+from sunkd.domain.gres import GresError, gpu_type
 from sunkd.domain.policy import PoolSpec
+from sunkd.domain.topology import DEFAULT_PRESET, TopologyError, TopologySpec, spec_from
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///sunkd.db"
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -65,6 +67,37 @@ class KubernetesSettings:
     namespace: str = "sunkd"
     lease: bool = False  # also hold a coordination.k8s.io Lease (in-cluster HA)
     request_timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class TopologySettings:
+    """The topology file sunkd keeps for slurmctld (docs/topology.md). Off unless `file`
+    is set: sunkd then owns that file (topology.conf, or topology.yaml on Slurm 25.05+,
+    by its suffix) and runs `scontrol reconfigure` after each change, at most once per
+    `min_interval_seconds`. The labels: a `preset`, or `levels` (tree, leaf first) /
+    `block_label` and `block_sizes` (block). A Nodeset's `spec.topology` replaces this
+    default when every Nodeset that has one agrees (Slurm has one topology)."""
+
+    file: Path | None = None
+    kind: str = "tree"
+    preset: str | None = DEFAULT_PRESET
+    levels: tuple[str, ...] = ()
+    block_label: str | None = None
+    block_sizes: tuple[int, ...] = ()
+    name: str = "default"  # the topology's name in topology.yaml
+    min_interval_seconds: float = 60.0
+    scontrol: str = "scontrol"
+
+
+@dataclass(frozen=True)
+class GresSettings:
+    """The GPU check (docs/topology.md, "GPUs"): with `check`, a Slurm-owned node whose
+    registered GRES differs from its Kubernetes Node's GPUs (count from allocatable
+    `nvidia.com/gpu`, type from `nvidia.com/gpu.product`, lower case with `_`) is held.
+    `type_map` maps a product label (as is, or normalised) to the type Slurm uses."""
+
+    check: bool = False
+    type_map: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -128,6 +161,8 @@ class Settings:
     snapshot_encoder: str = "thread"
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    topology: TopologySettings = field(default_factory=TopologySettings)
+    gres: GresSettings = field(default_factory=GresSettings)
     pools: tuple[PoolSettings, ...] = ()
 
     def __post_init__(self) -> None:
@@ -161,6 +196,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "slurm.max_response_bytes": (64 * 1024, 16 * 1024**3, False),
     "slurm.hook_rate": (1.0, 100_000.0, False),
     "kubernetes.request_timeout": (1.0, 3600.0, False),
+    "topology.min_interval_seconds": (1.0, _DAY, False),
     "pools.min_slurm": (0, 1_000_000, False),
     "pools.min_kubernetes": (0, 1_000_000, False),
     "pools.max_kubernetes": (0, 1_000_000, False),
@@ -226,6 +262,14 @@ def _validate(settings: Settings) -> None:
     if url is not None and not url.startswith(("http://", "https://", "unix:")):
         raise ConfigError("slurm.url", "must start with http://, https:// or unix:")
     _check_name("identity", settings.identity)
+    _check_topology(settings.topology)
+    for product, kind in settings.gres.type_map.items():
+        try:
+            gpu_type(product, settings.gres.type_map)
+        except GresError as error:
+            raise ConfigError(f"gres.type_map.{product}", str(error)) from error
+        if not kind:
+            raise ConfigError(f"gres.type_map.{product}", "must not be empty")
     for index, pool in enumerate(settings.pools):
         _check_name(f"pools[{index}].name", pool.name)
         if pool.max_kubernetes is not None and pool.min_kubernetes > pool.max_kubernetes:
@@ -235,6 +279,27 @@ def _validate(settings: Settings) -> None:
     names = [pool.name for pool in settings.pools]
     if len(set(names)) != len(names):
         raise ConfigError("pools", "pool names must be unique")
+
+
+def topology_spec(topology: TopologySettings) -> TopologySpec:
+    """The renderer's spec from the `[topology]` settings (ConfigError when invalid)."""
+    if topology.kind not in ("tree", "block"):
+        raise ConfigError("topology.kind", f"must be tree or block, got {topology.kind!r}")
+    try:
+        return spec_from("tree" if topology.kind == "tree" else "block",
+                         preset=topology.preset, levels=topology.levels,
+                         block_label=topology.block_label, block_sizes=topology.block_sizes)
+    except TopologyError as error:
+        raise ConfigError("topology", str(error)) from error
+
+
+def _check_topology(topology: TopologySettings) -> None:
+    topology_spec(topology)
+    if topology.file is not None and topology.file.name not in (
+            "topology.conf", "topology.yaml"):
+        raise ConfigError("topology.file", f"{topology.file}: Slurm reads topology.conf "
+                                           "or topology.yaml beside slurm.conf")
+    _check_name("topology.name", topology.name)
 
 
 # Names sunkd writes into its log and shows people (the leader's identity in the shared

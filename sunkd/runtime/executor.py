@@ -13,23 +13,21 @@ import structlog
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.policy import (
-    VERB_CORDON,
     VERB_DRAIN,
     VERB_EVICT,
+    VERB_HOLD,
     VERB_LOCK,
+    VERB_RELEASE,
     VERB_RESUME,
-    VERB_UNCORDON,
     VERB_UNLOCK,
     VERB_WARN,
 )
 from sunkd.domain.policy.slurmd import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE
 from sunkd.domain.ports import ActionError
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, NodeState, OpenAction
+from sunkd.domain.state import NodeState, OpenAction
 from sunkd.slurm.model import SlurmNode
 
 # Annotations mirroring a Slurm-side hold onto the Kubernetes node.
-ANNOTATION_SLURM_STATE = wk.ANNOTATION_SLURM_STATE
-ANNOTATION_SLURM_REASON = wk.ANNOTATION_SLURM_REASON
 
 
 log = structlog.get_logger(__name__)
@@ -48,8 +46,8 @@ class SlurmReader(Protocol):
 class KubernetesActions(Protocol):
     async def lock(self, node: str) -> bool: ...
     async def unlock(self, node: str) -> bool: ...
-    async def cordon(self, node: str, reason: str) -> bool: ...
-    async def uncordon(self, node: str) -> bool: ...
+    async def hold(self, node: str, reason: str) -> bool: ...
+    async def release(self, node: str) -> bool: ...
     async def annotate(self, node: str, values: dict[str, str | None]) -> bool: ...
     async def evict(self, namespace: str, pod: str, *, uid: str | None = None,
                     node: str | None = None) -> bool: ...
@@ -78,9 +76,9 @@ class ActuatorExecutor:
         self.slurm_reader = slurm_reader
 
     async def execute(self, action: OpenAction, node: NodeState | None) -> bool:
-        if action.side == OWNER_SLURM:
+        if action.side == wk.OWNER_SLURM:
             return await self._slurm(action)
-        if action.side == OWNER_KUBERNETES:
+        if action.side == wk.OWNER_KUBERNETES:
             k8s_name = (_arg(action, "k8s_node")
                         or (node.k8s_name if node is not None else None) or action.node)
             if action.verb == VERB_UNLOCK:
@@ -133,18 +131,18 @@ class ActuatorExecutor:
             return await actuator.lock(node)
         if action.verb == VERB_UNLOCK:
             return await actuator.unlock(node)
-        if action.verb == VERB_CORDON:
+        if action.verb == VERB_HOLD:
             state = _arg(action, "slurm_state")
             reason = _arg(action, "slurm_reason")
             annotated = await actuator.annotate(
-                node, {ANNOTATION_SLURM_STATE: state, ANNOTATION_SLURM_REASON: reason})
-            cordoned = await actuator.cordon(node, action.reason)
-            return annotated or cordoned
-        if action.verb == VERB_UNCORDON:
-            uncordoned = await actuator.uncordon(node)
+                node, {wk.ANNOTATION_SLURM_STATE: state, wk.ANNOTATION_SLURM_REASON: reason})
+            held = await actuator.hold(node, action.reason)
+            return annotated or held
+        if action.verb == VERB_RELEASE:
+            released = await actuator.release(node)
             cleared = await actuator.annotate(
-                node, {ANNOTATION_SLURM_STATE: None, ANNOTATION_SLURM_REASON: None})
-            return uncordoned or cleared
+                node, {wk.ANNOTATION_SLURM_STATE: None, wk.ANNOTATION_SLURM_REASON: None})
+            return released or cleared
         if action.verb == VERB_WARN:
             # The policy's "say why": a Warning Event on the node (kubectl describe node).
             # The Event is the whole effect: one the API server did not take fails the

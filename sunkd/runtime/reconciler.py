@@ -38,6 +38,7 @@ from sunkd.domain.events import (
     PoolsConfigured,
     RecordedEvent,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.policy import (
     Decision,
     PoolSpec,
@@ -48,13 +49,7 @@ from sunkd.domain.policy import (
 )
 from sunkd.domain.ports import ActionError, EventSink, RefusedError
 from sunkd.domain.snapshot import state_from_json, state_to_json_text
-from sunkd.domain.state import (
-    EMPTY,
-    ClusterState,
-    NodeState,
-    OpenAction,
-    fold,
-)
+from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenAction
 from sunkd.runtime import malloc
 from sunkd.runtime.forkencode import encode_in_child
 from sunkd.runtime.groupcommit import GroupAppender
@@ -73,8 +68,8 @@ log = structlog.get_logger(__name__)
 
 # From this many nodes on, folding a batch, deciding and turning the state into a snapshot
 # run in a worker thread (the state is immutable: every fold builds a new one), so the
-# event loop keeps its turns for the lease renewal, the API and the sources (issue 15.5:
-# at 10,000 nodes each of these held the loop for seconds and a renewal came too late).
+# event loop keeps its turns for the lease renewal, the API and the sources (at
+# 10,000 nodes each of these held the loop for seconds and a renewal came too late).
 # Below it the work takes milliseconds and the hop to a thread would cost more.
 OFFLOAD_NODES = 1000
 # Decisions logged one by one per turn; beyond it one summary line (a first sync at
@@ -93,7 +88,7 @@ DECIDE_SHARE = 1 / 3
 
 class CorruptRowError(Exception):
     """The log has a row the fold cannot decode; deciding on a state that skipped it
-    would be deciding on a lie, so the daemon stops and names the row (issue 12)."""
+    would be deciding on a lie, so the daemon stops and names the row."""
 
     def __init__(self, row: CorruptRow) -> None:
         super().__init__(row.describe())

@@ -9,7 +9,7 @@ is written; a failed write is retried on the next round.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -27,8 +27,12 @@ async def write_nodeset_status(writer: NodesetStatusWriter, *,
                                state: Callable[[], ClusterState],
                                pools: Callable[[], tuple[PoolSpec, ...]],
                                may_act: Callable[[], bool], clock: Callable[[], float],
-                               interval: float = NODESET_STATUS_INTERVAL) -> None:
-    """Every `interval` while acting, write the statuses that changed (forever)."""
+                               interval: float = NODESET_STATUS_INTERVAL,
+                               conditions: Callable[[], Sequence[Mapping[str, str]]]
+                               = tuple) -> None:
+    """Every `interval` while acting, write the statuses that changed (forever).
+    `conditions`: cluster-wide ones every Nodeset carries (the topology delivery's
+    `TopologyApplied`)."""
     from sunkd.domain.policy.model import membership
     from sunkd.kubernetes.nodeset_status import build_nodeset_status
 
@@ -49,7 +53,8 @@ async def write_nodeset_status(writer: NodesetStatusWriter, *,
                 member_of = membership(current, current_pools)
             status = build_nodeset_status(
                 current, current_pools, pool_name, nodeset.generation, clock(),
-                {c["type"]: c for c in previous.get("conditions", [])}, member_of)
+                {c["type"]: c for c in previous.get("conditions", [])}, member_of,
+                extra_conditions=conditions())
             if status == previous:
                 continue
             try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
@@ -132,10 +132,20 @@ class Term:
         if self._hooks is not None:
             tasks.append(asyncio.create_task(self._hooks.serve(
                 sources, sink, self._sources_stop, self._wall()), name="sunkd-hooks"))
+        # The topology file slurmctld reads ([topology] file): kept by the leader only.
+        delivery = adapters.topology(lambda: reconciler.state, leadership.may_act,
+                                     leadership.clock, self._metrics.registry)
+        if delivery is not None:
+            tasks.append(asyncio.create_task(delivery.run(self._sources_stop),
+                                             name="sunkd-topology"))
+
+        def conditions() -> list[Mapping[str, str]]:
+            return [delivery.last.condition] if delivery and delivery.last else []
+
         if self.kube_actuator is not None:
             tasks.append(asyncio.create_task(write_nodeset_status(
                 self.kube_actuator, state=lambda: reconciler.state, pools=reconciler.pools,
-                may_act=leadership.may_act, clock=leadership.clock),
+                may_act=leadership.may_act, clock=leadership.clock, conditions=conditions),
                 name="sunkd-nodeset-status"))
         lead_task: Task = asyncio.create_task(reconciler.lead(term), name="sunkd-lead")
         tasks.append(lead_task)

@@ -44,6 +44,7 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.forecast import HOUR
 from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS
 from sunkd.domain.policy import (
@@ -63,7 +64,7 @@ from sunkd.domain.policy import (
     stale_action,
     starvation_held_until,
 )
-from sunkd.domain.state import EMPTY, OWNER_NONE, OWNER_SLURM, ClusterState, OpenAction, fold
+from sunkd.domain.state import EMPTY, OWNER_NONE, ClusterState, OpenAction
 from sunkd.simulate.actuate import carry_out
 from sunkd.simulate.checks import check_in_flight, check_round
 from sunkd.simulate.quiet import quiet, slurm_outweighs
@@ -149,7 +150,7 @@ class SunkdController:
         world.slurm_changed.update(range(len(world.nodes)))
         world.k8s_changed.update(range(len(world.nodes)))
         self._append(LeaderElected(epoch=1, identity="simulate"), "simulate", 0.0)
-        for source in (OWNER_SLURM, "kubernetes"):
+        for source in (wk.OWNER_SLURM, "kubernetes"):
             self._append(SourceHealth(source=source, status="fresh"), source, 0.0)
         for node in world.nodes:
             if node.drain and node.reason:  # lent before the run: by sunkd, says its log
@@ -159,11 +160,11 @@ class SunkdController:
         """The drain request and success an earlier sunkd logged for a node the world
         starts lent: what proves the drain sunkd's (`sunkd.domain.authorship`)."""
         action_id = f"act-start-{node.name}"
-        self._append(ActionRequested(action_id=action_id, side=OWNER_SLURM, verb="drain",
+        self._append(ActionRequested(action_id=action_id, side=wk.OWNER_SLURM, verb="drain",
                                      node=node.name, reason="lent before the run",
                                      args=(Label("reason", node.reason or ""),)),
                      node.name, 0.0)
-        self._append(ActionSucceeded(action_id=action_id, side=OWNER_SLURM, verb="drain",
+        self._append(ActionSucceeded(action_id=action_id, side=wk.OWNER_SLURM, verb="drain",
                                      node=node.name), node.name, 0.0)
 
     # ------------------------------------------------------------------- log
@@ -323,7 +324,7 @@ class SunkdController:
         if isinstance(decision, StartTransition) and decision.from_owner == OWNER_NONE:
             stats.adoptions += 1
         elif isinstance(decision, CompleteTransition) and decision.from_owner != OWNER_NONE:
-            if decision.to_owner == OWNER_SLURM:
+            if decision.to_owner == wk.OWNER_SLURM:
                 stats.reclaims += 1
             else:
                 stats.lends += 1
@@ -376,7 +377,7 @@ class SunkdController:
                 consider(node.slurm_unhealthy_since + UNHEALTHY_GRACE_SECONDS)
             for key, outcome in node.outcomes.items():
                 if outcome.succeeded:
-                    seen = node.slurm_seq if key.startswith(OWNER_SLURM) else node.k8s_seq
+                    seen = node.slurm_seq if key.startswith(wk.OWNER_SLURM) else node.k8s_seq
                     if seen < outcome.seq:
                         consider(outcome.at + OBSERVATION_CATCHUP_SECONDS)
                 elif outcome.retryable:
@@ -393,7 +394,7 @@ class SunkdController:
             if action.action_id in self.dispatched:
                 continue
             self.dispatched.add(action.action_id)
-            delay = latencies.slurm_action if action.side == OWNER_SLURM else \
+            delay = latencies.slurm_action if action.side == wk.OWNER_SLURM else \
                 latencies.k8s_action
             if action.verb in ("unlock", "resume"):
                 delay += latencies.move_cost

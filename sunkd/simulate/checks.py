@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.ownership import assess, has_hold_taint, is_ours, slurm_drained
 from sunkd.domain.policy import (
     CompleteTransition,
@@ -19,7 +20,7 @@ from sunkd.domain.policy import (
     RequestAction,
     StartTransition,
 )
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, ClusterState
+from sunkd.domain.state import OWNER_NONE, ClusterState
 
 
 def check_round(state: ClusterState, now: float, decisions: Sequence[Decision],
@@ -34,7 +35,7 @@ def check_round(state: ClusterState, now: float, decisions: Sequence[Decision],
         if not assess(state, node, now).actionable:
             problems.append(f"{where}: decided while the node was UNKNOWN: {decision}")
         handing_over = (isinstance(decision, RequestAction) and decision.verb == "unlock") or (
-            isinstance(decision, CompleteTransition) and decision.to_owner == OWNER_KUBERNETES)
+            isinstance(decision, CompleteTransition) and decision.to_owner == wk.OWNER_KUBERNETES)
         if handing_over and not (slurm_drained(node.slurm) and node.slurm is not None
                                  and is_ours(node.slurm.reason)):
             problems.append(f"{where}: handed to Kubernetes while Slurm did not report it "

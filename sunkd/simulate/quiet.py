@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     K8sDemandObserved,
     K8sWorkloadObserved,
@@ -35,7 +36,7 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import assess, running_pods, slurm_busy, slurm_usable
 from sunkd.domain.policy import PREFER_KUBERNETES, PoolSpec, kubernetes_overrides, membership
-from sunkd.domain.state import OWNER_SLURM, ClusterState, NodeState, Phase
+from sunkd.domain.state import ClusterState, NodeState, Phase
 
 _SETTLED_SLURM_STATES = frozenset({"IDLE", "ALLOCATED"})
 
@@ -62,7 +63,7 @@ def slurm_outweighs(state: ClusterState, pool: PoolSpec, now: float) -> bool:
     idle = 0
     for node in state.nodes.values():
         slurm = node.slurm  # cheapest tests first: most nodes are busy in such a pool
-        if slurm is None or slurm_busy(slurm) or node.owner != OWNER_SLURM:
+        if slurm is None or slurm_busy(slurm) or node.owner != wk.OWNER_SLURM:
             continue
         if (node.transition is None and slurm_usable(slurm)
                 and not assess(state, node, now).held):

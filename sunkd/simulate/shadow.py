@@ -5,7 +5,7 @@ Why: a site running sunkd has its own workload in its event log. Before changing
 it on *that* history: how many moves, when, what they would have cost, next to what
 sunkd actually did.
 
-The log is read only through the fold (`sunkd.domain.state.fold`): the state after each
+The log is read only through the fold (`sunkd.domain.fold.fold`): the state after each
 recorded instant says which nodes Slurm reported allocated, which pool pods Kubernetes
 reported on which node, how many jobs were pending per partition and which pods were
 pending with their requests, and where sunkd's transitions stood. Payload fields are
@@ -45,22 +45,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sunkd.domain.events import (
-    K8sWorkloadObserved,
-    OwnershipSpec,
-    RecordedEvent,
-    legacy_node_job_ends,
-)
+from sunkd.domain import wellknown as wk
+from sunkd.domain.codec import legacy_node_job_ends
+from sunkd.domain.events import K8sWorkloadObserved, OwnershipSpec, RecordedEvent
+from sunkd.domain.fold import fold
 from sunkd.domain.slurmnode import slurm_busy
-from sunkd.domain.state import (
-    EMPTY,
-    OWNER_KUBERNETES,
-    ClusterState,
-    NodeState,
-    OpenTransition,
-    Phase,
-    fold,
-)
+from sunkd.domain.state import EMPTY, ClusterState, NodeState, OpenTransition, Phase
 from sunkd.simulate.records import NodeShape
 from sunkd.simulate.workload import BatchJob, SimPod, Workload
 
@@ -272,7 +262,7 @@ class _Reader:
         if not completed:
             moves.aborted += 1
             return
-        lend = transition.to_owner == OWNER_KUBERNETES
+        lend = transition.to_owner == wk.OWNER_KUBERNETES
         moves.lends += lend
         moves.reclaims += not lend
         moves.moves.append((t, node, "lend" if lend else "reclaim"))

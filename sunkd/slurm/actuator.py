@@ -13,8 +13,6 @@ reason and reason time it proved, which `resume` checks again.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 from collections.abc import Callable, Mapping
 
 import structlog
@@ -34,15 +32,12 @@ from sunkd.slurm.model import (
     SlurmTimeoutError,
     SlurmUnavailableError,
 )
+from sunkd.slurm.scontrol import SCONTROL_TIMEOUT, run_scontrol
 
 log = structlog.get_logger(__name__)
 
-REASON_PREFIX = wk.REASON_PREFIX
 
-# scontrol blocks ~9 s when slurmctld is down before failing (docs/slurm.md, "Measured behaviour").
-SCONTROL_TIMEOUT = 30.0
-
-__all__ = ["REASON_PREFIX", "SlurmActuator", "is_our_reason", "our_reason"]
+__all__ = ["SlurmActuator", "is_our_reason", "our_reason"]
 
 
 def our_reason(reason: str) -> str:
@@ -130,7 +125,7 @@ class SlurmActuator:
         if not is_our_reason(current.reason):
             raise RefusedError(
                 f"{node} is drained by {current.reason_set_by or 'someone else'} with reason "
-                f"{current.reason!r} (not {REASON_PREFIX}...); not undraining a foreign drain"
+                f"{current.reason!r} (not {wk.REASON_PREFIX}...); not undraining a foreign drain"
             )
         if expect_reason is not None and current.reason != expect_reason:
             raise RefusedError(
@@ -209,60 +204,16 @@ class SlurmActuator:
         await self._scontrol_update(node, state, reason)
 
     async def _scontrol_update(self, node: str, state: str, reason: str | None) -> None:
-        binary = shutil.which(self._scontrol) or (
-            self._scontrol if os.access(self._scontrol, os.X_OK) else None
-        )
-        if binary is None:
-            raise ActionError(
-                f"cannot {state.lower()} {node}: slurmrestd {self._client.version} has no node "
-                f"update and {self._scontrol!r} is not installed (install slurm-client and "
-                "munge, or run Slurm >= 23.02 for REST node updates)",
-                retryable=False,
-            )
         # One node per call: a multi-node update that fails on one node still applies
         # to the others (docs/slurm.md, "Measured behaviour").
-        args = [binary, "update", f"nodename={node}", f"state={state.lower()}"]
+        args = ["update", f"nodename={node}", f"state={state.lower()}"]
         if reason is not None:
             args.append(f"reason={reason}")
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self._env,
-            )
-        except OSError as error:
-            raise ActionError(f"cannot run {binary}: {error}", retryable=False) from error
-        try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), self._write_timeout)
-        except TimeoutError as error:
-            process.kill()
-            await process.wait()
-            raise ActionError(
-                f"scontrol update {node} state={state.lower()} timed out after "
-                f"{self._write_timeout:g} s",
-                retryable=True,
-            ) from error
-        if process.returncode == 0:
-            return
-        message = (stderr or stdout).decode(errors="replace").strip()
-        retryable = False
-        hint = ""
-        lowered = message.lower()
-        if "unable to contact slurm controller" in lowered or "connection" in lowered:
-            retryable = True
-        elif "munge" in lowered or "auth" in lowered:
-            hint = " (scontrol needs munge with the cluster's key, and SLURM_CONF)"
-        elif "invalid user id" in lowered or "access/permission denied" in lowered:
-            hint = " (updating nodes needs SlurmUser, root or AdminLevel=Operator)"
-        elif "could not establish a configuration source" in lowered:
-            hint = " (set SLURM_CONF for scontrol)"
-        raise ActionError(
-            f"scontrol update nodename={node} state={state.lower()}: rc={process.returncode}: "
-            f"{message}{hint}",
-            retryable=retryable,
-        )
+        await run_scontrol(
+            self._scontrol, args, what=f"scontrol update nodename={node} state={state.lower()}",
+            env=self._env, limit=self._write_timeout,
+            missing=f" and slurmrestd {self._client.version} has no node update (install "
+                    "slurm-client and munge, or run Slurm >= 23.02 for REST node updates)")
 
 
 def _foreign_word(node: SlurmNode) -> bool:

@@ -92,6 +92,7 @@ class SlurmNode(NamedTuple):
     comment: str | None = None
     boot_time: float | None = None
     last_busy: float | None = None
+    gres: str | None = None  # the configured GRES as Slurm reports it (`gpu:a100:8(S:0)`)
 
     @property
     def is_drain(self) -> bool:
@@ -137,6 +138,7 @@ class SlurmNode(NamedTuple):
             last_busy=self.last_busy,
             jobs=jobs,
             job_end=job_end,
+            gres=self.gres,
         )
 
 

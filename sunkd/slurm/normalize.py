@@ -116,6 +116,7 @@ def _string_list(value: Any, where: str) -> tuple[str, ...]:
 
 
 _GRES_CACHE: dict[str, int] = {}
+_NO_GRES = ("(null)", "N/A")  # how slurmrestd says "no GRES"
 
 
 def gpu_count(gres: str | None) -> int:
@@ -273,6 +274,7 @@ def _fast_node(raw: Any) -> SlurmNode:
         _fast_text(raw.get("comment")),
         _fast_time(raw.get("boot_time")),
         _fast_time(raw.get("last_busy")),
+        gres if gres and gres not in _NO_GRES else None,
     )
 
 
@@ -327,6 +329,7 @@ def _checked_node(raw: Any, where: str) -> SlurmNode:
     # `null` when unset on v0.0.38, `""` on v0.0.39+; 24.11 says `root` on nodes that
     # never had a reason (reason_uid 0), so a setter without a reason is dropped.
     set_by = _text(raw.get("reason_set_by_user"), f"{where}.reason_set_by_user")
+    gres = _text(raw.get("gres"), f"{where}.gres")
     return SlurmNode(
         name=name,
         state=state,
@@ -336,7 +339,7 @@ def _checked_node(raw: Any, where: str) -> SlurmNode:
         reason_time=_time(raw.get("reason_changed_at"), f"{where}.reason_changed_at"),
         cpus=_count(raw["cpus"], f"{where}.cpus"),
         alloc_cpus=_count(raw.get("alloc_cpus"), f"{where}.alloc_cpus"),
-        gpus_total=gpu_count(_text(raw.get("gres"), f"{where}.gres")),
+        gpus_total=gpu_count(gres),
         gpus_used=gpu_count(_text(raw.get("gres_used"), f"{where}.gres_used")),
         # v0.0.36 has no partitions at all (a FIXME in 22.05's nodes.c).
         partitions=_string_list(partitions, f"{where}.partitions"),
@@ -344,6 +347,7 @@ def _checked_node(raw: Any, where: str) -> SlurmNode:
         comment=_text(raw.get("comment"), f"{where}.comment"),
         boot_time=_time(raw.get("boot_time"), f"{where}.boot_time"),
         last_busy=_time(raw.get("last_busy"), f"{where}.last_busy"),
+        gres=gres if gres and gres not in _NO_GRES else None,
     )
 
 

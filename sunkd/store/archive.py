@@ -1,6 +1,6 @@
 """Retention of the event log: archive an old range to files, restore one for audit,
 read an archive back, keep PostgreSQL's partitions ahead of the append point, and the
-database roles that keep the daemon from ever removing history (issue 15).
+database roles that keep the daemon from ever removing history.
 
 Why a module of its own: everything here is maintenance, run by `sunkd log ...` under
 the maintenance role, never by the daemon (which only reads the EventLog's
@@ -51,8 +51,9 @@ from sunkd.domain.events import (
     Event,
     LogArchived,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import EMPTY, ClusterState, fold
+from sunkd.domain.state import EMPTY, ClusterState
 from sunkd.store.archive_read import (
     FORMAT,
     ArchivedRow,

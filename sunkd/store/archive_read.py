@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sunkd.domain.events import LogArchived, RecordedEvent, decode_payload
+from sunkd.domain.codec import decode_payload
+from sunkd.domain.events import LogArchived, RecordedEvent
 from sunkd.store.backend import as_utc
 from sunkd.store.models import events
 

@@ -48,14 +48,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from sunkd.domain.events import (
-    Event,
-    LeaderElected,
-    LogArchived,
-    RecordedEvent,
-    decode_payload,
-    encode_payload,
-)
+from sunkd.domain.codec import decode_payload, encode_payload
+from sunkd.domain.events import Event, LeaderElected, LogArchived, RecordedEvent
 from sunkd.store.backend import Backend, EventRow, as_utc
 from sunkd.store.migrate_apart import migrate_in_child
 from sunkd.store.migrations_api import NotASunkdLog, at_head, ensure_schema, require_log
@@ -87,7 +81,7 @@ log = structlog.get_logger(__name__)
 # Lease lengths the log writes and believes: finite, positive, at most a day. The row
 # is shared by every replica, so a number in it is never used unchecked: a NaN written
 # by a daemon that accepted `SUNKD_LEASE_SECONDS=nan` made `timedelta(seconds=nan)`
-# fail every acquisition, forever (issue 12.4).
+# fail every acquisition, forever.
 MAX_LEASE_SECONDS = 86400.0
 
 
@@ -123,7 +117,7 @@ def backend_class(dialect: str) -> type[Backend]:
                          f"{' or '.join(sorted(_BACKENDS))}") from None
 
 
-# Snapshots kept after each save (issue 15: they were never pruned).
+# Snapshots kept after each save (they were never pruned).
 SNAPSHOTS_KEPT = 3
 
 
@@ -142,7 +136,7 @@ def _runs_to_completion(
     caller stops waiting, the transaction commits or rolls back, the connection goes
     back to its pool.
 
-    Why (issue 15.5, measured at 10,000 nodes on SQLite): a term that ended cancelled
+    Why (measured at 10,000 nodes on SQLite): a term that ended cancelled
     appends that were waiting for the write lock; SQLAlchemy then gives up on such a
     connection ("terminates" it), and one whose `BEGIN IMMEDIATE` had just been granted
     stayed open, write transaction and all, until Python's cyclic garbage collector
@@ -218,7 +212,7 @@ class EventLog:
         self._closed = False
         # This process's write transactions queue here, the lease first (store/writegate.py),
         # and the lease has a connection pool of its own, so a renewal never waits for a
-        # connection behind a burst of appends (issue 15.5). An in-memory SQLite database
+        # connection behind a burst of appends. An in-memory SQLite database
         # exists once per connection pool, so it keeps the one engine.
         self._gate = WriteGate()
         self._writes: set[asyncio.Future[Any]] = set()  # writes in progress

@@ -22,7 +22,7 @@ The views (migration `0002_read_models`; columns in `docs/observability.md`):
 `ownership_intervals` - the (owner, phase) of a node over time, one row per change:
   node, pool, owner, phase, from_at, to_at (NULL for the current interval),
   duration_s (NULL while current), transition_id, reason, cause, seq, epoch, decided_by.
-  Boundaries, as in the fold (`sunkd.domain.state`):
+  Boundaries, as in the fold (`sunkd.domain.fold`):
   - `observed`: the node's first `slurm.node.observed`/`k8s.node.observed` (keyed by
     the Slurm node name) opens owner `none`, phase UNKNOWN - a node is nobody's until
     the policy adopts it. Only when it precedes every transition of the node.
@@ -70,7 +70,8 @@ from typing import Any
 from sqlalchemy import Text, cast, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sunkd.domain.events import RecordedEvent, decode_payload
+from sunkd.domain.codec import decode_payload
+from sunkd.domain.events import RecordedEvent
 from sunkd.domain.ownership import observed
 from sunkd.domain.state import ClusterState
 from sunkd.store.migrations_api import SchemaError

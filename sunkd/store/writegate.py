@@ -1,6 +1,6 @@
 """One queue for this process's write transactions, with the leadership lease first.
 
-Why it exists (issue 15.5): every append, snapshot and lease operation takes the same
+Why it exists: every append, snapshot and lease operation takes the same
 database-wide lock (SQLite's write lock, taken by `BEGIN IMMEDIATE`; on PostgreSQL the
 leadership row, `SELECT ... FOR UPDATE`). At 4,000 nodes the executor's sixteen action
 outcomes and the sources' batches were all waiting for it at once. On SQLite the waiting

@@ -59,6 +59,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -468,8 +469,11 @@ class SlurmCluster(Service):
 
     `nodes` is a hostlist (`"gpu-a[001-004]"`). `partitions` maps partition name to a
     hostlist (default: one partition `debug` with all nodes). `cpus` is per node.
-    No GPUs: 22.05's slurmd reports 0 for count-only gpu GRES (no device files) and
-    slurmctld then sets the node INVAL, so GPU accounting is covered by fixtures.
+    GPUs: 22.05's slurmd reports 0 for count-only gpu GRES (no device files) and
+    slurmctld then sets the node INVAL, so `gpus` (`{"g1": ("fake", 2)}`) gives a node
+    fake devices instead: character devices 195/0..N-1 (the NVIDIA driver's numbers) made
+    with mknod in `dev/<node>/`, a gres.conf `File=` line and `Gres=gpu:TYPE:N` on its
+    NodeName line (`GresTypes=gpu`). Nothing opens them; Slurm only counts and exports them.
     `version` picks the Slurm generation (`SLURM_VERSIONS`; None: the host's packages);
     `rest_user` defaults to `nobody` on the host and `slurmrest` in a root.
     `extra_conf` lines are added to slurm.conf before the nodes (`TopologyPlugin=...`,
@@ -493,7 +497,9 @@ class SlurmCluster(Service):
         start_timeout: float = 30.0,
         extra_conf: Sequence[str] = (),
         config_files: Mapping[str, str] | None = None,
+        gpus: Mapping[str, tuple[str, int]] | None = None,
     ) -> None:
+        self.gpus = dict(gpus or {})
         self.extra_conf = tuple(extra_conf)
         self.config_files = dict(config_files or {})
         self.node_names: tuple[str, ...] = tuple(expand(nodes))
@@ -951,12 +957,20 @@ class SlurmCluster(Service):
             "MinJobAge=300",
         ]
         lines += self.extra_conf  # e.g. PrologSlurmctld=... (sunkd hook, docs/slurm.md)
+        if self.gpus:
+            lines.append("GresTypes=gpu")
+            (etc / "gres.conf").write_text(self._fake_gpus())
+            (etc / "gres.conf").chmod(0o644)
         for node in self.node_names:
+            gres = ""
+            if node in self.gpus:
+                kind, count = self.gpus[node]
+                gres = f" Gres=gpu:{kind}:{count}"
             lines.append(
                 f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 "
                 f"Port={self.node_ports[node]} CPUs={self.cpus} Boards=1 SocketsPerBoard=1 "
                 f"CoresPerSocket={self.cpus} ThreadsPerCore=1 "
-                f"RealMemory=1000 State=UNKNOWN"
+                f"RealMemory=1000{gres} State=UNKNOWN"
             )
         for i, (name, hostlist) in enumerate(self.partitions.items()):
             default = "YES" if i == 0 else "NO"
@@ -970,6 +984,22 @@ class SlurmCluster(Service):
                 raise ValueError(f"config file {name!r}: a plain file name beside slurm.conf")
             (etc / name).write_text(text)
             (etc / name).chmod(0o644)
+
+    def _fake_gpus(self) -> str:
+        """mknod the fake devices; the gres.conf that lists them."""
+        lines = []
+        for node, (kind, count) in sorted(self.gpus.items()):
+            if node not in self.node_names or count < 1:
+                raise ValueError(f"gpus: {node!r} is not a node of this cluster or has no GPU")
+            directory = self.base / "dev" / node
+            directory.mkdir(parents=True, exist_ok=True)
+            for index in range(count):
+                device = directory / f"nvidia{index}"
+                if not device.exists():
+                    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(195, index))
+            files = f"{directory}/nvidia{'0' if count == 1 else f'[0-{count - 1}]'}"
+            lines.append(f"NodeName={node} Name=gpu Type={kind} File={files}")
+        return "\n".join(lines) + "\n"
 
     def _detect_plugins(self) -> None:
         """`slurmrestd -s list`: 22.05 has openapi/v0.0.3x (+ dbv0.0.3x, which abort

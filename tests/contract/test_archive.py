@@ -1,4 +1,4 @@
-"""Issue 15, items 1 and 2: `sunkd log archive`, `sunkd log restore` and `sunkd replay
+"""`sunkd log archive`, `sunkd log restore` and `sunkd replay
 --check --archive` on SQLite and PostgreSQL; the append-only triggers refuse every
 delete but the archive's; the archive base snapshot survives pruning.
 
@@ -20,9 +20,10 @@ from sqlalchemy.exc import DBAPIError
 
 from sunkd.cli.main import main
 from sunkd.cli.operator import replay_check
-from sunkd.domain.events import Event, LogArchived, SlurmNodeObserved, encode_payload
+from sunkd.domain.codec import encode_payload
+from sunkd.domain.events import Event, LogArchived, SlurmNodeObserved
+from sunkd.domain.fold import fold
 from sunkd.domain.snapshot import state_to_json
-from sunkd.domain.state import fold
 from sunkd.store import archive, projections
 from sunkd.store.eventlog import EventLog
 from tests.seeding import ClockedLog, all_events, open_clocked, seed_pool_history

@@ -14,7 +14,7 @@ import yaml
 
 from sunkd.api.metrics import Metrics
 from sunkd.domain.events import RecordedEvent, SlurmNodeObserved
-from sunkd.domain.state import fold
+from sunkd.domain.fold import fold
 from tests.seeding import T0, open_clocked, seed_pool_history
 
 GRAFANA = Path(__file__).resolve().parents[2] / "manifests" / "grafana"

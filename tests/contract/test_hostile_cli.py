@@ -1,4 +1,4 @@
-"""Operator commands against a hostile or damaged log (issue 12), on SQLite and PostgreSQL,
+"""Operator commands against a hostile or damaged log, on SQLite and PostgreSQL,
 run as a user runs them (`python -m sunkd ...`).
 
 - 12.7: `sunkd pin` of a node never observed is refused without `--force`; a pin of a
@@ -33,7 +33,7 @@ from sunkd.domain.events import (
     OperatorPinned,
     SlurmNodeObserved,
 )
-from sunkd.domain.state import fold
+from sunkd.domain.fold import fold
 from sunkd.runtime.config import KubernetesSettings, Settings, SlurmSettings
 from sunkd.store.eventlog import EventLog
 

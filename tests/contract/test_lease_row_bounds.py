@@ -1,4 +1,4 @@
-"""Issue 12.4: the lease code never trusts the leadership row's numbers blindly. A
+"""The lease code never trusts the leadership row's numbers blindly. A
 NaN/inf/absurd `lease_seconds` in the shared row (written by a daemon that accepted
 `SUNKD_LEASE_SECONDS=nan`) used to make every replica fail `leadership.acquire_failed`
 forever (`timedelta(seconds=nan)` raises)."""

@@ -1,4 +1,4 @@
-"""Issue 15.5, in the store: a lease renewal is not starved by this process's appends, and
+"""In the store: a lease renewal is not starved by this process's appends, and
 a write whose caller is cancelled is never abandoned half-way (on SQLite an abandoned
 `BEGIN IMMEDIATE` kept the database's write lock until the garbage collector freed the
 connection, and the lone daemon could never acquire its lease again). Both backends."""

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sunkd.domain.events import Event, TransitionAborted, TransitionCompleted, TransitionStarted
-from sunkd.domain.state import fold
+from sunkd.domain.fold import fold
 from sunkd.store import migrations_api, projections
 from tests.seeding import (
     DRAIN_TIMEOUT_REASON,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sunkd.cli.operator import replay_check
 from sunkd.domain.events import Event, SlurmNodeObserved
+from sunkd.domain.fold import fold
 from sunkd.domain.snapshot import state_to_json
-from sunkd.domain.state import fold
 from sunkd.store.eventlog import EventLog
 
 

@@ -1,4 +1,4 @@
-"""Issue 15, item 1: the daemon's database role can only SELECT and INSERT on `events`
+"""The daemon's database role can only SELECT and INSERT on `events`
 (UPDATE, DELETE, TRUNCATE, DETACH and DROP are refused by PostgreSQL's privileges, before
 any trigger), while everything the daemon does works under it; the maintenance role,
 which ran the migrations, can archive. The roles are made by the SQL `sunkd log grants`

@@ -1,4 +1,4 @@
-"""Issue 15, item 2: snapshots are pruned to the newest few (they were never pruned: ~10 MB
+"""Snapshots are pruned to the newest few (they were never pruned: ~10 MB
 each at 10,000 nodes, one every `snapshot_every` events), and the newest is the one
 loaded."""
 

@@ -15,7 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from sunkd.api.app import api_pools, build_app
 from sunkd.api.extender import WHY_HELD, WHY_MOVING, WHY_SLURM, ApiPool
 from sunkd.api.metrics import Metrics
-from sunkd.domain.state import ClusterState, fold
+from sunkd.domain.fold import fold
+from sunkd.domain.state import ClusterState
 from sunkd.store.eventlog import EventLog
 from tests.seeding import POOL, all_events, open_clocked, seed_pool_history
 
@@ -281,7 +282,7 @@ async def test_body_limit_is_413(client: TestClient[Any, Any]) -> None:
     response = await client.post("/scheduler/filter", data=body,
                                  headers={"Content-Type": "application/json"})
     assert response.status == 413
-    # Within both limits (bytes, and at most MAX_NODES names: issue 12.5) still works.
+    # Within both limits (bytes, and at most MAX_NODES names) still works.
     ok = json.dumps({"Pod": OTHER_POD, "NodeNames": names[:20_000]}).encode()
     assert len(ok) < 8 * 1024 * 1024
     response = await client.post("/scheduler/filter", data=ok,

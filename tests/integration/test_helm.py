@@ -625,6 +625,37 @@ def test_values_reach_sunkd_settings(helm_home: Path, tmp_path: Path) -> None:
     assert secret["secretName"] == "slurm-token"
 
 
+def test_topology_values_reach_sunkd_settings(helm_home: Path, tmp_path: Path) -> None:
+    """config.topology lands in [topology] as sunkd reads it, and topologyVolume is
+    mounted at the file's directory; without values there is no [topology] at all."""
+    values = {
+        "config": {"topology": {
+            "file": "/etc/slurm/topology.conf", "kind": "block", "preset": "coreweave",
+            "blockLabel": "example.com/nvl", "blockSizes": [4, 8], "minIntervalSeconds": 120,
+            "scontrol": "/usr/bin/scontrol"}},
+        "topologyVolume": {"persistentVolumeClaim": {"claimName": "slurm-etc"}},
+    }
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    settings, main, pod = _loaded_settings(template(helm_home, "-f", str(values_file)),
+                                           tmp_path)
+    topology = settings.topology
+    assert (topology.file, topology.kind, topology.preset, topology.block_label,
+            topology.block_sizes, topology.min_interval_seconds, topology.scontrol) == (
+        Path("/etc/slurm/topology.conf"), "block", "coreweave", "example.com/nvl", (4, 8),
+        120.0, "/usr/bin/scontrol")
+    [mount] = [m for m in main["volumeMounts"] if m["name"] == "slurm-topology"]
+    assert mount["mountPath"] == "/etc/slurm"
+    [volume] = [v for v in pod["volumes"] if v["name"] == "slurm-topology"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "slurm-etc"}
+    docs = template(helm_home)
+    text = one(docs, "ConfigMap", f"{RELEASE}-config")["data"]["sunkd.toml"]
+    assert "[topology]" not in text
+    settings, main, _ = _loaded_settings(docs, tmp_path)
+    assert settings.topology.file is None
+    assert not any(m["name"] == "slurm-topology" for m in main["volumeMounts"])
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_shipped_values_load_in_sunkd(chart: dict[str, list[Obj]], variant: str,
                                       tmp_path: Path) -> None:
@@ -669,6 +700,7 @@ SCHEMA_BOUNDS = {
     ("config", "slurm", "pollInterval"): "slurm.poll_interval",
     ("config", "slurm", "requestTimeout"): "slurm.request_timeout",
     ("config", "kubernetes", "requestTimeout"): "kubernetes.request_timeout",
+    ("config", "topology", "minIntervalSeconds"): "topology.min_interval_seconds",
     **{("config", "pools", "*", key): f"pools.{key}" for key in (
         "min_slurm", "min_kubernetes", "max_kubernetes", "max_in_flight", "dwell_seconds",
         "drain_timeout_seconds", "reclaim_grace_seconds")},
@@ -688,8 +720,8 @@ def test_schema_bounds_are_sunkds() -> None:
         low, high, low_open = _BOUNDS[key]
         assert node.get("exclusiveMinimum" if low_open else "minimum") == low, key
         assert node.get("maximum") == high, key
-    exposed = {key for key in _BOUNDS if key.startswith(("pools.", "slurm.", "kubernetes."))
-               or "." not in key}
+    exposed = {key for key in _BOUNDS if key.startswith(("pools.", "slurm.", "kubernetes.",
+                                                         "topology.")) or "." not in key}
     # Not in the chart: the response cap (an internal guard), and the Slurm hooks, whose
     # token Secret the chart does not mount yet (docs/slurm.md, "Hooks": a systemd or
     # config-file setting for now).

@@ -1,4 +1,4 @@
-"""The daemon under hostile conditions (issue 12): each test reproduces one defect of the
+"""The daemon under hostile conditions: each test reproduces one defect of the
 fault run against `sunkd run` (the `Daemon`), on SQLite or PostgreSQL.
 
 - 12.5: HTTP load (big extender requests) no longer costs the leader its lease, a lost

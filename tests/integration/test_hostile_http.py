@@ -1,4 +1,4 @@
-"""Hostile HTTP requests (issue 12): every route is reachable without authentication, so a
+"""Hostile HTTP requests: every route is reachable without authentication, so a
 request must never cost more than a bounded amount of work on the event loop, and a bad
 parameter is a 400 with a message, never a 500.
 

@@ -1,4 +1,4 @@
-"""Hostile input to the Kubernetes source (issue 12): each test reproduces one defect of the
+"""Hostile input to the Kubernetes source: each test reproduces one defect of the
 fault run against the API emulator, and checks that the source survives it.
 
 - 12.1: an append failure (or one object whose observation the log refuses) never ends the

@@ -1,4 +1,4 @@
-"""Issue 12 (hostile inputs), the Slurm side, against the FAKE slurmrestd of
+"""Hostile inputs, the Slurm side, against the FAKE slurmrestd of
 testbed/sunkd_testbed/slurmrestd.py: every failure of a poll or of its append makes the Slurm
 source stale with a cause (12.1), a duplicate node name invalidates the whole poll
 (12.6), slurmrestd answers are size-capped (12.10), and strings from Slurm are

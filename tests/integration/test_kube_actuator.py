@@ -158,15 +158,15 @@ async def test_cordon_ownership(kube: Kube) -> None:
     await create_node(client, "theirs")
     actuator = KubernetesActuator(client)
 
-    assert await actuator.cordon("ours", "lent to kubernetes") is True
-    assert await actuator.cordon("ours", "lent to kubernetes") is False
+    assert await actuator.hold("ours", "lent to kubernetes") is True
+    assert await actuator.hold("ours", "lent to kubernetes") is False
     node = await client.get(NODES, "ours")
     assert not node["spec"].get("unschedulable")
     assert {"key": "sunkd.io/slurm-hold", "value": "slurm", "effect": "NoSchedule"} in [
         {k: t[k] for k in ("key", "value", "effect")} for t in node["spec"]["taints"]]
     assert node["metadata"]["annotations"]["sunkd.io/cordon-reason"] == "lent to kubernetes"
-    assert await actuator.uncordon("ours") is True
-    assert await actuator.uncordon("ours") is False
+    assert await actuator.release("ours") is True
+    assert await actuator.release("ours") is False
     node = await client.get(NODES, "ours")
     assert not [t for t in node["spec"].get("taints") or [] if t["key"] == "sunkd.io/slurm-hold"]
     assert "sunkd.io/cordon-reason" not in (node["metadata"].get("annotations") or {})
@@ -174,8 +174,8 @@ async def test_cordon_ownership(kube: Kube) -> None:
     # A human ran `kubectl cordon theirs`: sunkd adds its hold beside it and, removing its
     # hold, leaves the cordon in place.
     await client.merge_patch(NODES, "theirs", {"spec": {"unschedulable": True}})
-    assert await actuator.cordon("theirs", "whatever") is True
-    assert await actuator.uncordon("theirs") is True
+    assert await actuator.hold("theirs", "whatever") is True
+    assert await actuator.release("theirs") is True
     assert (await client.get(NODES, "theirs"))["spec"]["unschedulable"] is True
 
 
@@ -189,7 +189,7 @@ async def test_s2_an_operator_cordon_after_uncordon_is_never_lifted(kube: Kube) 
     await client.merge_patch(NODES, "op", {
         "metadata": {"annotations": {"sunkd.io/cordoned-by": "sunkd"}},  # left behind
         "spec": {"unschedulable": True}})  # `kubectl cordon op`
-    await actuator.uncordon("op")
+    await actuator.release("op")
     node = await client.get(NODES, "op")
     assert node["spec"]["unschedulable"] is True  # the operator's cordon stays
     assert "sunkd.io/cordoned-by" not in (node["metadata"].get("annotations") or {})
@@ -321,7 +321,7 @@ async def test_kubectl_describe_node_tells_the_story(kube: Kube, tmp_path: Path)
     await create_node(client, "n1")
     actuator = KubernetesActuator(client)
     await actuator.lock("n1")
-    await actuator.cordon("n1", "lent to kubernetes [tx 42]")
+    await actuator.hold("n1", "lent to kubernetes [tx 42]")
     config = kube.write_kubeconfig(tmp_path / "kubeconfig")
     process = await asyncio.create_subprocess_exec(
         kubectl, "--kubeconfig", str(config), "describe", "node", "n1",

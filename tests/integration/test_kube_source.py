@@ -140,6 +140,21 @@ async def test_initial_observations(cluster: Cluster) -> None:
         await stop_source(stop, task)
 
 
+async def test_gres_expectation_only_when_checked(cluster: Cluster) -> None:
+    """With a GPU type map (`[gres] check`) each Node says what GRES Slurm must report;
+    without one nothing is expected (the check is off)."""
+    for type_map, wanted in (({}, {"k-gpu-1": "gpu:4", "k-cpu-1": ""}),
+                             (None, {"k-gpu-1": None, "k-cpu-1": None})):
+        sink = ListSink()
+        _source, stop, task = await start(cluster, sink, gres_type_map=type_map)
+        try:
+            nodes = {p.node: p.gres for p in sink.payloads(K8sNodeObserved)
+                     if isinstance(p, K8sNodeObserved)}
+            assert {k: nodes[k] for k in wanted} == wanted
+        finally:
+            await stop_source(stop, task)
+
+
 async def test_changes_emit_once(cluster: Cluster) -> None:
     sink = ListSink()
     source, stop, task = await start(cluster, sink)
@@ -155,13 +170,13 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
 
         actuator = KubernetesActuator(client)
         await actuator.lock("k-gpu-1")
-        await actuator.cordon("k-gpu-2", "test")
+        await actuator.hold("k-gpu-2", "test")
         await settle(source)
         nodes = {p.node: p for p in sink.payloads(K8sNodeObserved)
                  if isinstance(p, K8sNodeObserved)}
         assert Taint("sunkd.io/owner", "NoSchedule", "slurm") in nodes["k-gpu-1"].taints
         assert Label("sunkd.io/owner", "slurm") in nodes["k-gpu-1"].labels
-        assert not nodes["k-gpu-2"].unschedulable and nodes["k-gpu-2"].cordoned_by_sunkd
+        assert not nodes["k-gpu-2"].unschedulable and nodes["k-gpu-2"].held_by_sunkd
         assert Taint("sunkd.io/slurm-hold", "NoSchedule", "slurm") in nodes["k-gpu-2"].taints
 
         # The pending pod gets scheduled: demand empties, workload grows.
@@ -178,7 +193,7 @@ async def test_changes_emit_once(cluster: Cluster) -> None:
         await client.delete(NODES, "k-cpu-1")
         await settle(source)
         assert K8sNodeVanished(node="k-cpu-1") in sink.payloads(K8sNodeVanished)
-        # Reported gone, it is forgotten by the source too (issue 15.4: bounded caches).
+        # Reported gone, it is forgotten by the source too (bounded caches).
         assert not [p for p in source.last_payloads() if getattr(p, "node", "") == "k-cpu-1"]
         gpu1 = [p for p in sink.payloads(K8sWorkloadObserved)
                 if isinstance(p, K8sWorkloadObserved) and p.node == "k-gpu-1"][-1]

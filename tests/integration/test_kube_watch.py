@@ -442,7 +442,7 @@ async def test_state_survives_fault_storms(
 
 async def test_the_watch_keeps_no_list_once_handed_over(kube: Kube) -> None:
     """The informer's frame lives as long as its watch: it must not keep the list it
-    handed over (issue 15: at 100,000 pods the list and its events were ~20 MB kept for
+    handed over (at 100,000 pods the list and its events were ~20 MB kept for
     the watch's lifetime). Only the cache holds the objects."""
     import gc
 
@@ -468,7 +468,7 @@ async def test_the_watch_keeps_no_list_once_handed_over(kube: Kube) -> None:
 
 async def test_list_pages_are_mapped_with_the_collector_paused(kube: Kube) -> None:
     """A page's decoded tree must be gone before a young collection can promote it
-    (issue 15: 200 promoted pages of a 100,000-Pod relist cost ~20 full collections);
+    (200 promoted pages of a 100,000-Pod relist cost ~20 full collections);
     mapping runs inside the pause, and the collector is back on afterwards."""
     import gc
 

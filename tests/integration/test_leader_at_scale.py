@@ -1,4 +1,4 @@
-"""Issue 15.5: the leader stays leader under load, on SQLite and on PostgreSQL.
+"""The leader stays leader under load, on SQLite and on PostgreSQL.
 
 At 10,000 nodes on SQLite the lone daemon lost its lease about a minute after winning it
 and never got it back (docs/operations.md, "Leadership under load"). Here one `sunkd run`

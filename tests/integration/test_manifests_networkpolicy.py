@@ -1,4 +1,4 @@
-"""The NetworkPolicy in manifests/ (issue 12.5): sunkd's HTTP API has no authentication,
+"""The NetworkPolicy in manifests/: sunkd's HTTP API has no authentication,
 so only kube-scheduler (the extender) and Prometheus (/metrics) may reach its port.
 
 Checked on the rendered manifests of every variant (the Kubernetes schema check of

@@ -142,9 +142,9 @@ async def exercise(client: KubeClient) -> None:
     actuator = KubernetesActuator(client, nodeset_resource=NODESETS)
     steps = [
         actuator.lock("rbac-n1"),
-        actuator.cordon("rbac-n1", "rbac probe"),
+        actuator.hold("rbac-n1", "rbac probe"),
         actuator.annotate("rbac-n1", {"sunkd.io/slurm-state": "IDLE"}),
-        actuator.uncordon("rbac-n1"),
+        actuator.release("rbac-n1"),
         actuator.unlock("rbac-n1"),
         actuator.record_event("rbac-n1", "SunkdProbe", "the same words"),
         actuator.record_event("rbac-n1", "SunkdProbe", "the same words"),  # patch: count 2

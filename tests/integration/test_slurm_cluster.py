@@ -382,13 +382,16 @@ def _doctor_settings(cluster: SlurmCluster, key: Path) -> Any:
 
 
 async def test_doctor_prints_the_normalized_table(
-    cluster: SlurmCluster, client: SlurmRestClient
+    cluster: SlurmCluster, client: SlurmRestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import io
     import json
 
     from sunkd.cli.doctor import doctor
 
+    # scontrol as a site's login node has it (a root's through its wrapper).
+    for key in ("PATH", "SLURM_CONF"):
+        monkeypatch.setenv(key, cluster.env[key])
     cluster.scontrol("update", "nodename=sc5", "state=drain", "reason=admin: doctor")
     try:
         await wait_node(client, "sc5", lambda n: n.is_drain)
@@ -400,7 +403,13 @@ async def test_doctor_prints_the_normalized_table(
         assert "auth:           jwt-key" in text
         expected_updates = "rest" if client.can_update_nodes else "scontrol"
         assert f"node updates:   {expected_updates}" in text
-        table = text.split("\n\n", 1)[1].splitlines()
+        table = text.split("\n\n")[1].splitlines()
+        # What slurmctld still lacks for slurmd pods (the harness sets ReturnToService=1
+        # and no configless), with the lines to add.
+        slurmd = text.split("\n\n")[2]
+        assert "ok       ReturnToService = 1" in slurmd, slurmd
+        assert "MISSING  configless" in slurmd
+        assert "add `SlurmctldParameters=enable_configless`" in slurmd
         assert table[0].split()[:3] == ["NODE", "STATE", "FLAGS"]
         rows = {line.split()[0]: line.split() for line in table[1:]}
         assert sorted(rows) == list(cluster.node_names)
@@ -418,7 +427,9 @@ async def test_doctor_prints_the_normalized_table(
         assert sc3[3:-3] == ["-"] or slurm_note, sc3
         out = io.StringIO()
         assert await doctor(settings, as_json=True, out=out) == 0
-        report = json.loads(out.getvalue())["slurm"]
+        full = json.loads(out.getvalue())
+        assert full["slurmd_prerequisites"]["checked"] is True
+        report = full["slurm"]
         assert report["api_version"] == cluster.rest_version
         assert {n["name"]: n["display_state"] for n in report["nodes"]}["sc5"] == "drained"
     finally:

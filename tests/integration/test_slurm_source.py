@@ -143,7 +143,7 @@ async def test_demand_per_partition(cluster: SlurmCluster, client: SlurmRestClie
             await asyncio.sleep(0.2)
         assert demand is not None
         assert (demand.pending_jobs, demand.pending_nodes, demand.running_jobs) == (1, 1, 1)
-        assert not demand.extra  # counters only: no per-node job ends (issue 15)
+        assert not demand.extra  # counters only: no per-node job ends
         # The running job's end rides on each of its nodes' own observation.
         nodes = {name: source.nodes[name] for name in ("ss1", "ss2")}
         assert {name: node.jobs for name, node in nodes.items()} == {"ss1": 1, "ss2": 1}

@@ -1,4 +1,4 @@
-"""Issue 15.3, the Slurm source's side: a busy node's expected job end rides on its own
+"""The Slurm source's side: a busy node's expected job end rides on its own
 `slurm.node.observed` and is emitted only when it changes by more than the tolerance;
 `slurm.demand.observed` carries partition counters only, so its size does not grow with
 the number of busy nodes, and it is emitted only when a counter changes.
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from sunkd.domain.events import Event, SlurmDemandObserved, SlurmNodeObserved, payload_to_json
+from sunkd.domain.codec import payload_to_json
+from sunkd.domain.events import Event, SlurmDemandObserved, SlurmNodeObserved
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.source import JOB_END_TOLERANCE_SECONDS, SlurmSource
 from sunkd_testbed.slurmrestd import FakeSlurmrestd, fake_node

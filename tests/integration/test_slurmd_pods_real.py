@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.policy.slurmd import (
     VERB_SLURMD_CREATE,
     VERB_SLURMD_DELETE,
@@ -33,7 +34,7 @@ from sunkd.domain.policy.slurmd import (
     slurmd_args,
 )
 from sunkd.domain.ports import ActionError
-from sunkd.domain.state import OWNER_KUBERNETES, OpenAction, Phase
+from sunkd.domain.state import OpenAction, Phase
 from sunkd.kubernetes.actuator import KubernetesActuator
 from sunkd.kubernetes.client import NODES, NODESETS, PODS, KubeClient
 from sunkd.kubernetes.normalize import parse_nodeset, slim_nodeset
@@ -135,7 +136,7 @@ async def _views(client: KubeClient, slurm: SlurmRestClient, bed: KubeletNodes,
 
 
 def _action(step: SlurmdStep, nodeset: SlurmdNodeset) -> OpenAction:
-    return OpenAction(f"a-{step.verb}-{step.node}", None, OWNER_KUBERNETES, step.verb,
+    return OpenAction(f"a-{step.verb}-{step.node}", None, wk.OWNER_KUBERNETES, step.verb,
                       step.node, 1, step.reason, slurmd_args(step, nodeset), time.time(), 0)
 
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sunkd.api.app import api_pools, build_app
 from sunkd.api.metrics import Metrics
 from sunkd.domain.events import Event, SlurmNodeObserved
-from sunkd.domain.state import fold
+from sunkd.domain.fold import fold
 from sunkd.runtime.reconciler import Reconciler
 from sunkd.store.eventlog import EventLog
 from sunkd.store.utilization import RollingUtilization, utilization

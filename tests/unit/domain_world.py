@@ -34,9 +34,10 @@ from sunkd.domain.events import (
     SourceHealth,
     Taint,
 )
-from sunkd.domain.ownership import OWNER_TAINT_KEY, is_ours
+from sunkd.domain.fold import fold
+from sunkd.domain.ownership import is_ours
 from sunkd.domain.policy import Decision, PoolSpec, decide, decision_to_event, stale_action
-from sunkd.domain.state import EMPTY, ClusterState, OpenAction, fold
+from sunkd.domain.state import EMPTY, ClusterState, OpenAction
 
 POOL = "default/gpu"
 PARTITION = "gpu"
@@ -128,11 +129,11 @@ def k8s_obs(
     ready: bool | None = True,
     tainted: bool = True,
     unschedulable: bool = False,
-    cordoned_by_sunkd: bool = False,
+    held_by_sunkd: bool = False,
     hold_tainted: bool = False,
     pin: str | None = None,
 ) -> K8sNodeObserved:
-    taints = [Taint(OWNER_TAINT_KEY, "NoSchedule", "slurm")] if tainted else []
+    taints = [Taint(wk.TAINT_OWNER, "NoSchedule", "slurm")] if tainted else []
     if hold_tainted:
         taints.append(Taint(wk.TAINT_HOLD, "NoSchedule", "slurm"))
     return K8sNodeObserved(
@@ -140,7 +141,7 @@ def k8s_obs(
         slurm_node=node,
         ready=ready,
         unschedulable=unschedulable,
-        cordoned_by_sunkd=cordoned_by_sunkd,
+        held_by_sunkd=held_by_sunkd,
         taints=tuple(taints),
         labels=(POOL_LABEL,),
         pin=pin,

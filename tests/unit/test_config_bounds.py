@@ -1,4 +1,4 @@
-"""Issue 12.4: every number in the configuration is finite and within a bounded range;
+"""Every number in the configuration is finite and within a bounded range;
 NaN, inf and absurd values are refused naming the key (exit 2 from the CLI)."""
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ from sunkd.domain.policy import (
     decision_to_event,
     membership,
 )
-from sunkd.domain.state import ClusterState, slurm_unhealthy
+from sunkd.domain.slurmnode import slurm_unhealthy
+from sunkd.domain.state import ClusterState
 from tests.unit.domain_world import SimNode, Simulation, World, pool_spec
 
 FOREIGN_TAINT = Taint("example.com/maintenance", "NoSchedule", "true")

@@ -1,4 +1,4 @@
-"""Issue 15.3 and 15.4 in the fold and the policy: events proportional to change (job
+"""Bounded growth in the fold and the policy: events proportional to change (job
 ends per node; old demand rows still mean what they meant) and memory proportional to
 the pools (only nodes a pool, a pin or sunkd's history names are `NodeState`s; the rest
 are compact `UnpooledNode` records; a node is forgotten by an explicit event after a
@@ -12,6 +12,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sunkd.domain.codec import decode_payload, encode_payload, legacy_node_job_ends, payload_to_json
 from sunkd.domain.events import (
     ConfiguredPool,
     K8sNodesetObserved,
@@ -25,15 +26,12 @@ from sunkd.domain.events import (
     SourceHealth,
     TransitionCompleted,
     TransitionStarted,
-    decode_payload,
-    encode_payload,
-    legacy_node_job_ends,
-    payload_to_json,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode, StartTransition, decide
 from sunkd.domain.policy.demand import _job_ends
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import ClusterState, fold
+from sunkd.domain.state import ClusterState
 from tests.unit.domain_world import PARTITION, POOL, POOL_LABEL, Log, k8s_obs, pool_spec, slurm_obs
 
 T0 = 100_000.0
@@ -75,7 +73,8 @@ def _assert_batching_independent(log: Log) -> ClusterState:
 
 
 def _legacy_demand(ends: list[dict[str, object]]) -> SlurmDemandObserved:
-    """A slurm.demand.observed row exactly as sunkd wrote it before issue 15."""
+    """A slurm.demand.observed row exactly as sunkd wrote it before job ends moved into
+    node observations."""
     payload = decode_payload(SlurmDemandObserved.KIND, {
         "v": 1, "partition": PARTITION, "pending_jobs": 0, "pending_nodes": 0,
         "running_jobs": len(ends), "node_job_ends": ends})

@@ -125,7 +125,7 @@ def test_kubernetes_not_ready_and_any_cordon_hold_our_hold_taint_does_not() -> N
     log.add(k8s_obs("n1", hold_tainted=True), 1.0)
     assert not _assess(log, 1.0).held
     # A cordon is always an operator's, even with sunkd's old annotation left behind.
-    log.add(k8s_obs("n1", unschedulable=True, cordoned_by_sunkd=True), 1.5)
+    log.add(k8s_obs("n1", unschedulable=True, held_by_sunkd=True), 1.5)
     assert _assess(log, 1.5).k8s_holds == ("cordoned",)
     log.add(k8s_obs("n1", ready=False, unschedulable=True), 2.0)
     assert _assess(log, 2.0).k8s_holds == ("NotReady", "cordoned")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TypeVar
 
+from sunkd.domain.codec import decode_payload, legacy_node_job_ends
 from sunkd.domain.events import (
     ActionFailed,
     ActionRequested,
@@ -23,8 +24,6 @@ from sunkd.domain.events import (
     TransitionAborted,
     TransitionCompleted,
     TransitionStarted,
-    decode_payload,
-    legacy_node_job_ends,
 )
 from sunkd.domain.policy import (
     AbortTransition,
@@ -86,7 +85,8 @@ def _jobs(log: Log, nodes: int, now: float = 3.0, ends: tuple[NodeJobEnd, ...] =
         log.add(SlurmDemandObserved(partition=PARTITION, pending_jobs=nodes,
                                     pending_nodes=nodes), now)
         return
-    # A row as sunkd wrote it before issue 15: every busy node's job end in the demand.
+    # A row as sunkd wrote it before job ends moved into node observations: every busy
+    # node's job end in the demand.
     legacy = decode_payload(SlurmDemandObserved.KIND, {
         "v": 1, "partition": PARTITION, "pending_jobs": nodes, "pending_nodes": nodes,
         "running_jobs": 0, "node_job_ends": [

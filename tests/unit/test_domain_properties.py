@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sunkd.domain.events import OperatorPinned
+from sunkd.domain.fold import fold
 from sunkd.domain.ownership import assess, has_hold_taint, is_ours, slurm_drained
 from sunkd.domain.policy import (
     CompleteTransition,
@@ -30,7 +31,7 @@ from sunkd.domain.policy import (
     decide,
 )
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import ClusterState, fold
+from sunkd.domain.state import ClusterState
 from tests.unit.domain_world import POOL, Simulation, World, pool_spec
 
 

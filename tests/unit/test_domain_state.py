@@ -8,6 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     ActionFailed,
     ActionRequested,
@@ -31,8 +32,9 @@ from sunkd.domain.events import (
     TransitionStarted,
     UnknownPayload,
 )
+from sunkd.domain.fold import apply, fold
 from sunkd.domain.snapshot import state_from_json, state_to_json, state_to_json_text
-from sunkd.domain.state import EMPTY, OWNER_KUBERNETES, OWNER_SLURM, Phase, apply, fold
+from sunkd.domain.state import EMPTY, Phase
 from tests.unit.domain_world import Log, k8s_obs, slurm_obs
 
 
@@ -102,7 +104,7 @@ def test_transitions_move_owner_phase_and_since() -> None:
     log.add(TransitionCompleted(transition_id="t1", node="n1", to_owner="slurm"), 6.0)
     node = log.state().nodes["n1"]
     assert (node.owner, node.phase, node.since, node.last_move_at) == (
-        OWNER_SLURM, Phase.SLURM, 6.0, None,
+        wk.OWNER_SLURM, Phase.SLURM, 6.0, None,
     )
     log.add(TransitionStarted(transition_id="t2", node="n1", pool="p", from_owner="slurm",
                               to_owner="kubernetes"), 10.0)
@@ -112,12 +114,12 @@ def test_transitions_move_owner_phase_and_since() -> None:
     assert log.state().nodes["n1"].phase == Phase.TO_K8S
     log.add(TransitionAborted(transition_id="t2", node="n1"), 12.0)
     node = log.state().nodes["n1"]
-    assert (node.owner, node.phase, node.last_move_at) == (OWNER_SLURM, Phase.SLURM, 12.0)
+    assert (node.owner, node.phase, node.last_move_at) == (wk.OWNER_SLURM, Phase.SLURM, 12.0)
     log.add(TransitionStarted(transition_id="t3", node="n1", pool="p", from_owner="slurm",
                               to_owner="kubernetes"), 20.0)
     log.add(TransitionCompleted(transition_id="t3", node="n1"), 21.0)
     node = log.state().nodes["n1"]
-    assert (node.owner, node.phase) == (OWNER_KUBERNETES, Phase.KUBERNETES)
+    assert (node.owner, node.phase) == (wk.OWNER_KUBERNETES, Phase.KUBERNETES)
 
 
 def test_actions_open_until_an_outcome_and_mark_transition_progress() -> None:
@@ -201,7 +203,7 @@ def _payloads() -> st.SearchStrategy[Payload]:
                            unique=True).map(tuple),
                   st.none() | _texts, st.integers(0, 64)),
         st.builds(k8s_obs, _names, ready=st.none() | st.booleans(), tainted=st.booleans(),
-                  unschedulable=st.booleans(), cordoned_by_sunkd=st.booleans(),
+                  unschedulable=st.booleans(), held_by_sunkd=st.booleans(),
                   pin=st.sampled_from([None, "slurm", "kubernetes", "auto"])),
         st.builds(SlurmNodeVanished, node=_names),
         st.builds(K8sNodeVanished, node=_names),

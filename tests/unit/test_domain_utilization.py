@@ -1,6 +1,6 @@
 """The utilization fold (`sunkd.domain.utilization`) against a reference built on the
 real fold: on random logs, every stretch between two events is classified by folding
-the log up to it with `sunkd.domain.state.fold` (owner as the fold says, busy from its
+the log up to it with `sunkd.domain.fold.fold` (owner as the fold says, busy from its
 observations, pool from the last transition), and the incremental fold must give the
 same seconds per (pool, owner, busy|idle), per node and per period."""
 
@@ -25,7 +25,8 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.state import EMPTY, fold
+from sunkd.domain.fold import fold
+from sunkd.domain.state import EMPTY
 from sunkd.domain.utilization import (
     BUSY,
     IDLE,
@@ -160,6 +161,24 @@ def test_from_state_continues_where_the_fold_is() -> None:
     assert seeded.totals == {Key("a/gpu", "none", BUSY): 30.0,
                              Key("b/cpu", "none", BUSY): 20.0,
                              Key("b/cpu", "kubernetes", BUSY): 10.0}
+
+
+def test_a_forgotten_node_still_observed_keeps_its_pods_busy() -> None:
+    """Forgetting a node that left every pool drops what sunkd did, not what the sources
+    see: the pods its Kubernetes Node reported still run there, as the fold keeps them
+    (found by the property below)."""
+    events = log(
+        (0.0, K8sNodeObserved(node="k-n1", slurm_node="n1")),
+        (0.0, SlurmNodeVanished(node="n1")),
+        (0.0, K8sWorkloadObserved(node="k-n1", pool="a/gpu", pods=(
+            PodRef("fn", "a", "Running", pool_pod=True),))),
+        (0.0, NodeForgotten(node="n1")),
+    )
+    counted = Utilization()
+    counted.apply_all(events)
+    counted.advance(T0.timestamp() + 1)
+    assert counted.totals == {Key(NO_POOL, "none", BUSY): 1.0}
+    assert node_busy(fold(events).nodes["n1"])
 
 
 # ------------------------------------------------------------------ properties

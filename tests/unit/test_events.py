@@ -11,16 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sunkd.domain.codec import decode_payload, encode_payload, payload_from_json, payload_to_json
 from sunkd.domain.events import (
     PAYLOAD_TYPES,
     EventDecodeError,
     Payload,
     SlurmNodeObserved,
     UnknownPayload,
-    decode_payload,
-    encode_payload,
-    payload_from_json,
-    payload_to_json,
 )
 
 text = st.text(max_size=12)

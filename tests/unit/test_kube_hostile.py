@@ -1,4 +1,4 @@
-"""Hostile Kubernetes objects, without a server (issue 12): what the transforms refuse, what
+"""Hostile Kubernetes objects, without a server: what the transforms refuse, what
 the sanitiser cleans, and numbers that used to overflow."""
 
 from __future__ import annotations

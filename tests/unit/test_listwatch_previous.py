@@ -90,5 +90,5 @@ def test_the_pod_index_is_the_cache_after_any_history(history: list[Any]) -> Non
     for key, facts in lw.cache.items():
         if facts.node:
             expected.setdefault(facts.node, []).append(key)
-    assert {n: sorted(keys) for n, keys in source._pods_by_node.items()} == {
+    assert {n: sorted(keys) for n, keys in source.pod_index.by_node.items()} == {
         n: sorted(keys) for n, keys in expected.items()}

@@ -22,7 +22,8 @@ from sunkd.domain.events import (
     TransitionAborted,
     TransitionStarted,
 )
-from sunkd.domain.state import EMPTY, ClusterState, fold
+from sunkd.domain.fold import fold
+from sunkd.domain.state import EMPTY, ClusterState
 from sunkd.runtime.outbox import PRUNE_AT_LEAST, ActionQueue
 
 NODES = ("n0", "n1", "n2")

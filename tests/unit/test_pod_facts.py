@@ -1,4 +1,4 @@
-"""What sunkd keeps of a Pod (`PodFacts`, issue 15): the facts the source reads, label maps
+"""What sunkd keeps of a Pod (`PodFacts`): the facts the source reads, label maps
 shared between pods, and a bound on what each cached pod costs."""
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sDemandObserved, Payload, SlurmDemandObserved
 from sunkd.domain.ownership import running_pods
 from sunkd.domain.policy import (
@@ -27,7 +28,7 @@ from sunkd.domain.policy import (
     membership,
 )
 from sunkd.domain.policy.fairness import fair_share
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState
+from sunkd.domain.state import ClusterState
 from tests.unit.domain_world import PARTITION, POOL, Log, Simulation, World, pool_spec
 from tests.unit.test_domain_properties import _check_in_flight, _check_round, _perturb
 
@@ -69,8 +70,8 @@ def _holding(state: ClusterState) -> tuple[int, int, int]:
     k8s = slurm = 0
     for node in members:
         owner = node.transition.to_owner if node.transition else node.owner
-        k8s += owner == OWNER_KUBERNETES
-        slurm += owner == OWNER_SLURM
+        k8s += owner == wk.OWNER_KUBERNETES
+        slurm += owner == wk.OWNER_SLURM
     return len(members), k8s, slurm
 
 
@@ -106,7 +107,7 @@ def test_a_starvation_that_ended_keeps_slurm_s_demand_off_kubernetes_nodes(
         short = slurm < (1 if state.slurm_demand.get(PARTITION) and
                          state.slurm_demand[PARTITION].pending_nodes else 0)
         for decision in decisions:
-            if (isinstance(decision, StartTransition) and decision.to_owner == OWNER_SLURM
+            if (isinstance(decision, StartTransition) and decision.to_owner == wk.OWNER_SLURM
                     and decision.reason.startswith("Slurm needs")):
                 pods = running_pods(state.nodes[decision.node])
                 assert short or k8s > fair_share(members), (

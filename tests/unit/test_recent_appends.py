@@ -9,7 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sunkd.domain.events import PAYLOAD_TYPES, Payload, PodRef, payload_from_json, payload_to_json
+from sunkd.domain.codec import payload_from_json, payload_to_json
+from sunkd.domain.events import PAYLOAD_TYPES, Payload, PodRef
 from sunkd.store.recent import RecentAppends, identical
 from tests.unit.test_events import strategy_for
 

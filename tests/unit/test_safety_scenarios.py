@@ -100,7 +100,7 @@ def test_s2_any_cordon_is_foreign_and_never_lifted() -> None:
     cordon` sets spec.unschedulable again. sunkd cannot prove that cordon is its own, so it
     is a hold, and sunkd never asks to lift it (its own hold is a taint, not a cordon)."""
     log = _cluster(1, kubernetes=("n1",))
-    log.add(k8s_obs("n1", tainted=False, unschedulable=True, cordoned_by_sunkd=True), 5.0)
+    log.add(k8s_obs("n1", tainted=False, unschedulable=True, held_by_sunkd=True), 5.0)
     state = log.state()
     assessment = assess(state, state.nodes["n1"], T0)
     assert "cordoned" in assessment.k8s_holds
@@ -339,7 +339,7 @@ def test_a_pool_conflict_warning_that_failed_is_retried_with_backoff() -> None:
     assert again.attempt == 2 and again.arg("event_reason") == wk.EVENT_POOL_CONFLICT
 
 
-# --------------------------------------------------- bounded growth (issue 15, item 4)
+# --------------------------------------------------- bounded growth (item 4)
 
 
 def test_a_node_gone_from_both_sides_is_forgotten_after_a_grace() -> None:

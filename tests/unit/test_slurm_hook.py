@@ -17,15 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sunkd.api.hooks import BadHook, TokenBucket, parse_hook
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import SlurmNodeObserved
 from sunkd.domain.fence import fence_verdict
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
-    ClusterState,
-    NodeState,
-    OpenTransition,
-)
+from sunkd.domain.state import ClusterState, NodeState, OpenTransition
 from sunkd.slurm import hook
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,18 +202,19 @@ def test_fence_refuses_exactly_when_a_node_is_not_slurms(kinds: list[str]) -> No
     for index, kind in enumerate(kinds):
         name = f"n{index}"
         if kind == "slurm":
-            nodes[name] = _node(name, OWNER_SLURM)
+            nodes[name] = _node(name, wk.OWNER_SLURM)
         elif kind == "none":
             nodes[name] = _node(name, "none")
         elif kind == "k8s":
-            nodes[name] = _node(name, OWNER_KUBERNETES)
+            nodes[name] = _node(name, wk.OWNER_KUBERNETES)
         elif kind == "lending":
-            nodes[name] = _node(name, OWNER_SLURM, _move(OWNER_SLURM, OWNER_KUBERNETES))
+            nodes[name] = _node(name, wk.OWNER_SLURM, _move(wk.OWNER_SLURM, wk.OWNER_KUBERNETES))
         elif kind == "reclaiming":
-            nodes[name] = _node(name, OWNER_KUBERNETES, _move(OWNER_KUBERNETES, OWNER_SLURM))
+            nodes[name] = _node(name, wk.OWNER_KUBERNETES,
+                                _move(wk.OWNER_KUBERNETES, wk.OWNER_SLURM))
         elif kind == "resumed":
-            nodes[name] = _node(name, OWNER_KUBERNETES, _move(
-                OWNER_KUBERNETES, OWNER_SLURM, ("slurm/resume",)))
+            nodes[name] = _node(name, wk.OWNER_KUBERNETES, _move(
+                wk.OWNER_KUBERNETES, wk.OWNER_SLURM, ("slurm/resume",)))
     state = ClusterState(nodes=nodes)
     allow, why = fence_verdict(state, [f"n{i}" for i in range(len(kinds))])
     assert allow == (not {"k8s", "lending", "reclaiming"} & set(kinds))

@@ -1,4 +1,4 @@
-"""Issue 12, the normalizer's half: hostile values in slurmrestd JSON are refused with a
+"""The normalizer's half: hostile values in slurmrestd JSON are refused with a
 named field or sanitised before they can reach the log (the integration half, against
 the fake slurmrestd, is tests/integration/test_hostile_slurm.py)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sunkd.domain.events import encode_payload
+from sunkd.domain.codec import encode_payload
 from sunkd.slurm.model import SlurmPayloadError
 from sunkd.slurm.normalize import clean_text, normalize_jobs, normalize_nodes
 from sunkd.store.eventlog import dumps_json

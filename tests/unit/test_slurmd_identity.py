@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     K8sNodesetObserved,
     K8sWorkloadObserved,
@@ -28,7 +29,7 @@ from sunkd.domain.policy.slurmd import (
     revision,
 )
 from sunkd.domain.ports import ActionError
-from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState, OpenAction
+from sunkd.domain.state import ClusterState, NodeState, OpenAction
 from sunkd.kubernetes.nodeset_status import build_nodeset_status
 from sunkd.kubernetes.normalize import slim_pod, slurmd_claim
 from sunkd.kubernetes.slurmd_pod import render
@@ -129,7 +130,7 @@ def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
 async def test_the_executor_refuses_a_slurmd_delete_it_cannot_confirm_with_slurm() -> None:
     """No Slurm reader: the delete is refused before any Kubernetes call (fail closed),
     where `unlock` keeps its older behaviour."""
-    action = OpenAction("a1", None, OWNER_KUBERNETES, VERB_SLURMD_DELETE, "n1", 1, "lend",
+    action = OpenAction("a1", None, wk.OWNER_KUBERNETES, VERB_SLURMD_DELETE, "n1", 1, "lend",
                         (Label("pod", "hpc/gpu-n1"),), 0.0, 1)
     with pytest.raises(ActionError, match="no Slurm reader to confirm it is drained") as raised:
         await ActuatorExecutor(None, None, None).execute(action, None)

@@ -10,13 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sunkd.domain.events import (
-    K8sNodesetObserved,
-    Label,
-    SlurmdSpec,
-    decode_payload,
-    encode_payload,
-)
+from sunkd.domain.codec import decode_payload, encode_payload
+from sunkd.domain.events import K8sNodesetObserved, Label, SlurmdSpec
 from sunkd.kubernetes.normalize import parse_nodeset, slim_nodeset
 from sunkd.kubernetes.slurmd_spec import parse_slurmd
 from sunkd.kubernetes.wire import MalformedObject

@@ -26,8 +26,9 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
+from sunkd.domain.fold import fold
 from sunkd.domain.policy import AbortTransition, stale_action
-from sunkd.domain.state import OpenAction, fold
+from sunkd.domain.state import OpenAction
 from tests.unit.domain_world import POOL, Log, k8s_obs
 from tests.unit.test_domain_policy import (
     T0,

@@ -15,7 +15,7 @@ Safety rules enforced here (and checked by the property tests):
 - nothing at all is decided for a node while a source is not fresh or the node has not
   been observed on both sides (`Assessment.actionable`);
 - `resume` is requested only for a drain whose reason starts with `sunkd:`,
-  `uncordon` only removes sunkd's own hold taint (`sunkd.io/slurm-hold`), never a cordon;
+  a release only removes sunkd's own hold taint (`sunkd.io/slurm-hold`), never a cordon;
 - at most one open action per node and side; a failed action is retried only after a
   backoff (retryable) or after a long pause (not retryable, outside a transition);
   inside a transition a non-retryable failure aborts the transition.
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Set
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.policy.ahead import forecast_wanted, lead_seconds
 from sunkd.domain.policy.fairness import (
     FAIR_SHARE,
@@ -62,12 +63,12 @@ from sunkd.domain.policy.model import (
     REFUSED_RETRY_SECONDS,
     RETRY_BASE_SECONDS,
     RETRY_MAX_SECONDS,
-    VERB_CORDON,
     VERB_DRAIN,
     VERB_EVICT,
+    VERB_HOLD,
     VERB_LOCK,
+    VERB_RELEASE,
     VERB_RESUME,
-    VERB_UNCORDON,
     VERB_UNLOCK,
     VERB_WARN,
     AbortTransition,
@@ -91,7 +92,7 @@ from sunkd.domain.policy.pool import _plan_pool
 from sunkd.domain.policy.reclaim import reclaim_grace_started_at
 from sunkd.domain.policy.repair import _report_overlap
 from sunkd.domain.policy.transitions import stale_action
-from sunkd.domain.state import OWNER_KUBERNETES, ClusterState, NodeState
+from sunkd.domain.state import ClusterState, NodeState
 
 __all__ = [
     "FAIR_SHARE",
@@ -107,12 +108,12 @@ __all__ = [
     "RETRY_MAX_SECONDS",
     "SLURM_HEAD_WAIT_BOUND_SECONDS",
     "STARVATION_HOLD_SECONDS",
-    "VERB_CORDON",
     "VERB_DRAIN",
     "VERB_EVICT",
+    "VERB_HOLD",
     "VERB_LOCK",
+    "VERB_RELEASE",
     "VERB_RESUME",
-    "VERB_UNCORDON",
     "VERB_UNLOCK",
     "VERB_WARN",
     "AbortTransition",
@@ -209,7 +210,7 @@ def _forget_gone(planner: _Planner, state: ClusterState, pooled: Set[str]) -> No
             and node.pin is None
             # A node lent to Kubernetes keeps its history: its Slurm drain is sunkd's,
             # and only a pool that takes it again may resume it (docs/safety.md).
-            and node.owner != OWNER_KUBERNETES
+            and node.owner != wk.OWNER_KUBERNETES
         ):
             # Its observations stay (compactly, `ClusterState.unpooled`): only sunkd's
             # history of it goes, so a pool that takes it later adopts it afresh.

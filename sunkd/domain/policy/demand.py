@@ -11,7 +11,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from sunkd.domain.events import legacy_node_job_ends
+from sunkd.domain import wellknown as wk
+from sunkd.domain.codec import legacy_node_job_ends
 from sunkd.domain.ownership import (
     Assessment,
     assess,
@@ -29,7 +30,7 @@ from sunkd.domain.policy.fairness import (
 )
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
 from sunkd.domain.policy.planner import _Planner
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_SLURM, ClusterState, NodeState
+from sunkd.domain.state import ClusterState, NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +93,8 @@ def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
     reclaims = [
         n for n in members if n.transition is not None and n.transition.direction == "reclaim"
     ]
-    owned_k8s = sum(1 for n in members if n.transition is None and n.owner == OWNER_KUBERNETES)
-    owned_slurm = sum(1 for n in members if n.transition is None and n.owner == OWNER_SLURM)
+    owned_k8s = sum(1 for n in members if n.transition is None and n.owner == wk.OWNER_KUBERNETES)
+    owned_slurm = sum(1 for n in members if n.transition is None and n.owner == wk.OWNER_SLURM)
     return _Census(members, assessments, lends, reclaims, owned_k8s, owned_slurm, now)
 
 
@@ -108,12 +109,12 @@ def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand
     # not move another node; otherwise every poll/watch lag over-lends or over-reclaims.
     idle_k8s = sum(
         1 for n in members
-        if n.transition is None and n.owner == OWNER_KUBERNETES
+        if n.transition is None and n.owner == wk.OWNER_KUBERNETES
         and not assessments[n.name].held and no_pods(n)
     )
     idle_slurm = sum(
         1 for n in members
-        if n.transition is None and n.owner == OWNER_SLURM and not assessments[n.name].held
+        if n.transition is None and n.owner == wk.OWNER_SLURM and not assessments[n.name].held
         and n.slurm is not None and slurm_usable(n.slurm) and not slurm_busy(n.slurm)
     )
     k8s_needed = max(_k8s_nodes_needed(state, pool, members) - idle_k8s, 0)

@@ -52,14 +52,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
-    STARVATION_BOUND_SECONDS,
-    ClusterState,
-    NodeState,
-)
+from sunkd.domain.state import STARVATION_BOUND_SECONDS, ClusterState, NodeState
 
 # How long Kubernetes' pods may wait, without a break, before its demand wins contested
 # nodes against `prefer: Slurm` (below its fair share, beyond Slurm's next job). Longer
@@ -108,8 +103,8 @@ def _holding(members: Sequence[NodeState], *, moving_counts_for: str) -> tuple[i
             owner = transition.to_owner
         else:
             owner = transition.from_owner
-        k8s += owner == OWNER_KUBERNETES
-        slurm += owner == OWNER_SLURM
+        k8s += owner == wk.OWNER_KUBERNETES
+        slurm += owner == wk.OWNER_SLURM
     return k8s, slurm
 
 

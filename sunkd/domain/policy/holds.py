@@ -1,7 +1,7 @@
 """Mirroring holds across sides: trouble on one side keeps the other side off the node.
 
-A Slurm hold (a foreign drain, a node unhealthy past its grace) becomes a Kubernetes
-cordon marked as ours; a Kubernetes hold (NotReady, a foreign cordon) becomes a Slurm
+A Slurm hold (a foreign drain, a node unhealthy past its grace) becomes sunkd's hold taint
+on the Kubernetes node; a Kubernetes hold (NotReady, a foreign cordon) becomes a Slurm
 drain with our mirror reason. Only our own mirrors are ever undone, once the hold clears.
 
 A node that left every pool keeps what sunkd put on it until sunkd takes it off
@@ -14,7 +14,6 @@ from __future__ import annotations
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
-    MIRROR_REASON_PREFIX,
     Assessment,
     assess,
     foreign_word,
@@ -26,10 +25,10 @@ from sunkd.domain.ownership import (
     our_hold_taint,
     slurm_state_text,
 )
-from sunkd.domain.policy.model import VERB_CORDON, VERB_DRAIN, VERB_RESUME, VERB_UNCORDON
+from sunkd.domain.policy.model import VERB_DRAIN, VERB_HOLD, VERB_RELEASE, VERB_RESUME
 from sunkd.domain.policy.planner import _expected_drain, _may_resume, _Planner
 from sunkd.domain.slurmnode import slurm_unhealthy
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, NodeState
+from sunkd.domain.state import OWNER_NONE, NodeState
 
 
 def _mirror_holds(
@@ -43,8 +42,8 @@ def _mirror_holds(
         if add and assessment.slurm_holds and not has_hold_taint(k8s):
             planner.ensure(
                 node,
-                OWNER_KUBERNETES,
-                VERB_CORDON,
+                wk.OWNER_KUBERNETES,
+                VERB_HOLD,
                 "mirror Slurm hold: " + "; ".join(assessment.slurm_holds),
                 (
                     Label("slurm_state", slurm_state_text(node.slurm, missing="MISSING")),
@@ -57,7 +56,7 @@ def _mirror_holds(
             and our_hold_taint(node)
         ):
             planner.ensure(
-                node, OWNER_KUBERNETES, VERB_UNCORDON, "Slurm hold cleared: remove our cordon"
+                node, wk.OWNER_KUBERNETES, VERB_RELEASE, "Slurm hold cleared: remove our hold"
             )
     if slurm is not None:
         # Never over an admin's word (`foreign_word`: a reason not ours on a drained or
@@ -75,17 +74,17 @@ def _mirror_holds(
             why = ", ".join(assessment.k8s_holds)
             planner.ensure(
                 node,
-                OWNER_SLURM,
+                wk.OWNER_SLURM,
                 VERB_DRAIN,
                 f"mirror Kubernetes hold: {why}",
-                (Label("reason", f"{MIRROR_REASON_PREFIX}{why}"),),
+                (Label("reason", f"{wk.REASON_MIRROR}{why}"),),
             )
         elif (
             not assessment.k8s_holds
             and "DRAIN" in slurm.flags
             and is_mirror_drain(slurm.reason)
             and our_drain(node)
-            and node.owner == OWNER_SLURM
+            and node.owner == wk.OWNER_SLURM
             and node.transition is None
             and not assessment.slurm_unhealthy
             and not slurm_unhealthy(slurm)
@@ -93,7 +92,7 @@ def _mirror_holds(
         ):
             planner.ensure(
                 node,
-                OWNER_SLURM,
+                wk.OWNER_SLURM,
                 VERB_RESUME,
                 "Kubernetes hold cleared: resume our mirror drain",
                 _expected_drain(slurm),
@@ -111,7 +110,7 @@ def unpooled_marks(node: NodeState) -> list[str]:
     marks: list[str] = []
     slurm = node.slurm
     if slurm is not None and "DRAIN" in slurm.flags and is_ours(slurm.reason):
-        if is_mirror_drain(slurm.reason) and node.owner == OWNER_SLURM:
+        if is_mirror_drain(slurm.reason) and node.owner == wk.OWNER_SLURM:
             fate = "removed once the Kubernetes hold clears, the owner taint is on and no pod runs"
         else:
             whose = (f"the node is {node.owner}'s" if node.owner != OWNER_NONE

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label
 from sunkd.domain.ownership import (
     Assessment,
@@ -29,13 +30,7 @@ from sunkd.domain.policy.model import (
     lend_reason,
 )
 from sunkd.domain.policy.planner import _FAILED, _expected_drain, _may_resume, _Planner
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
-    NodeState,
-    OpenTransition,
-    Phase,
-)
+from sunkd.domain.state import NodeState, OpenTransition, Phase
 
 
 def _abort_lend(
@@ -55,7 +50,7 @@ def _abort_lend(
     ):
         planner.ensure(
             node,
-            OWNER_SLURM,
+            wk.OWNER_SLURM,
             VERB_RESUME,
             f"lend {transition.transition_id} aborted ({reason}): give the node back "
             "to Slurm",
@@ -64,7 +59,7 @@ def _abort_lend(
 
 
 def _unlock_started(node: NodeState, transition: OpenTransition) -> bool:
-    if transition.did(OWNER_KUBERNETES, VERB_UNLOCK):
+    if transition.did(wk.OWNER_KUBERNETES, VERB_UNLOCK):
         return True
     return any(
         a.verb == VERB_UNLOCK and a.transition_id == transition.transition_id
@@ -91,7 +86,7 @@ def _advance_to_kubernetes(
             return
         result = planner.ensure(
             node,
-            OWNER_SLURM,
+            wk.OWNER_SLURM,
             VERB_DRAIN,
             f"lend to kubernetes: drain in Slurm ({transition.reason})",
             (Label("reason", lend_reason(tx)),),
@@ -102,11 +97,11 @@ def _advance_to_kubernetes(
         return
     if not slurm_drained(slurm):
         return  # jobs still running or completing: wait (drain_timeout is checked earlier)
-    unlock_done = adopt or transition.did(OWNER_KUBERNETES, VERB_UNLOCK)
+    unlock_done = adopt or transition.did(wk.OWNER_KUBERNETES, VERB_UNLOCK)
     if has_owner_taint(k8s) or not unlock_done:
         result = planner.ensure(
             node,
-            OWNER_KUBERNETES,
+            wk.OWNER_KUBERNETES,
             VERB_UNLOCK,
             "Slurm reports the node drained: remove the owner taint",
             (),
@@ -138,7 +133,7 @@ def _can_lend(planner: _Planner, node: NodeState, assessment: Assessment) -> boo
         and not assessment.slurm_unhealthy
         and not k8s.unschedulable
         and not has_hold_taint(k8s)
-        and assessment.pin != OWNER_SLURM
+        and assessment.pin != wk.OWNER_SLURM
     )
 
 def _lend_order(node: NodeState, ends: Mapping[str, float]) -> tuple[int, float, str]:
@@ -148,5 +143,5 @@ def _lend_order(node: NodeState, ends: Mapping[str, float]) -> tuple[int, float,
 
 
 def _start_lend(planner: _Planner, node: NodeState, pool: PoolSpec, why: str) -> None:
-    transition = planner.start(node, pool.name, OWNER_SLURM, OWNER_KUBERNETES, why)
+    transition = planner.start(node, pool.name, wk.OWNER_SLURM, wk.OWNER_KUBERNETES, why)
     _advance_to_kubernetes(planner, node, transition)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
     ActionRequested,
     Event,
@@ -22,7 +23,6 @@ from sunkd.domain.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from sunkd.domain.ownership import LEND_REASON_PREFIX
 from sunkd.domain.state import ClusterState, NodeState
 
 # Retry of a retryable failure: 5 s, 10 s, 20 s ... capped at 5 minutes.
@@ -44,8 +44,13 @@ VERB_DRAIN = "drain"  # slurm; arg `reason`
 VERB_RESUME = "resume"  # slurm; arg `expect_reason` (the drain reason being removed)
 VERB_LOCK = "lock"  # kubernetes: add taint sunkd.io/owner=slurm:NoSchedule, label owner=slurm
 VERB_UNLOCK = "unlock"  # kubernetes: remove that taint, label sunkd.io/owner=kubernetes
-VERB_CORDON = "cordon"  # kubernetes; args `slurm_state`, `slurm_reason` (annotations)
-VERB_UNCORDON = "uncordon"  # kubernetes: only a cordon marked cordoned-by: sunkd
+# sunkd's hold: its hold taint sunkd.io/slurm-hold and the reason annotation, args
+# `slurm_state`, `slurm_reason`; the release removes only that taint (a Kubernetes cordon,
+# spec.unschedulable, is always someone else's). The verbs keep their first names in the
+# log ("cordon"/"uncordon"): every event log, snapshot and dashboard since the first
+# release reads them.
+VERB_HOLD = "cordon"
+VERB_RELEASE = "uncordon"
 VERB_WARN = "warn"  # kubernetes: a Warning Event on the node; args `event_reason`, `message`
 VERB_EVICT = "evict"  # kubernetes; args `pod` = "<namespace>/<name>" (repeated)
 
@@ -297,8 +302,8 @@ def decision_to_event(decision: Decision) -> Event:
 def lend_reason(transition_id: str | None) -> str:
     """The Slurm drain reason of a lend (our prefix: only we ever resume it)."""
     if transition_id is None:
-        return LEND_REASON_PREFIX
-    return f"{LEND_REASON_PREFIX} [tx {transition_id}]"
+        return wk.REASON_LEND
+    return f"{wk.REASON_LEND} [tx {transition_id}]"
 
 
 def retry_backoff(attempt: int) -> float:

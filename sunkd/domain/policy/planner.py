@@ -9,6 +9,7 @@ holds, repair, transitions, pool) all build on this module and on `model`.
 
 from __future__ import annotations
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label, SlurmNodeObserved
 from sunkd.domain.ownership import has_owner_taint, no_pods, running_pod_count, running_pods
 from sunkd.domain.policy.model import (
@@ -22,13 +23,7 @@ from sunkd.domain.policy.model import (
     retry_backoff,
 )
 from sunkd.domain.slurmnode import slurm_unhealthy
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
-    ClusterState,
-    NodeState,
-    OpenTransition,
-)
+from sunkd.domain.state import ClusterState, NodeState, OpenTransition
 
 _REQUESTED = "requested"
 _WAITING = "waiting"
@@ -111,7 +106,7 @@ class _Planner:
         outcome = node.outcomes.get(f"{side}/{verb}")
         if outcome is not None:
             if outcome.succeeded:
-                observed_seq = node.slurm_seq if side == OWNER_SLURM else node.k8s_seq
+                observed_seq = node.slurm_seq if side == wk.OWNER_SLURM else node.k8s_seq
                 if (
                     observed_seq < outcome.seq
                     and self.now - outcome.at < OBSERVATION_CATCHUP_SECONDS
@@ -129,7 +124,7 @@ class _Planner:
                 attempt = outcome.attempt + 1
                 if self.now < outcome.at + REFUSED_RETRY_SECONDS:
                     return _WAITING
-        if side == OWNER_KUBERNETES:
+        if side == wk.OWNER_KUBERNETES:
             args = (Label("k8s_node", node.k8s_name or node.name), *args)
         self.decisions.append(
             RequestAction(

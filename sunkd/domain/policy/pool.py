@@ -9,6 +9,7 @@ are handed out in decision order, and earlier steps mark nodes as touched.
 
 from __future__ import annotations
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import OwnershipSpec
 from sunkd.domain.policy.demand import (
     _Census,
@@ -33,15 +34,11 @@ from sunkd.domain.policy.repair import (
     _repair,
     _repair_while_held,
     _report_conflict,
+    _report_gres,
     _report_invalid_pin,
 )
 from sunkd.domain.policy.transitions import _adopt, _handle_transition
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_NONE,
-    OWNER_SLURM,
-    NodeState,
-)
+from sunkd.domain.state import OWNER_NONE, NodeState
 
 
 def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> None:
@@ -81,7 +78,7 @@ def _surplus_lends(spec: OwnershipSpec, census: _Census, demand: _Demand) -> set
         voluntary = [
             n
             for n in lends
-            if census.assessments[n.name].pin != OWNER_KUBERNETES
+            if census.assessments[n.name].pin != wk.OWNER_KUBERNETES
             and n.transition is not None
             and not _unlock_started(n, n.transition)
         ]
@@ -109,6 +106,8 @@ def _step_nodes(
             _report_conflict(planner, node, assessment)
         elif assessment.invalid_pin is not None:
             _report_invalid_pin(planner, node, assessment)
+        elif assessment.gres_problem is not None:
+            _report_gres(planner, node, assessment)
         if assessment.identity_conflict:
             continue  # which Node is which is unknown: no action but the Warning
         if node.transition is not None:
@@ -143,8 +142,8 @@ def _forced_moves(
     assessments = census.assessments
     # Forced moves first: pins to the other side, then the pool's mode. They skip
     # dwell and the min/max knobs (the operator asked for exactly this).
-    forced_lends = [n for n in lendable if assessments[n.name].pin == OWNER_KUBERNETES]
-    forced_reclaims = [n for n in reclaimable if assessments[n.name].pin == OWNER_SLURM]
+    forced_lends = [n for n in lendable if assessments[n.name].pin == wk.OWNER_KUBERNETES]
+    forced_reclaims = [n for n in reclaimable if assessments[n.name].pin == wk.OWNER_SLURM]
     if spec.mode == MODE_KUBERNETES:
         pinned_names = {n.name for n in forced_lends}
         forced_lends += [n for n in lendable if n.name not in pinned_names]
@@ -167,14 +166,14 @@ def _start_forced_moves(
     for node in forced_lends:
         if budget == 0:
             return budget
-        pinned = census.assessments[node.name].pin == OWNER_KUBERNETES
+        pinned = census.assessments[node.name].pin == wk.OWNER_KUBERNETES
         why = "operator pinned the node to kubernetes" if pinned else "pool mode is Kubernetes"
         _start_lend(planner, node, pool, why)
         budget -= 1
     for node in forced_reclaims:
         if budget == 0:
             return budget
-        pinned = census.assessments[node.name].pin == OWNER_SLURM
+        pinned = census.assessments[node.name].pin == wk.OWNER_SLURM
         why = "operator pinned the node to slurm" if pinned else "pool mode is Slurm"
         _start_reclaim(planner, node, pool, why)
         budget -= 1

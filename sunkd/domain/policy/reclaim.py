@@ -8,6 +8,7 @@ once Slurm reports the node usable. Adoption for Slurm reuses the same steps
 
 from __future__ import annotations
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import OwnershipSpec
 from sunkd.domain.ownership import Assessment, has_owner_taint, our_drain, slurm_usable
 from sunkd.domain.policy.model import VERB_EVICT, VERB_LOCK, VERB_RESUME, PoolSpec
@@ -18,17 +19,11 @@ from sunkd.domain.policy.planner import (
     _expected_drain,
     _Planner,
 )
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_SLURM,
-    NodeState,
-    OpenTransition,
-    Phase,
-)
+from sunkd.domain.state import NodeState, OpenTransition, Phase
 
 
 def _resume_started(node: NodeState, transition: OpenTransition) -> bool:
-    if transition.did(OWNER_SLURM, VERB_RESUME):
+    if transition.did(wk.OWNER_SLURM, VERB_RESUME):
         return True
     return any(
         a.verb == VERB_RESUME and a.transition_id == transition.transition_id
@@ -41,7 +36,7 @@ def reclaim_grace_started_at(node: NodeState, transition: OpenTransition) -> flo
     lock's success), or its start when the taint was already on. Counting from the start
     would cut the grace of pods that bound while the taint was not on yet (the lock
     failed and was retried, or the daemon that started the reclaim died before it)."""
-    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_LOCK}")
+    outcome = node.outcomes.get(f"{wk.OWNER_KUBERNETES}/{VERB_LOCK}")
     if (outcome is not None and outcome.succeeded
             and outcome.transition_id == transition.transition_id):
         return max(transition.started_at, outcome.at)
@@ -57,11 +52,11 @@ def _advance_to_slurm(
     k8s = node.k8s
     assert slurm is not None and k8s is not None
     tx = transition.transition_id
-    lock_done = has_owner_taint(k8s) and (adopt or transition.did(OWNER_KUBERNETES, VERB_LOCK))
+    lock_done = has_owner_taint(k8s) and (adopt or transition.did(wk.OWNER_KUBERNETES, VERB_LOCK))
     if not lock_done:
         result = planner.ensure(
             node,
-            OWNER_KUBERNETES,
+            wk.OWNER_KUBERNETES,
             VERB_LOCK,
             "adopt for Slurm: add the owner taint"
             if adopt
@@ -80,7 +75,7 @@ def _advance_to_slurm(
         if planner.now - told_at >= spec.reclaim_grace_seconds:
             result = planner.ensure(
                 node,
-                OWNER_KUBERNETES,
+                wk.OWNER_KUBERNETES,
                 VERB_EVICT,
                 f"reclaim_grace ({spec.reclaim_grace_seconds:g}s) over: evict {len(pods)} "
                 "pool pod(s)",
@@ -94,7 +89,7 @@ def _advance_to_slurm(
         if our_drain(node):
             result = planner.ensure(
                 node,
-                OWNER_SLURM,
+                wk.OWNER_SLURM,
                 VERB_RESUME,
                 "no pool pods left: resume the node in Slurm",
                 _expected_drain(slurm),
@@ -122,9 +117,9 @@ def _can_reclaim(planner: _Planner, node: NodeState, assessment: Assessment) -> 
         and slurm is not None
         and "DRAIN" in slurm.flags
         and our_drain(node)
-        and assessment.pin != OWNER_KUBERNETES
+        and assessment.pin != wk.OWNER_KUBERNETES
     )
 
 def _start_reclaim(planner: _Planner, node: NodeState, pool: PoolSpec, why: str) -> None:
-    transition = planner.start(node, pool.name, OWNER_KUBERNETES, OWNER_SLURM, why)
+    transition = planner.start(node, pool.name, wk.OWNER_KUBERNETES, wk.OWNER_SLURM, why)
     _advance_to_slurm(planner, node, transition, pool.ownership)

@@ -35,7 +35,7 @@ from sunkd.domain.policy.planner import (
     _may_resume,
     _Planner,
 )
-from sunkd.domain.state import OWNER_KUBERNETES, OWNER_NONE, OWNER_SLURM, NodeState, Phase
+from sunkd.domain.state import OWNER_NONE, NodeState, Phase
 
 CONFLICT_WARN_EVERY_SECONDS = 600.0  # a standing conflict is re-reported this often
 
@@ -52,13 +52,13 @@ def _repair_while_held(planner: _Planner, node: NodeState, assessment: Assessmen
     """
     k8s = node.k8s
     if (
-        node.owner == OWNER_SLURM
+        node.owner == wk.OWNER_SLURM
         and node.transition is None
         and k8s is not None
         and not has_owner_taint(k8s)
     ):
         planner.ensure(
-            node, OWNER_KUBERNETES, VERB_LOCK,
+            node, wk.OWNER_KUBERNETES, VERB_LOCK,
             "repair: Slurm-owned node has no owner taint (safe to add while held)",
         )
     if assessment.conflicts:
@@ -77,7 +77,7 @@ def _warned_lately(planner: _Planner, node: NodeState) -> bool:
     """The last Warning Event on the node was written less than
     CONFLICT_WARN_EVERY_SECONDS ago. One the API server did not take was never said: it is
     asked again as any failed action is (`ensure`'s backoff), not after the long pause."""
-    outcome = node.outcomes.get(f"{OWNER_KUBERNETES}/{VERB_WARN}")
+    outcome = node.outcomes.get(f"{wk.OWNER_KUBERNETES}/{VERB_WARN}")
     return (outcome is not None and outcome.succeeded
             and planner.now - outcome.at < CONFLICT_WARN_EVERY_SECONDS)
 
@@ -88,7 +88,7 @@ def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment)
     if not _warned_lately(planner, node):
         event = wk.EVENT_IDENTITY_CONFLICT if assessment.identity_conflict else wk.EVENT_CONFLICT
         planner.ensure(
-            node, OWNER_KUBERNETES, VERB_WARN, "; ".join(assessment.conflicts),
+            node, wk.OWNER_KUBERNETES, VERB_WARN, "; ".join(assessment.conflicts),
             (Label("event_reason", event),
              Label("message", "; ".join(assessment.conflicts))),
         )
@@ -99,8 +99,17 @@ def _report_invalid_pin(planner: _Planner, node: NodeState, assessment: Assessme
     does not obey), as often as a conflict's."""
     problem = assessment.pin_problem
     if problem is not None and not _warned_lately(planner, node):
-        planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, problem,
+        planner.ensure(node, wk.OWNER_KUBERNETES, VERB_WARN, problem,
                        (Label("event_reason", wk.EVENT_INVALID_PIN), Label("message", problem)))
+
+
+def _report_gres(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+    """A Slurm-owned node whose registered GRES is not its GPUs is held (never lent): a
+    Warning Event on the node says why, as often as a conflict's."""
+    problem = assessment.gres_problem
+    if problem is not None and not _warned_lately(planner, node):
+        planner.ensure(node, wk.OWNER_KUBERNETES, VERB_WARN, problem,
+                       (Label("event_reason", wk.EVENT_GRES_MISMATCH), Label("message", problem)))
 
 
 def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, ...]) -> None:
@@ -127,7 +136,7 @@ def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, .
         return
     if _warned_lately(planner, node):
         return
-    planner.ensure(node, OWNER_KUBERNETES, VERB_WARN, why,
+    planner.ensure(node, wk.OWNER_KUBERNETES, VERB_WARN, why,
                    (Label("event_reason", wk.EVENT_POOL_CONFLICT), Label("message", why)))
 
 
@@ -138,14 +147,13 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
     assert slurm is not None and k8s is not None
     if assessment.phase == Phase.SLURM:
         if not has_owner_taint(k8s):
-            planner.ensure(
-                node, OWNER_KUBERNETES, VERB_LOCK, "repair: Slurm-owned node lost its owner taint"
-            )
+            planner.ensure(node, wk.OWNER_KUBERNETES, VERB_LOCK,
+                           "repair: Slurm-owned node lost its owner taint")
         pods = _active_pod_count(node)
         if pods and has_owner_taint(k8s):
             planner.ensure(
                 node,
-                OWNER_KUBERNETES,
+                wk.OWNER_KUBERNETES,
                 VERB_EVICT,
                 f"repair: {pods} pool pod(s) on a Slurm-owned node",
                 _evict_args(node),
@@ -154,7 +162,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
                 and _may_resume(node)):
             planner.ensure(
                 node,
-                OWNER_SLURM,
+                wk.OWNER_SLURM,
                 VERB_RESUME,
                 "repair: Slurm-owned node still carries a lend drain",
                 _expected_drain(slurm),
@@ -163,7 +171,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
         if "DRAIN" not in slurm.flags and not foreign_word(slurm, node.drain_mark):
             planner.ensure(
                 node,
-                OWNER_SLURM,
+                wk.OWNER_SLURM,
                 VERB_DRAIN,
                 "repair: node lent to kubernetes was resumed in Slurm; drain it again",
                 (Label("reason", lend_reason(None)),),
@@ -171,7 +179,7 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
         elif has_owner_taint(k8s) and slurm_drained(slurm) and our_drain(node):
             planner.ensure(
                 node,
-                OWNER_KUBERNETES,
+                wk.OWNER_KUBERNETES,
                 VERB_UNLOCK,
                 "repair: node lent to kubernetes carries the owner taint",
             )

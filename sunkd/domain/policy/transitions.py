@@ -10,6 +10,7 @@ for and has not run yet never runs after it.
 
 from __future__ import annotations
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import OwnershipSpec
 from sunkd.domain.ownership import (
     Assessment,
@@ -22,13 +23,7 @@ from sunkd.domain.policy.lend import _abort_lend, _advance_to_kubernetes, _unloc
 from sunkd.domain.policy.model import MODE_KUBERNETES, MODE_SLURM, PoolSpec
 from sunkd.domain.policy.planner import _Planner
 from sunkd.domain.policy.reclaim import _advance_to_slurm, _resume_started
-from sunkd.domain.state import (
-    OWNER_KUBERNETES,
-    OWNER_NONE,
-    OWNER_SLURM,
-    NodeState,
-    OpenAction,
-)
+from sunkd.domain.state import OWNER_NONE, NodeState, OpenAction
 
 
 def stale_action(action: OpenAction, node: NodeState | None) -> str | None:
@@ -101,10 +96,10 @@ def _handle_transition(
     if direction == "lend":
         committed = _unlock_started(node, transition)
         if not committed:
-            if assessment.pin == OWNER_SLURM:
+            if assessment.pin == wk.OWNER_SLURM:
                 _abort_lend(planner, node, transition, assessment.pin_why())
                 return
-            if spec.mode == MODE_SLURM and assessment.pin != OWNER_KUBERNETES:
+            if spec.mode == MODE_SLURM and assessment.pin != wk.OWNER_KUBERNETES:
                 _abort_lend(planner, node, transition, "pool mode is Slurm")
                 return
             if transition.transition_id in surplus_lends:
@@ -127,13 +122,13 @@ def _handle_transition(
         _advance_to_kubernetes(planner, node, transition)
         return
     if direction == "reclaim" and not _resume_started(node, transition):
-        if assessment.pin == OWNER_KUBERNETES:
+        if assessment.pin == wk.OWNER_KUBERNETES:
             planner.abort(node, transition, assessment.pin_why())
             return
-        if spec.mode == MODE_KUBERNETES and assessment.pin != OWNER_SLURM:
+        if spec.mode == MODE_KUBERNETES and assessment.pin != wk.OWNER_SLURM:
             planner.abort(node, transition, "pool mode is Kubernetes")
             return
-    if transition.to_owner == OWNER_KUBERNETES:
+    if transition.to_owner == wk.OWNER_KUBERNETES:
         _advance_to_kubernetes(planner, node, transition)
     else:
         _advance_to_slurm(planner, node, transition, spec)
@@ -148,7 +143,7 @@ def _adopt(planner: _Planner, node: NodeState, pool: PoolSpec) -> None:
             node,
             pool.name,
             OWNER_NONE,
-            OWNER_KUBERNETES,
+            wk.OWNER_KUBERNETES,
             "adopt: drained by sunkd in Slurm and no owner taint, so already lent",
         )
         _advance_to_kubernetes(planner, node, transition)
@@ -157,7 +152,7 @@ def _adopt(planner: _Planner, node: NodeState, pool: PoolSpec) -> None:
         node,
         pool.name,
         OWNER_NONE,
-        OWNER_SLURM,
+        wk.OWNER_SLURM,
         f"adopt: first seen {slurm.state.upper()} in Slurm; nodes start Slurm-owned",
     )
     _advance_to_slurm(planner, node, transition, pool.ownership)

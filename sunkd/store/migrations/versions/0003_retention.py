@@ -1,7 +1,7 @@
 """Retention: `events` partitioned by seq on PostgreSQL, the archive's maintenance path on
 SQLite, and `events_restored` for audits of an archived range.
 
-Why (issue 15): the log is append-only and grows forever. `sunkd log archive` writes an
+Why: the log is append-only and grows forever. `sunkd log archive` writes an
 old range to files and then removes it from the database, which the append-only
 triggers must allow for the archive and for nothing else:
 

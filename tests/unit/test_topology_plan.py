@@ -1,0 +1,272 @@
+"""The topology delivery decision (`sunkd.domain.topology_plan`) and the file adapter's
+refusals: never an empty or mixed file, only Slurm-owned registered nodes, at most one
+write per interval, nothing written when nothing changed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sunkd.domain import wellknown as wk
+from sunkd.domain.codec import decode_payload, encode_payload
+from sunkd.domain.events import (
+    K8sNodesetObserved,
+    SlurmNodeObserved,
+    TopologyChoice,
+)
+from sunkd.domain.policy import PoolSpec
+from sunkd.domain.ports import RefusedError
+from sunkd.domain.state import OWNER_NONE, ClusterState, NodeState
+from sunkd.domain.topology import (
+    TOPOGRAPH_LEAF,
+    TopologyError,
+    TopologyNode,
+    conf_kind,
+    spec_from,
+)
+from sunkd.domain.topology_plan import (
+    choice_spec,
+    deliverable_nodes,
+    effective_spec,
+    plan_for,
+    plan_topology,
+    registered,
+)
+from sunkd.kubernetes.nodeset_status import build_nodeset_status
+from sunkd.kubernetes.normalize import parse_nodeset, parse_topology
+from sunkd.runtime.config import ConfigError, TopologySettings, load_settings, topology_spec
+from sunkd.runtime.topology import TopologyDelivery
+from sunkd.slurm.topology import TopologyFile
+
+TREE = spec_from("tree", preset="topograph")
+BLOCK = spec_from("block", preset="topograph", block_sizes=[1])
+
+
+def test_only_slurm_owned_and_registered_nodes_are_deliverable() -> None:
+    def node(name: str, owner: str, state: str | None, missing: bool = False) -> NodeState:
+        obs = SlurmNodeObserved(node=name, state=state) if state else None
+        return NodeState(name, owner=owner, slurm=obs, slurm_missing=missing)
+
+    state = ClusterState(nodes={n.name: n for n in (
+        node("a", wk.OWNER_SLURM, "IDLE"), node("b", wk.OWNER_SLURM, "DOWN"),
+        node("c", wk.OWNER_SLURM, "FUTURE"), node("d", wk.OWNER_SLURM, "UNKNOWN"),
+        node("e", wk.OWNER_SLURM, None), node("f", wk.OWNER_KUBERNETES, "IDLE"),
+        node("g", OWNER_NONE, "IDLE"), node("h", wk.OWNER_SLURM, "IDLE", missing=True))})
+    assert deliverable_nodes(state) == ("a", "b")
+    assert not registered(None) and registered(SlurmNodeObserved(node="x", state="MIXED"))
+
+
+names = st.lists(st.sampled_from([f"n{i}" for i in range(12)]), unique=True, max_size=12)
+leaves = st.sampled_from(["l1", "l2", "l3"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(labelled=st.dictionaries(st.sampled_from([f"n{i}" for i in range(12)]), leaves),
+       include=names, block=st.booleans(), last_text=st.one_of(st.none(), st.text(max_size=5)),
+       since=st.one_of(st.none(), st.floats(0, 200)))
+def test_a_write_is_never_empty_never_mixed_and_rate_limited(
+        labelled: dict[str, str], include: list[str], block: bool, last_text: str | None,
+        since: float | None) -> None:
+    nodes = [TopologyNode(n, {TOPOGRAPH_LEAF: v, "network.topology.nvidia.com/accelerator": v})
+             for n, v in labelled.items()]
+    now = 1000.0
+    last_write_at = None if since is None else now - since
+    spec = BLOCK if block else TREE
+    plan = plan_topology(nodes, include, spec, fmt="conf", last_text=last_text,
+                         last_write_at=last_write_at, now=now, min_interval=60.0)
+    listed = set(labelled) & set(include)
+    if not listed:
+        assert (plan.write, plan.applied, plan.reason) == (None, False, "Empty")
+        return
+    assert plan.topology is not None and set(plan.topology.nodes) == listed
+    if plan.write is not None:
+        assert conf_kind(plan.write) == spec.kind  # one kind, and some node line
+        assert plan.write != last_text
+        assert last_write_at is None or now - last_write_at >= 60.0
+        assert plan.reason == "Changed" and not plan.applied
+    elif plan.reason == "RateLimited":
+        assert last_write_at is not None and plan.retry_at == last_write_at + 60.0
+    else:
+        assert (plan.reason, plan.applied) == ("Unchanged", True)
+
+
+def test_an_empty_render_keeps_the_last_good_and_says_so() -> None:
+    plan = plan_topology([TopologyNode("n1", {})], [], TREE, fmt="conf", last_text="x",
+                         last_write_at=None, now=0.0, min_interval=60.0)
+    assert plan.write is None and plan.condition == {
+        "type": "TopologyApplied", "status": "False", "reason": "Empty",
+        "message": "the topology would list no node (no node given); the last good file "
+                   "stays"}
+
+
+def test_yaml_plans_are_topology_yaml() -> None:
+    plan = plan_topology([TopologyNode("n1", {TOPOGRAPH_LEAF: "l"})], ["n1"], TREE, fmt="yaml",
+                         last_text=None, last_write_at=None, now=0.0, min_interval=60.0,
+                         name="sunkd")
+    assert plan.write is not None and plan.write.splitlines()[1] == '- topology: "sunkd"'
+
+
+@pytest.mark.parametrize("text", [
+    "# generated by sunkd: topology/tree\n",
+    "SwitchName=s Nodes=n1\nBlockName=b Nodes=n2\n",
+    "SwitchName=s Switches=t\n",
+])
+def test_the_file_refuses_what_must_not_reach_slurm(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "topology.conf"
+    path.write_text("SwitchName=good Nodes=n1\n")
+    with pytest.raises(RefusedError):
+        asyncio.run(TopologyFile(path, scontrol="/bin/true").apply(text))
+    assert path.read_text() == "SwitchName=good Nodes=n1\n"
+
+
+def test_the_file_refuses_a_yaml_without_nodes(tmp_path: Path) -> None:
+    path = tmp_path / "topology.yaml"
+    with pytest.raises(RefusedError):
+        asyncio.run(TopologyFile(path, scontrol="/bin/true").apply("- topology: x\n"))
+    assert not path.exists()
+
+
+# ------------------------------------------------------------ Nodeset spec.topology
+
+
+def test_nodeset_topology_is_parsed_with_clear_errors() -> None:
+    assert parse_topology(None) is None
+    good = parse_topology({"kind": "block", "preset": "coreweave", "blockSizes": [4, 8]})
+    assert good == TopologyChoice(kind="block", preset="coreweave", block_sizes=(4, 8))
+    assert choice_spec(good) == spec_from("block", preset="coreweave", block_sizes=[4, 8])
+    cases = {
+        "x": "spec.topology: expected an object, got str",
+        "levels": "spec.topology.levels: expected a list of str, got 'a'",
+        "kind": "spec.topology.kind: tree or block, got 'ring'",
+        "mixed": "spec.topology: tree and block cannot be mixed in one topology",
+        "sizes": "spec.topology: block sizes [4, 6]: 6 is not 4 times a power of two",
+        "preset": "spec.topology: unknown preset 'azure'",
+        "unknown": "spec.topology: unknown fields ['switches']",
+    }
+    raws: dict[str, object] = {
+        "x": "tree", "levels": {"levels": "a"}, "kind": {"kind": "ring"},
+        "mixed": {"levels": ["a"], "blockLabel": "b"},
+        "sizes": {"kind": "block", "blockSizes": [4, 6]}, "preset": {"preset": "azure"},
+        "unknown": {"switches": []},
+    }
+    for case, expected in cases.items():
+        choice = parse_topology(raws[case])
+        assert choice is not None and choice.error is not None, case
+        assert choice.error.startswith(expected), (case, choice.error)
+        with pytest.raises(TopologyError):
+            choice_spec(choice)
+
+
+def _nodeset(pool: str, topology: object = None, deleted: bool = False) -> K8sNodesetObserved:
+    return K8sNodesetObserved(pool=pool, topology=parse_topology(topology), deleted=deleted)
+
+
+def test_the_nodesets_replace_the_default_only_when_they_agree() -> None:
+    default = TREE
+    coreweave = {"preset": "coreweave"}
+    assert effective_spec(default, {}) == default
+    assert effective_spec(default, {"a/x": _nodeset("a/x")}) == default
+    agreed = {"a/x": _nodeset("a/x", coreweave), "a/y": _nodeset("a/y", coreweave),
+              "a/z": _nodeset("a/z"), "a/gone": _nodeset("a/gone", {"kind": "block"}, True)}
+    assert effective_spec(default, agreed) == spec_from("tree", preset="coreweave")
+    with pytest.raises(TopologyError, match="Nodesets a/x, a/y ask for different"):
+        effective_spec(default, {"a/x": _nodeset("a/x", coreweave),
+                                 "a/y": _nodeset("a/y", {"preset": "nebius"})})
+    with pytest.raises(TopologyError, match=r"Nodeset a/x: spec\.topology\.kind"):
+        effective_spec(default, {"a/x": _nodeset("a/x", {"kind": "ring"})})
+    state = ClusterState(nodesets={"a/x": _nodeset("a/x", {"kind": "ring"})})
+    plan = plan_for(state, [], default, fmt="conf", last_text="good", last_write_at=None,
+                    now=0.0, min_interval=60.0)
+    assert (plan.write, plan.reason) == (None, "Invalid")
+    assert plan.message.endswith("; the last good file stays")
+
+
+def test_a_nodeset_topology_survives_the_log() -> None:
+    nodeset = _nodeset("a/x", {"kind": "block", "blockLabel": "l", "blockSizes": [2]})
+    body = encode_payload(nodeset)
+    assert body["topology"]["block_sizes"] == [2]
+    assert decode_payload(nodeset.KIND, body) == nodeset
+    older = {k: v for k, v in body.items() if k != "topology"}  # written before the field
+    assert decode_payload(nodeset.KIND, older) == _nodeset("a/x")
+
+
+def test_parse_nodeset_reads_spec_topology() -> None:
+    obj = {"metadata": {"name": "x", "namespace": "a"},
+           "spec": {"slurm": {"partitions": ["p"]}, "topology": {"preset": "nebius"}}}
+    assert parse_nodeset(obj).topology == TopologyChoice(preset="nebius")
+    del obj["spec"]["topology"]  # type: ignore[attr-defined]
+    assert parse_nodeset(obj).topology is None
+
+
+@pytest.mark.parametrize(("toml", "key", "problem"), [
+    ('[topology]\nkind = "ring"', "topology.kind", "must be tree or block"),
+    ('[topology]\nlevels = ["a"]\nblock_label = "b"', "topology", "cannot be mixed"),
+    ('[topology]\nkind = "block"\nblock_sizes = [4, 6]', "topology", "power of two"),
+    ('[topology]\nfile = "/etc/slurm/topo.conf"', "topology.file", "topology.conf"),
+    ('[topology]\nmin_interval_seconds = 0', "topology.min_interval_seconds", "at least 1"),
+    ('[gres]\ntype_map = { "A100" = "a b" }', "gres.type_map.A100", "letters, digits"),
+])
+def test_bad_topology_and_gres_settings_name_the_key(tmp_path: Path, toml: str, key: str,
+                                                     problem: str) -> None:
+    path = tmp_path / "sunkd.toml"
+    path.write_text(toml + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert info.value.key == key and problem in info.value.problem
+
+
+def test_topology_and_gres_settings() -> None:
+    settings = load_settings(None, env={"SUNKD_TOPOLOGY_FILE": "/etc/slurm/topology.yaml",
+                                        "SUNKD_TOPOLOGY_KIND": "block",
+                                        "SUNKD_GRES_CHECK": "true"})
+    assert settings.topology.file == Path("/etc/slurm/topology.yaml")
+    assert topology_spec(settings.topology) == spec_from("block", preset="topograph")
+    assert settings.gres.check and settings.gres.type_map == {}
+    assert load_settings(None, env={}).topology.file is None  # off by default
+
+
+def test_the_loop_keeps_the_file_when_the_labels_cannot_be_read(tmp_path: Path) -> None:
+    """`run` rounds until stopped; a LIST that fails is `LabelsUnknown` (nothing written),
+    and the next good round writes. (`/bin/true` stands in for scontrol here; the real
+    reconfigure is tests/integration/test_slurm_topology_delivery.py.)"""
+    path = tmp_path / "topology.conf"
+    node = NodeState("n1", k8s_name="k1", owner=wk.OWNER_SLURM,
+                     slurm=SlurmNodeObserved(node="n1", state="IDLE"))
+    state = ClusterState(nodes={"n1": node}, k8s_names={"k1": "n1"})
+    calls: list[int] = []
+    stop = asyncio.Event()
+
+    async def list_nodes() -> list[dict[str, object]]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("connection refused")
+        stop.set()  # the loop ends after this round
+        return [{"metadata": {"name": "k1", "labels": {TOPOGRAPH_LEAF: "l1"}}}]
+
+    async def scenario() -> None:
+        delivery = TopologyDelivery(TopologySettings(file=path), TopologyFile(
+            path, scontrol="/bin/true"), list_nodes, lambda: state)
+        first = await delivery.round()
+        assert (first.applied, first.reason) == (False, "LabelsUnknown")
+        assert "connection refused" in first.message and not path.exists()
+        await asyncio.wait_for(delivery.run(stop, every=0.01), 5)
+        assert delivery.last is not None and delivery.last.reason == "Applied"
+        assert path.read_text().splitlines()[1:] == ["SwitchName=leaf_l1 Nodes=n1"]
+
+    asyncio.run(scenario())
+
+
+def test_topology_applied_reaches_the_nodeset_status() -> None:
+    plan = plan_topology([], [], TREE, fmt="conf", last_text=None, last_write_at=None,
+                         now=0.0, min_interval=60.0)
+    pool = PoolSpec(name="a/x", partitions=("p",))
+    status = build_nodeset_status(ClusterState(), (pool,), "a/x", 3, 10.0,
+                                  extra_conditions=[plan.condition])
+    [applied] = [c for c in status["conditions"] if c["type"] == "TopologyApplied"]
+    assert (applied["status"], applied["reason"], applied["observedGeneration"]) == (
+        "False", "Empty", 3)
+    assert applied["message"].startswith("the topology would list no node")
