@@ -13,9 +13,10 @@ from dataclasses import replace
 import pytest
 
 from sunkd.domain.events import Label, SourceHealth
+from sunkd.domain.fold import fold
 from sunkd.domain.ownership import UNHEALTHY_GRACE_SECONDS, assess, sources_unknown
 from sunkd.domain.policy import PoolSpec, demand, membership, model
-from sunkd.domain.state import Phase, fold
+from sunkd.domain.state import Phase
 from sunkd.simulate.arms import SimConfig, run_sunkd
 from tests.unit.domain_world import POOL_LABEL, Log, k8s_obs, slurm_obs
 from tests.unit.test_simulate_bridge import KNOBS, small_workload

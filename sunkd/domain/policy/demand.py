@@ -23,18 +23,18 @@ from sunkd.domain.ownership import (
 )
 from sunkd.domain.policy.ahead import ahead, forecast_keeps
 from sunkd.domain.policy.fairness import (
-    _holding,
+    holdings,
     kubernetes_overrides,
     slurm_claim,
     slurm_reserves,
 )
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
-from sunkd.domain.policy.planner import _Planner
+from sunkd.domain.policy.planner import Planner
 from sunkd.domain.state import ClusterState, NodeState
 
 
 @dataclass(frozen=True, slots=True)
-class _Census:
+class Census:
     """The pool's members at the start of the round, assessed and counted."""
 
     members: list[NodeState]
@@ -47,7 +47,7 @@ class _Census:
 
 
 @dataclass(frozen=True, slots=True)
-class _Demand:
+class PoolDemand:
     """Nodes each side still needs (net of idle ones), and the targets with the floors."""
 
     k8s_needed: int
@@ -82,7 +82,7 @@ def _assess(state: ClusterState, node: NodeState, now: float,
     return assessment
 
 
-def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
+def take_census(planner: Planner, members: list[NodeState]) -> Census:
     """Assess every member; count the pool's open moves and its settled owners."""
     state = planner.state
     now = planner.now
@@ -95,10 +95,10 @@ def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
     ]
     owned_k8s = sum(1 for n in members if n.transition is None and n.owner == wk.OWNER_KUBERNETES)
     owned_slurm = sum(1 for n in members if n.transition is None and n.owner == wk.OWNER_SLURM)
-    return _Census(members, assessments, lends, reclaims, owned_k8s, owned_slurm, now)
+    return Census(members, assessments, lends, reclaims, owned_k8s, owned_slurm, now)
 
 
-def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand:
+def net_demand(state: ClusterState, pool: PoolSpec, census: Census) -> PoolDemand:
     """Nodes each side's pending work needs beyond its idle nodes (when both sides ask,
     `prefer` decides which), and the move targets once the floors are added."""
     spec = pool.ownership
@@ -149,10 +149,10 @@ def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand
             lend_target, ahead_why = wanted.target, wanted.why
         if wanted is not None and slurm_needed > 0 and (
                 ahead_why is not None or forecast_keeps(state, pool, members, census.now)):
-            _k8s, slurm = _holding(members, moving_counts_for="to")
+            _k8s, slurm = holdings(members, moving_counts_for="to")
             slurm_needed = min(slurm_needed, max(slurm_claim(state, pool) - slurm, 0))
     reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
-    return _Demand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why)
+    return PoolDemand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why)
 
 
 def _slurm_nodes_needed(state: ClusterState, pool: PoolSpec) -> int:
@@ -243,5 +243,5 @@ class _JobEnds(Mapping[str, float]):
         return sum(1 for _ in self)
 
 
-def _job_ends(state: ClusterState, pool: PoolSpec) -> Mapping[str, float]:
+def job_ends(state: ClusterState, pool: PoolSpec) -> Mapping[str, float]:
     return _JobEnds(state, pool)

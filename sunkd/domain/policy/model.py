@@ -97,7 +97,7 @@ def effective_pools(
 
 class _Rules:
     """The pools' membership rules, prepared once per call: at 10,000 nodes and 10 pools,
-    `_matches` per (pool, node) rebuilt each node's label set 200,000 times a decision,
+    `selector_matches` per (pool, node) rebuilt each node's label set 200,000 times a decision,
     most of a decision's time (py-spy of a restart, docs/performance.md)."""
 
     def __init__(self, pools: Sequence[PoolSpec]) -> None:
