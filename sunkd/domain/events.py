@@ -222,7 +222,7 @@ class SlurmDemandObserved(Payload):
     Rows written before job ends moved into node observations also carried
     `node_job_ends` (every busy node's expected job end): such a row decodes with it in
     `extra`, re-encodes unchanged, and still means what it meant (`legacy_node_job_ends`,
-    read by the policy's `_job_ends`)."""
+    read by the policy's `job_ends`)."""
 
     KIND: ClassVar[str] = "slurm.demand.observed"
     partition: str = ""

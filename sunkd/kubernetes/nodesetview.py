@@ -19,7 +19,7 @@ import structlog
 from sunkd.domain.events import K8sNodesetObserved
 from sunkd.kubernetes.client import JSON
 from sunkd.kubernetes.listwatch import ListWatch
-from sunkd.kubernetes.normalize import _matches, parse_nodeset, workload_selector_matches
+from sunkd.kubernetes.normalize import parse_nodeset, selector_matches, workload_selector_matches
 
 log = structlog.get_logger("sunkd.kubernetes.source")
 
@@ -112,6 +112,6 @@ class _FlushMemo:
 def _first_match(labels: Mapping[str, Any],
                  ordered: list[K8sNodesetObserved]) -> K8sNodesetObserved | None:
     for nodeset in ordered:
-        if _matches(nodeset.node_selector, labels):
+        if selector_matches(nodeset.node_selector, labels):
             return nodeset
     return None

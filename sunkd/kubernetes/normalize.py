@@ -630,7 +630,7 @@ def workload_selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
     return True
 
 
-def _matches(selector: tuple[Label, ...], labels: Mapping[str, Any]) -> bool:
+def selector_matches(selector: tuple[Label, ...], labels: Mapping[str, Any]) -> bool:
     """Equality selector match; an empty selector matches nothing (like a PDB's nil selector):
     a Nodeset without a selector must not claim every node or every pod in the cluster."""
     if not selector:

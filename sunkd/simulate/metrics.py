@@ -18,6 +18,7 @@ from sunkd.simulate.world import World
 
 HOUR = 3600.0
 DAY = 86400.0
+P95 = 95.0  # the percentile the pending targets read
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +33,21 @@ def percentile(values: Sequence[float], p: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = max(math.ceil(p / 100 * len(ordered)), 1)
-    return float(ordered[rank - 1])
+    return float(ordered[rank(p, len(ordered)) - 1])
+
+
+def rank(p: float, count: int) -> int:
+    """The nearest rank (1-based) of percentile `p` among `count` values."""
+    return max(math.ceil(p / 100 * count), 1)
+
+
+def over_percentile(p: float, count: int) -> int:
+    """How many of `count` values must exceed a bound for percentile `p` to exceed it."""
+    return count - rank(p, count) + 1
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
-    return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+    return {"p50": percentile(values, 50), "p95": percentile(values, P95),
             "p99": percentile(values, 99), "max": max(values, default=0.0)}
 
 

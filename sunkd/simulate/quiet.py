@@ -48,7 +48,7 @@ def _settled(node: NodeState | None, phase: Phase) -> bool:
 
 def slurm_outweighs(state: ClusterState, pool: PoolSpec, now: float) -> bool:
     """The pool prefers Slurm and Slurm's demand net of its idle nodes is positive (the
-    policy's `_net_demand`: then Kubernetes' demand counts as zero, whatever it is)."""
+    policy's `net_demand`: then Kubernetes' demand counts as zero, whatever it is)."""
     if pool.ownership.prefer == PREFER_KUBERNETES:
         return False
     if pool.name in state.k8s_pending_since:

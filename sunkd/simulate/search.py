@@ -20,6 +20,7 @@ from sunkd.domain.events import OwnershipSpec
 from sunkd.simulate.arms import (
     SimConfig,
     k8s_only,
+    pods_meet,
     run_ideal,
     run_separate,
     run_sunkd,
@@ -76,7 +77,8 @@ def minimal_split(workload: Workload, config: SimConfig,
     def slurm_meets(n: int) -> bool:
         key = ("slurm", n, *batch_key)
         if key not in memo:
-            report = run_separate(batch, n, 0, config, progress(f"separate: Slurm {n}"))
+            report = run_separate(batch, n, 0, config, progress(f"separate: Slurm {n}"),
+                                  series=False)
             memo[key] = report.meets["batch_wait_p95"] is not False and \
                 report.meets.get("max_wait") is not False
         return memo[key]
@@ -84,8 +86,7 @@ def minimal_split(workload: Workload, config: SimConfig,
     def k8s_meets(n: int) -> bool:
         key = ("k8s", n, *pods_key)
         if key not in memo:
-            report = run_separate(pods, 0, n, config, progress(f"separate: Kubernetes {n}"))
-            memo[key] = report.meets["pod_pending_p95"] is not False
+            memo[key] = pods_meet(pods, n, config, progress(f"separate: Kubernetes {n}"))
         return memo[key]
 
     widest = max(workload.widest_job, 1)

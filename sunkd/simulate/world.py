@@ -98,6 +98,12 @@ class World:
         self.controller: Callable[[World], None] | None = None
         self.wakeup: Callable[[], float | None] | None = None
         self.series: Series | None = Series()  # sampled owners and queues (--plot)
+        # Stop early once `late_limit` pods have waited past `late_bound` (a size search
+        # that only asks whether a pending percentile is met; `gave_up` says it stopped).
+        self.late_bound = math.inf
+        self.late_limit: int | None = None
+        self.late = 0
+        self.gave_up = False
         self._job_arrivals = list(workload.jobs)
         self._next_job = 0
         self._backlog_cycle = 0
@@ -141,6 +147,9 @@ class World:
                 self._sample(t)
             self.now = t
             self._step(t)
+            if self.late_limit is not None and self.late >= self.late_limit:
+                self.gave_up = True
+                break
             if self.series is not None:
                 self.series.observe(len(self.queue), len(self.pending) + len(self.untried))
             if progress is not None:
@@ -351,7 +360,10 @@ class World:
         run = PodRun(record, name, index, gpus, t, remaining)
         node.pods[name] = run
         assert record.pending_since is not None
+        before = record.pending
         record.pending += t - record.pending_since
+        if before <= self.late_bound < record.pending:
+            self.late += 1
         record.pending_since = None
         record.placed = True
         self._account(node, t)

@@ -48,7 +48,7 @@ def jwt_expiry(token: str) -> float | None:
         return None
 
 
-class _TokenSource:
+class TokenSource:
     """Where the JWT comes from: a fixed token, a token file (re-read when its mtime
     changes, so an external rotator works), or minted from the key file."""
 

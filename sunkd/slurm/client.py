@@ -25,7 +25,7 @@ import orjson
 import structlog
 
 from sunkd.domain.jsontext import maybe_beyond_64_bits
-from sunkd.slurm.auth import DEFAULT_TOKEN_LIFESPAN, _TokenSource
+from sunkd.slurm.auth import DEFAULT_TOKEN_LIFESPAN, TokenSource
 from sunkd.slurm.firstanswer import DATA_AFTER_CLOSE, AnswerTooLarge, first_answer
 from sunkd.slurm.model import (
     SlurmApiError,
@@ -38,7 +38,7 @@ from sunkd.slurm.model import (
     SlurmUnavailableError,
 )
 from sunkd.slurm.normalize import (
-    _describe_errors,
+    describe_errors,
     normalize_jobs,
     normalize_nodes,
     slurm_release,
@@ -160,7 +160,7 @@ class SlurmRestClient:
             raise ValueError(f"slurm url must be http://host:port or unix:/path, got {url!r}")
         self.url = url
         self.user = user
-        self._tokens = _TokenSource(
+        self._tokens = TokenSource(
             user=user,
             token=token,
             token_file=token_file,
@@ -392,7 +392,7 @@ class SlurmRestClient:
         """Turn a non-success answer into the most precise error we can."""
         errors = parsed.get("errors") if isinstance(parsed, dict) else None
         errors = errors if isinstance(errors, list) else []
-        text = _describe_errors(errors) if errors else str(parsed)[:200]
+        text = describe_errors(errors) if errors else str(parsed)[:200]
         if status in (502, 504):
             # 24.11+: 502 = slurmctld communication error, 504 = timeout.
             raise SlurmUnavailableError(

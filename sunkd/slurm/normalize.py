@@ -357,11 +357,11 @@ def _check_errors(body: Mapping[str, Any], status: int, what: str) -> None:
         if not isinstance(errors, list):
             raise SlurmPayloadError("errors", "expected a list")
         raise SlurmApiError(
-            f"{what}: slurmrestd reported {_describe_errors(errors)}", status=status, errors=errors
+            f"{what}: slurmrestd reported {describe_errors(errors)}", status=status, errors=errors
         )
 
 
-def _describe_errors(errors: Iterable[Any]) -> str:
+def describe_errors(errors: Iterable[Any]) -> str:
     parts: list[str] = []
     for item in errors:
         if isinstance(item, dict):

@@ -29,7 +29,7 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.fold import fold
 from sunkd.domain.policy import FORGET_AFTER_SECONDS, ForgetNode, StartTransition, decide
-from sunkd.domain.policy.demand import _job_ends
+from sunkd.domain.policy.demand import job_ends
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import ClusterState
 from tests.unit.domain_world import PARTITION, POOL, POOL_LABEL, Log, k8s_obs, pool_spec, slurm_obs
@@ -96,12 +96,12 @@ def test_old_demand_rows_keep_their_job_ends() -> None:
         _both(log, name, 1.0)
     log.add(old, 2.0, subject=PARTITION)
     state = _assert_batching_independent(log)
-    assert dict(_job_ends(state, pool_spec())) == {"n1": float("inf"), "n2": T0 + 500}
+    assert dict(job_ends(state, pool_spec())) == {"n1": float("inf"), "n2": T0 + 500}
     # A current demand row of the partition replaces the old one, ends and all; from then
     # on the ends are the nodes' own.
     log.add(SlurmDemandObserved(partition=PARTITION), 3.0, subject=PARTITION)
     log.add(replace(slurm_obs("n3", "ALLOCATED", alloc_cpus=8), jobs=1, job_end=T0 + 9), 3.0)
-    assert dict(_job_ends(_assert_batching_independent(log), pool_spec())) == {"n3": T0 + 9}
+    assert dict(job_ends(_assert_batching_independent(log), pool_spec())) == {"n3": T0 + 9}
 
 
 def test_a_malformed_old_row_loses_only_its_ends() -> None:

@@ -64,7 +64,7 @@ def _last_starvation_end(log: Log, now: float) -> float | None:
     return ended
 
 
-def _holding(state: ClusterState) -> tuple[int, int, int]:
+def holdings(state: ClusterState) -> tuple[int, int, int]:
     """(members, Kubernetes' nodes, Slurm's nodes), moves counted for the side they go to."""
     members = [state.nodes[n] for n, p in membership(state, [pool_spec()]).items() if p == POOL]
     k8s = slurm = 0
@@ -103,7 +103,7 @@ def test_a_starvation_that_ended_keeps_slurm_s_demand_off_kubernetes_nodes(
         ended = _last_starvation_end(sim.log, now)
         if ended is None or now - ended >= STARVATION_HOLD_SECONDS:
             continue
-        members, k8s, slurm = _holding(state)
+        members, k8s, slurm = holdings(state)
         short = slurm < (1 if state.slurm_demand.get(PARTITION) and
                          state.slurm_demand[PARTITION].pending_nodes else 0)
         for decision in decisions:

@@ -22,7 +22,7 @@ Safety rules enforced here (and checked by the property tests):
 
 The package is split by concern (each module says why it exists):
 - `model`: pools and membership, the decision types, verbs/modes, retry backoff;
-- `planner`: `_Planner`, the round's decisions and ids, and `ensure` (retry, backoff);
+- `planner`: `Planner`, the round's decisions and ids, and `ensure` (retry, backoff);
 - `demand`: nodes each side's pending work needs, Slurm job end times;
 - `lend`, `reclaim`: the two directions of a move, step by step;
 - `ahead`: headroom ahead of the forecast peak (lends the pool's forecast justifies);
@@ -52,7 +52,7 @@ from sunkd.domain.policy.fairness import (
     slurm_reserves,
     starvation_held_until,
 )
-from sunkd.domain.policy.holds import _release_marks, unpooled_marks
+from sunkd.domain.policy.holds import release_marks, unpooled_marks
 from sunkd.domain.policy.model import (
     FORGET_AFTER_SECONDS,
     MODE_AUTO,
@@ -87,10 +87,10 @@ from sunkd.domain.policy.model import (
     pool_overlaps,
     retry_backoff,
 )
-from sunkd.domain.policy.planner import _Planner
-from sunkd.domain.policy.pool import _plan_pool
+from sunkd.domain.policy.planner import Planner
+from sunkd.domain.policy.pool import plan_pool
 from sunkd.domain.policy.reclaim import reclaim_grace_started_at
-from sunkd.domain.policy.repair import _report_overlap
+from sunkd.domain.policy.repair import report_overlap
 from sunkd.domain.policy.transitions import stale_action
 from sunkd.domain.state import ClusterState, NodeState
 
@@ -159,7 +159,7 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
         # first keeps a restart's catch-up, which folds hundreds of outcomes before the
         # Kubernetes LIST is back, from paying for membership on every one of them.
         return []
-    planner = _Planner(state, now)
+    planner = Planner(state, now)
     by_name = {pool.name: pool for pool in pools}
     members: dict[str, list[NodeState]] = {}
     member_of, overlaps = membership_and_overlaps(state, pools)
@@ -168,14 +168,14 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
     for pool_name in sorted(members):
         nodes = sorted(members[pool_name], key=lambda n: n.name)
         pool = by_name.get(pool_name) or PoolSpec(name=pool_name)
-        _plan_pool(planner, pool, nodes)
+        plan_pool(planner, pool, nodes)
     for name, claimed_by in sorted(overlaps.items()):
-        _report_overlap(planner, state.nodes[name], claimed_by)
+        report_overlap(planner, state.nodes[name], claimed_by)
     _forget_gone(planner, state, member_of.keys() | overlaps.keys())
     return planner.decisions
 
 
-def _forget_gone(planner: _Planner, state: ClusterState, pooled: Set[str]) -> None:
+def _forget_gone(planner: Planner, state: ClusterState, pooled: Set[str]) -> None:
     """Forget nodes gone from both sides for FORGET_AFTER_SECONDS (bounded memory), and
     the history of nodes in no pool (`unpooled_since`) as long: not while anything is
     open on them, not while an operator's pin names them, not while they carry a mark
@@ -200,7 +200,7 @@ def _forget_gone(planner: _Planner, state: ClusterState, pooled: Set[str]) -> No
             # It still carries a drain or taint sunkd made: never forgotten with it (Slurm
             # would lose the node to a `sunkd:` drain no view shows); sunkd takes off what
             # is safe to take off, `sunkd status` shows what stays and why.
-            _release_marks(planner, node)
+            release_marks(planner, node)
         elif (
             node.unpooled_since is not None
             and name not in pooled  # the pools decide() runs with agree

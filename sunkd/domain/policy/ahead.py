@@ -13,7 +13,7 @@ Bounds, all of them the ones demand already obeys: never for an hour whose track
 error is above `forecast.ERROR_LIMIT` or that has not been seen (cold start: today's
 behaviour); never the nodes Slurm's next job needs; under `prefer: Slurm` never beyond
 Kubernetes' fair share; `max_kubernetes`, `min_slurm`, pins, holds, dwell and
-`max_in_flight` apply as to every lend (`pool._moves_wanted`, `lend._can_lend`), and a
+`max_in_flight` apply as to every lend (`pool._moves_wanted`, `lend.can_lend`), and a
 lend still hands a node over only once Slurm reports it drained: the forecast only
 starts a drain earlier, it never skips a check.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sunkd.domain import forecast
-from sunkd.domain.policy.fairness import _holding, fair_share, slurm_claim
+from sunkd.domain.policy.fairness import fair_share, holdings, slurm_claim
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
 from sunkd.domain.state import ClusterState, NodeState
 
@@ -35,7 +35,7 @@ class Ahead:
     """What the forecast asks of a pool now."""
 
     wanted: int  # nodes the forecast wants Kubernetes to hold within the lead time
-    target: int  # lends it justifies (comparable with `_Demand.lend_target`)
+    target: int  # lends it justifies (comparable with `PoolDemand.lend_target`)
     why: str  # for the decision log and `sunkd status`
 
 
@@ -74,7 +74,7 @@ def ahead(state: ClusterState, pool: PoolSpec, members: Sequence[NodeState],
     prediction, lead = found
     # Lends in flight count as Slurm's here, as for the starvation bound: the target
     # includes them (a lend the forecast started must not be surplus the round after).
-    k8s, slurm = _holding(members, moving_counts_for="from")
+    k8s, slurm = holdings(members, moving_counts_for="from")
     room = slurm - slurm_claim(state, pool)
     if pool.ownership.prefer != PREFER_KUBERNETES:
         room = min(room, fair_share(len(members)) - k8s)
@@ -94,5 +94,5 @@ def forecast_keeps(state: ClusterState, pool: PoolSpec, members: Sequence[NodeSt
     found = forecast_wanted(state, pool, now)
     if found is None:
         return False
-    k8s, _slurm = _holding(members, moving_counts_for="to")
+    k8s, _slurm = holdings(members, moving_counts_for="to")
     return found[0].wanted >= k8s

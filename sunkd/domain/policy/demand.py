@@ -23,18 +23,18 @@ from sunkd.domain.ownership import (
 )
 from sunkd.domain.policy.ahead import ahead, forecast_keeps
 from sunkd.domain.policy.fairness import (
-    _holding,
+    holdings,
     kubernetes_overrides,
     slurm_claim,
     slurm_reserves,
 )
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
-from sunkd.domain.policy.planner import _Planner
+from sunkd.domain.policy.planner import Planner
 from sunkd.domain.state import ClusterState, NodeState
 
 
 @dataclass(frozen=True, slots=True)
-class _Census:
+class Census:
     """The pool's members at the start of the round, assessed and counted."""
 
     members: list[NodeState]
@@ -47,7 +47,7 @@ class _Census:
 
 
 @dataclass(frozen=True, slots=True)
-class _Demand:
+class PoolDemand:
     """Nodes each side still needs (net of idle ones), and the targets with the floors."""
 
     k8s_needed: int
@@ -57,12 +57,37 @@ class _Demand:
     ahead_why: str | None = None  # the forecast set lend_target (policy/ahead.py)
 
 
-def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
+# Each node's last assessment with the NodeState and the sources' verdict it read.
+# `assess` reads nothing else but `now`, and `now` only for a node Slurm reports
+# unhealthy (the grace): such assessments are never kept. The fold is copy-on-write, so a
+# node no event touched keeps its identity, and most rounds re-assess a few nodes of a
+# large pool. At most one entry per node name (a bound for pathological callers below).
+_ASSESSED: dict[str, tuple[NodeState, tuple[str, ...], Assessment]] = {}
+_ASSESSED_MAX = 200_000
+
+
+def _assess(state: ClusterState, node: NodeState, now: float,
+            sources: tuple[str, ...]) -> Assessment:
+    """`assess(state, node, now, sources)`, remembered while node and sources stay."""
+    kept = _ASSESSED.get(node.name)
+    if kept is not None and kept[0] is node and kept[1] == sources:
+        return kept[2]
+    assessment = assess(state, node, now, sources)
+    if assessment.slurm_unhealthy:
+        _ASSESSED.pop(node.name, None)
+    else:
+        if len(_ASSESSED) >= _ASSESSED_MAX:
+            _ASSESSED.clear()
+        _ASSESSED[node.name] = (node, sources, assessment)
+    return assessment
+
+
+def take_census(planner: Planner, members: list[NodeState]) -> Census:
     """Assess every member; count the pool's open moves and its settled owners."""
     state = planner.state
     now = planner.now
     sources = sources_unknown(state)
-    assessments = {node.name: assess(state, node, now, sources) for node in members}
+    assessments = {node.name: _assess(state, node, now, sources) for node in members}
 
     lends = [n for n in members if n.transition is not None and n.transition.direction == "lend"]
     reclaims = [
@@ -70,10 +95,10 @@ def _take_census(planner: _Planner, members: list[NodeState]) -> _Census:
     ]
     owned_k8s = sum(1 for n in members if n.transition is None and n.owner == wk.OWNER_KUBERNETES)
     owned_slurm = sum(1 for n in members if n.transition is None and n.owner == wk.OWNER_SLURM)
-    return _Census(members, assessments, lends, reclaims, owned_k8s, owned_slurm, now)
+    return Census(members, assessments, lends, reclaims, owned_k8s, owned_slurm, now)
 
 
-def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand:
+def net_demand(state: ClusterState, pool: PoolSpec, census: Census) -> PoolDemand:
     """Nodes each side's pending work needs beyond its idle nodes (when both sides ask,
     `prefer` decides which), and the move targets once the floors are added."""
     spec = pool.ownership
@@ -124,10 +149,10 @@ def _net_demand(state: ClusterState, pool: PoolSpec, census: _Census) -> _Demand
             lend_target, ahead_why = wanted.target, wanted.why
         if wanted is not None and slurm_needed > 0 and (
                 ahead_why is not None or forecast_keeps(state, pool, members, census.now)):
-            _k8s, slurm = _holding(members, moving_counts_for="to")
+            _k8s, slurm = holdings(members, moving_counts_for="to")
             slurm_needed = min(slurm_needed, max(slurm_claim(state, pool) - slurm, 0))
     reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
-    return _Demand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why)
+    return PoolDemand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why)
 
 
 def _slurm_nodes_needed(state: ClusterState, pool: PoolSpec) -> int:
@@ -218,5 +243,5 @@ class _JobEnds(Mapping[str, float]):
         return sum(1 for _ in self)
 
 
-def _job_ends(state: ClusterState, pool: PoolSpec) -> Mapping[str, float]:
+def job_ends(state: ClusterState, pool: PoolSpec) -> Mapping[str, float]:
     return _JobEnds(state, pool)

@@ -91,7 +91,7 @@ def fair_share(members: int) -> int:
     return int(members * FAIR_SHARE)
 
 
-def _holding(members: Sequence[NodeState], *, moving_counts_for: str) -> tuple[int, int]:
+def holdings(members: Sequence[NodeState], *, moving_counts_for: str) -> tuple[int, int]:
     """(Kubernetes, Slurm): members each side owns; a member in a move counts for the
     side it goes to (`to`) or the side it leaves (`from`)."""
     k8s = slurm = 0
@@ -138,7 +138,7 @@ def kubernetes_overrides(
         return 0
     # Lends in flight are what Kubernetes already won: they count as Slurm's until they
     # complete, or each would make itself surplus (and be aborted) the round after.
-    k8s, slurm = _holding(members, moving_counts_for="from")
+    k8s, slurm = holdings(members, moving_counts_for="from")
     spare = slurm - slurm_claim(state, pool)
     return max(min(fair_share(len(members)) - k8s, spare), 0)
 
@@ -181,7 +181,7 @@ def slurm_reserves(
         return 0
     # Reclaims in flight count as Kubernetes' until they complete (they are what the
     # reservation already asked for: `reclaim_more` subtracts them).
-    _k8s, slurm = _holding(members, moving_counts_for="from")
+    _k8s, slurm = holdings(members, moving_counts_for="from")
     return max(slurm_claim(state, pool) - slurm, 0)
 
 
@@ -191,7 +191,7 @@ def protect_running_pods(
     """True if Slurm's demand may reclaim only members running no pool pods (`prefer:
     Kubernetes`), or none at all (`prefer: Slurm`, Kubernetes starved: the hysteresis)."""
     # A reclaim in flight already serves Slurm's next job: no second eviction for it.
-    k8s, slurm = _holding(members, moving_counts_for="to")
+    k8s, slurm = holdings(members, moving_counts_for="to")
     short = slurm < slurm_claim(state, pool)
     if pool.ownership.prefer == PREFER_KUBERNETES:
         return not (short and slurm_head_waited(state, pool, now))

@@ -5,7 +5,7 @@ on the Kubernetes node; a Kubernetes hold (NotReady, a foreign cordon) becomes a
 drain with our mirror reason. Only our own mirrors are ever undone, once the hold clears.
 
 A node that left every pool keeps what sunkd put on it until sunkd takes it off
-(`unpooled_marks`, `_release_marks`): it is not forgotten meanwhile, so no view loses a
+(`unpooled_marks`, `release_marks`): it is not forgotten meanwhile, so no view loses a
 node Slurm cannot use because of a `sunkd:` drain.
 """
 
@@ -26,13 +26,13 @@ from sunkd.domain.ownership import (
     slurm_state_text,
 )
 from sunkd.domain.policy.model import VERB_DRAIN, VERB_HOLD, VERB_RELEASE, VERB_RESUME
-from sunkd.domain.policy.planner import _expected_drain, _may_resume, _Planner
+from sunkd.domain.policy.planner import Planner, expected_drain, may_resume
 from sunkd.domain.slurmnode import slurm_unhealthy
 from sunkd.domain.state import OWNER_NONE, NodeState
 
 
-def _mirror_holds(
-    planner: _Planner, node: NodeState, assessment: Assessment, add: bool = True
+def mirror_holds(
+    planner: Planner, node: NodeState, assessment: Assessment, add: bool = True
 ) -> None:
     """Mirror each side's trouble to the other side; undo only our own mirrors (only that
     with `add` False: a node in no pool gets no new mirror)."""
@@ -88,14 +88,14 @@ def _mirror_holds(
             and node.transition is None
             and not assessment.slurm_unhealthy
             and not slurm_unhealthy(slurm)
-            and _may_resume(node)
+            and may_resume(node)
         ):
             planner.ensure(
                 node,
                 wk.OWNER_SLURM,
                 VERB_RESUME,
                 "Kubernetes hold cleared: resume our mirror drain",
-                _expected_drain(slurm),
+                expected_drain(slurm),
             )
 
 
@@ -103,7 +103,7 @@ def unpooled_marks(node: NodeState) -> list[str]:
     """The marks sunkd made that the node carries, each with what becomes of it once the
     node is in no pool, for people (empty: nothing of sunkd's is left on it). While any is
     left the node is not forgotten. The Slurm drain and the hold taint are sunkd's mirrors,
-    removed once their hold clears (`_release_marks`); the owner taint and any other
+    removed once their hold clears (`release_marks`); the owner taint and any other
     `sunkd:` drain stay (taking either off lets one side's work land beside the other's:
     a Slurm-owned node would take pods beside its jobs, a lent one jobs beside its pods),
     for the operator to remove or for a pool that takes the node again."""
@@ -126,11 +126,11 @@ def unpooled_marks(node: NodeState) -> list[str]:
     return marks
 
 
-def _release_marks(planner: _Planner, node: NodeState) -> None:
+def release_marks(planner: Planner, node: NodeState) -> None:
     """A node in no pool that still carries sunkd's marks: undo its mirrors whose holds
     have cleared, on the same conditions as for a pool's node; start nothing new."""
     if node.transition is not None:
         return
     assessment = assess(planner.state, node, planner.now)
     if assessment.actionable:
-        _mirror_holds(planner, node, assessment, add=False)
+        mirror_holds(planner, node, assessment, add=False)

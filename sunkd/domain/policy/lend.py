@@ -3,7 +3,7 @@
 A lend drains the node in Slurm (with our lend reason), waits until Slurm reports it
 drained, removes the owner taint, and completes; until the taint removal has started
 it can still be aborted (our drain is resumed, the taint kept). Adoption "as lent"
-reuses the same steps (`_advance_to_kubernetes` with an `adopt` transition).
+reuses the same steps (`advance_to_kubernetes` with an `adopt` transition).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from sunkd.domain.policy.model import (
     PoolSpec,
     lend_reason,
 )
-from sunkd.domain.policy.planner import _FAILED, _expected_drain, _may_resume, _Planner
+from sunkd.domain.policy.planner import OUTCOME_FAILED, Planner, expected_drain, may_resume
 from sunkd.domain.state import NodeState, OpenTransition, Phase
 
 
-def _abort_lend(
-    planner: _Planner, node: NodeState, transition: OpenTransition, reason: str
+def abort_lend(
+    planner: Planner, node: NodeState, transition: OpenTransition, reason: str
 ) -> None:
     """Abort a lend: resume our drain (if it is ours and in place); the taint stays.
 
@@ -46,7 +46,7 @@ def _abort_lend(
         slurm is not None
         and "DRAIN" in slurm.flags
         and our_drain(node)
-        and _may_resume(node)
+        and may_resume(node)
     ):
         planner.ensure(
             node,
@@ -54,11 +54,11 @@ def _abort_lend(
             VERB_RESUME,
             f"lend {transition.transition_id} aborted ({reason}): give the node back "
             "to Slurm",
-            _expected_drain(slurm),
+            expected_drain(slurm),
         )
 
 
-def _unlock_started(node: NodeState, transition: OpenTransition) -> bool:
+def unlock_started(node: NodeState, transition: OpenTransition) -> bool:
     if transition.did(wk.OWNER_KUBERNETES, VERB_UNLOCK):
         return True
     return any(
@@ -66,8 +66,8 @@ def _unlock_started(node: NodeState, transition: OpenTransition) -> bool:
         for a in node.open_actions.values()
     )
 
-def _advance_to_kubernetes(
-    planner: _Planner, node: NodeState, transition: OpenTransition
+def advance_to_kubernetes(
+    planner: Planner, node: NodeState, transition: OpenTransition
 ) -> None:
     """Lend (or adopt as lent): drain in Slurm, wait for drained, unlock, complete."""
     adopt = transition.direction == "adopt"
@@ -80,7 +80,7 @@ def _advance_to_kubernetes(
             planner.abort(node, transition, "adoption as lent no longer matches: not drained")
             return
         if foreign_word(slurm, node.drain_mark):
-            _abort_lend(planner, node, transition,
+            abort_lend(planner, node, transition,
                         f"Slurm reports {slurm.state.upper()} with someone else's reason "
                         f"{slurm.reason!r}: not draining over it")
             return
@@ -92,8 +92,8 @@ def _advance_to_kubernetes(
             (Label("reason", lend_reason(tx)),),
             tx,
         )
-        if result == _FAILED:
-            _abort_lend(planner, node, transition, "the Slurm drain failed")
+        if result == OUTCOME_FAILED:
+            abort_lend(planner, node, transition, "the Slurm drain failed")
         return
     if not slurm_drained(slurm):
         return  # jobs still running or completing: wait (drain_timeout is checked earlier)
@@ -107,8 +107,8 @@ def _advance_to_kubernetes(
             (),
             tx,
         )
-        if result == _FAILED:
-            _abort_lend(planner, node, transition, "removing the owner taint failed")
+        if result == OUTCOME_FAILED:
+            abort_lend(planner, node, transition, "removing the owner taint failed")
         return
     planner.complete(
         node,
@@ -118,7 +118,7 @@ def _advance_to_kubernetes(
         else "Slurm reports drained and the owner taint is gone: node belongs to kubernetes",
     )
 
-def _can_lend(planner: _Planner, node: NodeState, assessment: Assessment) -> bool:
+def can_lend(planner: Planner, node: NodeState, assessment: Assessment) -> bool:
     slurm = node.slurm
     k8s = node.k8s
     return (
@@ -136,12 +136,12 @@ def _can_lend(planner: _Planner, node: NodeState, assessment: Assessment) -> boo
         and assessment.pin != wk.OWNER_SLURM
     )
 
-def _lend_order(node: NodeState, ends: Mapping[str, float]) -> tuple[int, float, str]:
+def lend_order(node: NodeState, ends: Mapping[str, float]) -> tuple[int, float, str]:
     slurm = node.slurm
     idle = slurm is not None and not slurm_busy(slurm) and slurm.alloc_cpus == 0
     return (0 if idle else 1, 0.0 if idle else ends.get(node.name, math.inf), node.name)
 
 
-def _start_lend(planner: _Planner, node: NodeState, pool: PoolSpec, why: str) -> None:
+def start_lend(planner: Planner, node: NodeState, pool: PoolSpec, why: str) -> None:
     transition = planner.start(node, pool.name, wk.OWNER_SLURM, wk.OWNER_KUBERNETES, why)
-    _advance_to_kubernetes(planner, node, transition)
+    advance_to_kubernetes(planner, node, transition)

@@ -97,7 +97,7 @@ def effective_pools(
 
 class _Rules:
     """The pools' membership rules, prepared once per call: at 10,000 nodes and 10 pools,
-    `_matches` per (pool, node) rebuilt each node's label set 200,000 times a decision,
+    `selector_matches` per (pool, node) rebuilt each node's label set 200,000 times a decision,
     most of a decision's time (py-spy of a restart, docs/performance.md)."""
 
     def __init__(self, pools: Sequence[PoolSpec]) -> None:
@@ -130,6 +130,24 @@ class _Rules:
         return found
 
 
+# The last pools' rules, and each node's matching pools with the NodeState they read
+# (`_Rules.matching` reads only the node and the pools; the fold is copy-on-write, so an
+# untouched node keeps its identity): most rounds match only the nodes an event touched.
+# Forgotten whenever the pools change; at most one entry per node name.
+_MATCHED: list[tuple[tuple[PoolSpec, ...], _Rules, dict[str, tuple[NodeState, list[str]]]]] = []
+
+
+def _rules_for(pools: Sequence[PoolSpec]
+               ) -> tuple[_Rules, dict[str, tuple[NodeState, list[str]]]]:
+    key = tuple(pools)
+    if not _MATCHED or _MATCHED[0][0] != key:
+        _MATCHED[:] = [(key, _Rules(key), {})]
+    _key, rules, matched = _MATCHED[0]
+    if len(matched) >= 200_000:  # names come and go: a bound for very long runs
+        matched.clear()
+    return rules, matched
+
+
 def membership(state: ClusterState, pools: Sequence[PoolSpec]) -> dict[str, str]:
     """Node name -> pool name. A node in a transition stays in that transition's pool
     (even if the pool is gone: it is driven to the end with default knobs). A node two or
@@ -148,14 +166,19 @@ def membership_and_overlaps(
 ) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     """`membership` and `pool_overlaps` in one pass over the nodes (`decide` needs both
     every round; matching every node twice was a fifth of a simulated round's time)."""
-    rules = _Rules(pools)
+    rules, matched = _rules_for(pools)
     result: dict[str, str] = {}
     overlaps: dict[str, tuple[str, ...]] = {}
     for name, node in state.nodes.items():
         if node.transition is not None and node.transition.pool:
             result[name] = node.transition.pool
             continue
-        matching = rules.matching(node)
+        kept = matched.get(name)
+        if kept is not None and kept[0] is node:
+            matching = kept[1]
+        else:
+            matching = rules.matching(node)
+            matched[name] = (node, matching)
         if len(matching) == 1:
             result[name] = matching[0]
         elif len(matching) > 1 and node.transition is None:

@@ -1,6 +1,6 @@
 """The planner: the state of one `decide` round, and the helpers every step shares.
 
-`_Planner` accumulates the round's decisions and hands out their ids (`tx-<seq>-<n>`,
+`Planner` accumulates the round's decisions and hands out their ids (`tx-<seq>-<n>`,
 `act-<seq>-<n>`: unique per log position, identical on replay). `ensure` is the one
 place that turns "this action is wanted" into a `RequestAction`, honouring open
 actions, pending observations and retry backoff. The step modules (lend, reclaim,
@@ -27,18 +27,18 @@ from sunkd.domain.state import ClusterState, NodeState, OpenTransition
 
 _REQUESTED = "requested"
 _WAITING = "waiting"
-_FAILED = "failed"  # a non-retryable failure of this verb within this transition
+OUTCOME_FAILED = "failed"  # a non-retryable failure of this verb within this transition
 
 
-def _active_pods(node: NodeState) -> list[str]:
+def active_pods(node: NodeState) -> list[str]:
     return running_pods(node)
 
 
-def _active_pod_count(node: NodeState) -> int:
+def active_pod_count(node: NodeState) -> int:
     return running_pod_count(node)
 
 
-def _expected_drain(slurm: SlurmNodeObserved) -> tuple[Label, ...]:
+def expected_drain(slurm: SlurmNodeObserved) -> tuple[Label, ...]:
     """The drain a resume expects to remove: the actuator refuses if Slurm's reason (or
     the time it was set) changed since this decision (an admin re-drained the node)."""
     labels = [Label("expect_reason", slurm.reason or "")]
@@ -47,7 +47,7 @@ def _expected_drain(slurm: SlurmNodeObserved) -> tuple[Label, ...]:
     return tuple(labels)
 
 
-def _evict_args(node: NodeState) -> tuple[Label, ...]:
+def evict_args(node: NodeState) -> tuple[Label, ...]:
     """`pod` = namespace/name for every pod to evict, and `pod_uid` = namespace/name=uid
     where the source saw its uid: the actuator evicts exactly that pod (a StatefulSet pod
     re-created under the same name elsewhere is not it)."""
@@ -58,7 +58,7 @@ def _evict_args(node: NodeState) -> tuple[Label, ...]:
     return tuple(labels)
 
 
-def _may_resume(node: NodeState) -> bool:
+def may_resume(node: NodeState) -> bool:
     """Slurm may get the node back only while pool pods are kept off and gone, and only
     while Slurm reports it healthy (a DOWN/FAIL/NOT_RESPONDING node is Slurm's to handle:
     sunkd's drain stays until it is well again)."""
@@ -67,7 +67,7 @@ def _may_resume(node: NodeState) -> bool:
             and not (slurm is not None and slurm_unhealthy(slurm)))
 
 
-class _Planner:
+class Planner:
     def __init__(self, state: ClusterState, now: float) -> None:
         self.state = state
         self.now = now
@@ -120,7 +120,7 @@ class _Planner:
                     return _WAITING
             else:
                 if transition_id is not None:
-                    return _FAILED
+                    return OUTCOME_FAILED
                 attempt = outcome.attempt + 1
                 if self.now < outcome.at + REFUSED_RETRY_SECONDS:
                     return _WAITING

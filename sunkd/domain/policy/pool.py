@@ -1,6 +1,6 @@
 """One pool's round: the order in which the policy looks at a pool and decides.
 
-`_plan_pool` is a fixed sequence of named steps: take the census and net the demand
+`plan_pool` is a fixed sequence of named steps: take the census and net the demand
 (`demand`), pick surplus lends, step every node (transitions, adoption, mirrors, repairs), then
 start new moves within `max_in_flight`: forced ones (pins, pool mode) first, then the
 ones demand and the min/max knobs ask for. The order is part of the behaviour: ids
@@ -12,15 +12,15 @@ from __future__ import annotations
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import OwnershipSpec
 from sunkd.domain.policy.demand import (
-    _Census,
-    _Demand,
-    _job_ends,
-    _net_demand,
-    _take_census,
+    Census,
+    PoolDemand,
+    job_ends,
+    net_demand,
+    take_census,
 )
 from sunkd.domain.policy.fairness import protect_running_pods
-from sunkd.domain.policy.holds import _mirror_holds
-from sunkd.domain.policy.lend import _can_lend, _lend_order, _start_lend, _unlock_started
+from sunkd.domain.policy.holds import mirror_holds
+from sunkd.domain.policy.lend import can_lend, lend_order, start_lend, unlock_started
 from sunkd.domain.policy.model import (
     MODE_AUTO,
     MODE_KUBERNETES,
@@ -28,31 +28,31 @@ from sunkd.domain.policy.model import (
     PREFER_KUBERNETES,
     PoolSpec,
 )
-from sunkd.domain.policy.planner import _active_pod_count, _Planner
-from sunkd.domain.policy.reclaim import _can_reclaim, _start_reclaim
+from sunkd.domain.policy.planner import Planner, active_pod_count
+from sunkd.domain.policy.reclaim import can_reclaim, start_reclaim
 from sunkd.domain.policy.repair import (
-    _repair,
-    _repair_while_held,
-    _report_conflict,
-    _report_gres,
-    _report_invalid_pin,
+    repair_settled,
+    repair_while_held,
+    report_conflict,
+    report_gres,
+    report_invalid_pin,
 )
-from sunkd.domain.policy.transitions import _adopt, _handle_transition
+from sunkd.domain.policy.transitions import adopt_node, handle_transition
 from sunkd.domain.state import OWNER_NONE, NodeState
 
 
-def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> None:
+def plan_pool(planner: Planner, pool: PoolSpec, members: list[NodeState]) -> None:
     spec = pool.ownership
-    census = _take_census(planner, members)
-    demand = _net_demand(planner.state, pool, census)
+    census = take_census(planner, members)
+    demand = net_demand(planner.state, pool, census)
     surplus_lends = _surplus_lends(spec, census, demand)
     _step_nodes(planner, pool, census, surplus_lends)
 
     budget = _move_budget(planner, spec, census)
     if budget == 0:
         return
-    lendable = [n for n in members if _can_lend(planner, n, census.assessments[n.name])]
-    reclaimable = [n for n in members if _can_reclaim(planner, n, census.assessments[n.name])]
+    lendable = [n for n in members if can_lend(planner, n, census.assessments[n.name])]
+    reclaimable = [n for n in members if can_reclaim(planner, n, census.assessments[n.name])]
     forced_lends, forced_reclaims = _forced_moves(spec, census, lendable, reclaimable)
     budget = _start_forced_moves(planner, pool, census, forced_lends, forced_reclaims, budget)
     # The forced moves used up the budget (nothing more could start), or the pool's mode
@@ -70,7 +70,7 @@ def _plan_pool(planner: _Planner, pool: PoolSpec, members: list[NodeState]) -> N
         _start_demand_reclaims(planner, pool, census, demand, candidates, reclaim_more, budget)
 
 
-def _surplus_lends(spec: OwnershipSpec, census: _Census, demand: _Demand) -> set[str]:
+def _surplus_lends(spec: OwnershipSpec, census: Census, demand: PoolDemand) -> set[str]:
     """Lends the demand no longer justifies (not yet handed over), newest first."""
     lends = census.lends
     surplus_lends: set[str] = set()
@@ -80,7 +80,7 @@ def _surplus_lends(spec: OwnershipSpec, census: _Census, demand: _Demand) -> set
             for n in lends
             if census.assessments[n.name].pin != wk.OWNER_KUBERNETES
             and n.transition is not None
-            and not _unlock_started(n, n.transition)
+            and not unlock_started(n, n.transition)
         ]
         surplus = len(lends) - demand.lend_target
         voluntary.sort(
@@ -94,7 +94,7 @@ def _surplus_lends(spec: OwnershipSpec, census: _Census, demand: _Demand) -> set
 
 
 def _step_nodes(
-    planner: _Planner, pool: PoolSpec, census: _Census, surplus_lends: set[str]
+    planner: Planner, pool: PoolSpec, census: Census, surplus_lends: set[str]
 ) -> None:
     """Per node: transitions, adoption, mirrors, repairs."""
     spec = pool.ownership
@@ -103,25 +103,25 @@ def _step_nodes(
         if not assessment.actionable:
             continue
         if assessment.conflicts:
-            _report_conflict(planner, node, assessment)
+            report_conflict(planner, node, assessment)
         elif assessment.invalid_pin is not None:
-            _report_invalid_pin(planner, node, assessment)
+            report_invalid_pin(planner, node, assessment)
         elif assessment.gres_problem is not None:
-            _report_gres(planner, node, assessment)
+            report_gres(planner, node, assessment)
         if assessment.identity_conflict:
             continue  # which Node is which is unknown: no action but the Warning
         if node.transition is not None:
-            _handle_transition(planner, node, assessment, spec, surplus_lends)
+            handle_transition(planner, node, assessment, spec, surplus_lends)
         elif node.owner == OWNER_NONE and not assessment.held:
-            _adopt(planner, node, pool)
-        _mirror_holds(planner, node, assessment)
+            adopt_node(planner, node, pool)
+        mirror_holds(planner, node, assessment)
         if node.transition is None and not assessment.held and node.owner != OWNER_NONE:
-            _repair(planner, node, assessment)
+            repair_settled(planner, node, assessment)
         elif assessment.held:
-            _repair_while_held(planner, node, assessment)
+            repair_while_held(planner, node, assessment)
 
 
-def _move_budget(planner: _Planner, spec: OwnershipSpec, census: _Census) -> int:
+def _move_budget(planner: Planner, spec: OwnershipSpec, census: Census) -> int:
     """New moves, within max_in_flight: how many may start (transitions ended this round
     no longer count)."""
     lends_open = sum(1 for n in census.lends if n.transition and n.transition.transition_id
@@ -134,7 +134,7 @@ def _move_budget(planner: _Planner, spec: OwnershipSpec, census: _Census) -> int
 
 def _forced_moves(
     spec: OwnershipSpec,
-    census: _Census,
+    census: Census,
     lendable: list[NodeState],
     reclaimable: list[NodeState],
 ) -> tuple[list[NodeState], list[NodeState]]:
@@ -154,9 +154,9 @@ def _forced_moves(
 
 
 def _start_forced_moves(
-    planner: _Planner,
+    planner: Planner,
     pool: PoolSpec,
-    census: _Census,
+    census: Census,
     forced_lends: list[NodeState],
     forced_reclaims: list[NodeState],
     budget: int,
@@ -168,20 +168,20 @@ def _start_forced_moves(
             return budget
         pinned = census.assessments[node.name].pin == wk.OWNER_KUBERNETES
         why = "operator pinned the node to kubernetes" if pinned else "pool mode is Kubernetes"
-        _start_lend(planner, node, pool, why)
+        start_lend(planner, node, pool, why)
         budget -= 1
     for node in forced_reclaims:
         if budget == 0:
             return budget
         pinned = census.assessments[node.name].pin == wk.OWNER_SLURM
         why = "operator pinned the node to slurm" if pinned else "pool mode is Slurm"
-        _start_reclaim(planner, node, pool, why)
+        start_reclaim(planner, node, pool, why)
         budget -= 1
     return budget
 
 
 def _moves_wanted(
-    planner: _Planner, spec: OwnershipSpec, census: _Census, demand: _Demand
+    planner: Planner, spec: OwnershipSpec, census: Census, demand: PoolDemand
 ) -> tuple[int, int]:
     """How many more lends and reclaims demand and the min/max knobs ask for (at most one
     of the two is positive)."""
@@ -215,10 +215,10 @@ def _dwell_ok(node: NodeState, spec: OwnershipSpec, now: float) -> bool:
 
 
 def _start_demand_lends(
-    planner: _Planner,
+    planner: Planner,
     pool: PoolSpec,
-    census: _Census,
-    demand: _Demand,
+    census: Census,
+    demand: PoolDemand,
     lendable: list[NodeState],
     lend_more: int,
     budget: int,
@@ -226,9 +226,9 @@ def _start_demand_lends(
     """Lend up to `lend_more` of the (unforced) lendable nodes past their dwell, idle
     ones first, then those whose jobs end soonest; return the budget left."""
     spec = pool.ownership
-    ends = _job_ends(planner.state, pool)
+    ends = job_ends(planner.state, pool)
     candidates = [n for n in lendable if _dwell_ok(n, spec, planner.now)]
-    candidates.sort(key=lambda n: _lend_order(n, ends))
+    candidates.sort(key=lambda n: lend_order(n, ends))
     why = (
         demand.ahead_why if demand.ahead_why is not None
         else f"kubernetes needs {demand.k8s_needed} node(s) for pending pool pods"
@@ -236,16 +236,16 @@ def _start_demand_lends(
         else f"min_kubernetes is {spec.min_kubernetes}"
     )
     for node in candidates[: min(lend_more, budget)]:
-        _start_lend(planner, node, pool, why)
+        start_lend(planner, node, pool, why)
         budget -= 1
     return budget
 
 
 def _start_demand_reclaims(
-    planner: _Planner,
+    planner: Planner,
     pool: PoolSpec,
-    census: _Census,
-    demand: _Demand,
+    census: Census,
+    demand: PoolDemand,
     reclaimable: list[NodeState],
     reclaim_more: int,
     budget: int,
@@ -254,7 +254,7 @@ def _start_demand_reclaims(
     those running the fewest pool pods first."""
     spec = pool.ownership
     candidates = [n for n in reclaimable if _dwell_ok(n, spec, planner.now)]
-    candidates.sort(key=lambda n: (_active_pod_count(n), n.name))
+    candidates.sort(key=lambda n: (active_pod_count(n), n.name))
     if spec.max_kubernetes is not None and (
         census.owned_k8s + len(census.lends) > spec.max_kubernetes
     ):
@@ -267,7 +267,7 @@ def _start_demand_reclaims(
             if spec.prefer == PREFER_KUBERNETES:
                 # Demand evicts pool pods only for Slurm's next job, never those the pool
                 # prefers (policy/fairness.py): otherwise only nodes running none move.
-                candidates = [n for n in candidates if not _active_pod_count(n)]
+                candidates = [n for n in candidates if not active_pod_count(n)]
             else:
                 # Kubernetes is starved, or was within the hold: it keeps what it won,
                 # idle or not, beyond Slurm's next job (the hysteresis, fairness.py).
@@ -275,5 +275,5 @@ def _start_demand_reclaims(
     else:
         why = f"min_slurm is {spec.min_slurm}"
     for node in candidates[: min(reclaim_more, budget)]:
-        _start_reclaim(planner, node, pool, why)
+        start_reclaim(planner, node, pool, why)
         budget -= 1

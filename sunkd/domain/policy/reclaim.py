@@ -3,7 +3,7 @@
 A reclaim adds the owner taint (no new pool pods land), lets pool pods finish within
 `reclaim_grace` of the taint and evicts the rest, resumes our Slurm drain, and completes
 once Slurm reports the node usable. Adoption for Slurm reuses the same steps
-(`_advance_to_slurm` with an `adopt` transition).
+(`advance_to_slurm` with an `adopt` transition).
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from sunkd.domain.events import OwnershipSpec
 from sunkd.domain.ownership import Assessment, has_owner_taint, our_drain, slurm_usable
 from sunkd.domain.policy.model import VERB_EVICT, VERB_LOCK, VERB_RESUME, PoolSpec
 from sunkd.domain.policy.planner import (
-    _FAILED,
-    _active_pods,
-    _evict_args,
-    _expected_drain,
-    _Planner,
+    OUTCOME_FAILED,
+    Planner,
+    active_pods,
+    evict_args,
+    expected_drain,
 )
 from sunkd.domain.state import NodeState, OpenTransition, Phase
 
 
-def _resume_started(node: NodeState, transition: OpenTransition) -> bool:
+def resume_started(node: NodeState, transition: OpenTransition) -> bool:
     if transition.did(wk.OWNER_SLURM, VERB_RESUME):
         return True
     return any(
@@ -43,8 +43,8 @@ def reclaim_grace_started_at(node: NodeState, transition: OpenTransition) -> flo
     return transition.started_at
 
 
-def _advance_to_slurm(
-    planner: _Planner, node: NodeState, transition: OpenTransition, spec: OwnershipSpec
+def advance_to_slurm(
+    planner: Planner, node: NodeState, transition: OpenTransition, spec: OwnershipSpec
 ) -> None:
     """Reclaim (or adopt): taint, let pool pods finish or evict them, resume, complete."""
     adopt = transition.direction == "adopt"
@@ -64,12 +64,12 @@ def _advance_to_slurm(
             (),
             tx,
         )
-        if result == _FAILED:
+        if result == OUTCOME_FAILED:
             planner.abort(node, transition, "adding the owner taint failed")
         return
     if node.pods is None:
         return  # unknown is not none: nothing moves until the Node reports its pods
-    pods = _active_pods(node)
+    pods = active_pods(node)
     if pods:
         told_at = reclaim_grace_started_at(node, transition)
         if planner.now - told_at >= spec.reclaim_grace_seconds:
@@ -79,10 +79,10 @@ def _advance_to_slurm(
                 VERB_EVICT,
                 f"reclaim_grace ({spec.reclaim_grace_seconds:g}s) over: evict {len(pods)} "
                 "pool pod(s)",
-                _evict_args(node),
+                evict_args(node),
                 tx,
             )
-            if result == _FAILED:
+            if result == OUTCOME_FAILED:
                 planner.abort(node, transition, "evicting pool pods failed")
         return
     if "DRAIN" in slurm.flags:
@@ -92,10 +92,10 @@ def _advance_to_slurm(
                 wk.OWNER_SLURM,
                 VERB_RESUME,
                 "no pool pods left: resume the node in Slurm",
-                _expected_drain(slurm),
+                expected_drain(slurm),
                 tx,
             )
-            if result == _FAILED:
+            if result == OUTCOME_FAILED:
                 planner.abort(node, transition, "the Slurm resume failed")
         return
     if slurm_usable(slurm):
@@ -107,7 +107,7 @@ def _advance_to_slurm(
             else "Slurm reports the node usable and it is tainted: node belongs to slurm",
         )
 
-def _can_reclaim(planner: _Planner, node: NodeState, assessment: Assessment) -> bool:
+def can_reclaim(planner: Planner, node: NodeState, assessment: Assessment) -> bool:
     slurm = node.slurm
     return (
         assessment.phase == Phase.KUBERNETES
@@ -120,6 +120,6 @@ def _can_reclaim(planner: _Planner, node: NodeState, assessment: Assessment) -> 
         and assessment.pin != wk.OWNER_KUBERNETES
     )
 
-def _start_reclaim(planner: _Planner, node: NodeState, pool: PoolSpec, why: str) -> None:
+def start_reclaim(planner: Planner, node: NodeState, pool: PoolSpec, why: str) -> None:
     transition = planner.start(node, pool.name, wk.OWNER_KUBERNETES, wk.OWNER_SLURM, why)
-    _advance_to_slurm(planner, node, transition, pool.ownership)
+    advance_to_slurm(planner, node, transition, pool.ownership)

@@ -29,18 +29,18 @@ from sunkd.domain.policy.model import (
     lend_reason,
 )
 from sunkd.domain.policy.planner import (
-    _active_pod_count,
-    _evict_args,
-    _expected_drain,
-    _may_resume,
-    _Planner,
+    Planner,
+    active_pod_count,
+    evict_args,
+    expected_drain,
+    may_resume,
 )
 from sunkd.domain.state import OWNER_NONE, NodeState, Phase
 
 CONFLICT_WARN_EVERY_SECONDS = 600.0  # a standing conflict is re-reported this often
 
 
-def _repair_while_held(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+def repair_while_held(planner: Planner, node: NodeState, assessment: Assessment) -> None:
     """What stays safe however held the node is, and must not wait for the hold to end.
 
     * A Slurm-owned node without the owner taint gets it back at once (adding a NoSchedule
@@ -70,10 +70,10 @@ def _repair_while_held(planner: _Planner, node: NodeState, assessment: Assessmen
             and node.slurm is not None
         ):
             # Repair as the settled phase would (HELD is only the conflict's overlay).
-            _repair(planner, node, dataclasses.replace(assessment, phase=node.phase))
+            repair_settled(planner, node, dataclasses.replace(assessment, phase=node.phase))
 
 
-def _warned_lately(planner: _Planner, node: NodeState) -> bool:
+def _warned_lately(planner: Planner, node: NodeState) -> bool:
     """The last Warning Event on the node was written less than
     CONFLICT_WARN_EVERY_SECONDS ago. One the API server did not take was never said: it is
     asked again as any failed action is (`ensure`'s backoff), not after the long pause."""
@@ -82,7 +82,7 @@ def _warned_lately(planner: _Planner, node: NodeState) -> bool:
             and planner.now - outcome.at < CONFLICT_WARN_EVERY_SECONDS)
 
 
-def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+def report_conflict(planner: Planner, node: NodeState, assessment: Assessment) -> None:
     """A Warning Event on the node, first thing in the node's round (nothing of this round
     may hold it back), then again every CONFLICT_WARN_EVERY_SECONDS while it lasts."""
     if not _warned_lately(planner, node):
@@ -94,7 +94,7 @@ def _report_conflict(planner: _Planner, node: NodeState, assessment: Assessment)
         )
 
 
-def _report_invalid_pin(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+def report_invalid_pin(planner: Planner, node: NodeState, assessment: Assessment) -> None:
     """An invalid pin is a Warning Event on the node (the operator meant something sunkd
     does not obey), as often as a conflict's."""
     problem = assessment.pin_problem
@@ -103,7 +103,7 @@ def _report_invalid_pin(planner: _Planner, node: NodeState, assessment: Assessme
                        (Label("event_reason", wk.EVENT_INVALID_PIN), Label("message", problem)))
 
 
-def _report_gres(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+def report_gres(planner: Planner, node: NodeState, assessment: Assessment) -> None:
     """A Slurm-owned node whose registered GRES is not its GPUs is held (never lent): a
     Warning Event on the node says why, as often as a conflict's."""
     problem = assessment.gres_problem
@@ -112,13 +112,13 @@ def _report_gres(planner: _Planner, node: NodeState, assessment: Assessment) -> 
                        (Label("event_reason", wk.EVENT_GRES_MISMATCH), Label("message", problem)))
 
 
-def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, ...]) -> None:
+def report_overlap(planner: Planner, node: NodeState, claimed_by: tuple[str, ...]) -> None:
     """A node several pools select belongs to none of them: say so on the node, once per
     CONFLICT_WARN_EVERY_SECONDS (only when both sides can be trusted right now).
 
     No pool drives it, but a Slurm job beside a pod there is still a conflict: the
     `SunkdConflict` Warning (naming the pool conflict too) and the repair of the node's
-    settled owner (`_repair_while_held`: a lent node drained again, pods evicted from a
+    settled owner (`repair_while_held`: a lent node drained again, pods evicted from a
     Slurm-owned one), as for a node of one pool; nothing else (no move, no mirror)."""
     state = planner.state
     if not state.sources_fresh():
@@ -129,10 +129,10 @@ def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, .
            "one Nodeset stops selecting it")
     assessment = assess(state, node, planner.now)
     if assessment.actionable and assessment.conflicts:
-        _report_conflict(planner, node, dataclasses.replace(
+        report_conflict(planner, node, dataclasses.replace(
             assessment, conflicts=(*assessment.conflicts, why)))
         if not assessment.identity_conflict:  # which Node is which is unknown: warn only
-            _repair_while_held(planner, node, assessment)
+            repair_while_held(planner, node, assessment)
         return
     if _warned_lately(planner, node):
         return
@@ -140,7 +140,7 @@ def _report_overlap(planner: _Planner, node: NodeState, claimed_by: tuple[str, .
                    (Label("event_reason", wk.EVENT_POOL_CONFLICT), Label("message", why)))
 
 
-def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
+def repair_settled(planner: Planner, node: NodeState, assessment: Assessment) -> None:
     """Put back the side effects of a settled phase that someone or something undid."""
     slurm = node.slurm
     k8s = node.k8s
@@ -149,23 +149,23 @@ def _repair(planner: _Planner, node: NodeState, assessment: Assessment) -> None:
         if not has_owner_taint(k8s):
             planner.ensure(node, wk.OWNER_KUBERNETES, VERB_LOCK,
                            "repair: Slurm-owned node lost its owner taint")
-        pods = _active_pod_count(node)
+        pods = active_pod_count(node)
         if pods and has_owner_taint(k8s):
             planner.ensure(
                 node,
                 wk.OWNER_KUBERNETES,
                 VERB_EVICT,
                 f"repair: {pods} pool pod(s) on a Slurm-owned node",
-                _evict_args(node),
+                evict_args(node),
             )
         if ("DRAIN" in slurm.flags and is_lend_drain(slurm.reason) and our_drain(node)
-                and _may_resume(node)):
+                and may_resume(node)):
             planner.ensure(
                 node,
                 wk.OWNER_SLURM,
                 VERB_RESUME,
                 "repair: Slurm-owned node still carries a lend drain",
-                _expected_drain(slurm),
+                expected_drain(slurm),
             )
     elif assessment.phase == Phase.KUBERNETES:
         if "DRAIN" not in slurm.flags and not foreign_word(slurm, node.drain_mark):

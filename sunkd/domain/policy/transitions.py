@@ -1,8 +1,8 @@
 """Driving a node's transition: the next step of an open one, or starting an adoption.
 
-`_handle_transition` decides, before each step, whether an open move must stop (a
+`handle_transition` decides, before each step, whether an open move must stop (a
 hold, a pin or pool mode to the other side, surplus, drain timeout) and otherwise
-advances it through `lend` or `reclaim`. `_adopt` gives a node sunkd sees for the
+advances it through `lend` or `reclaim`. `adopt_node` gives a node sunkd sees for the
 first time an owner, by starting a transition that finishes whatever phase it is in.
 `stale_action` is the outbox's side of a transition's end: what the transition asked
 for and has not run yet never runs after it.
@@ -19,10 +19,10 @@ from sunkd.domain.ownership import (
     running_pods,
     slurm_drained,
 )
-from sunkd.domain.policy.lend import _abort_lend, _advance_to_kubernetes, _unlock_started
+from sunkd.domain.policy.lend import abort_lend, advance_to_kubernetes, unlock_started
 from sunkd.domain.policy.model import MODE_KUBERNETES, MODE_SLURM, PoolSpec
-from sunkd.domain.policy.planner import _Planner
-from sunkd.domain.policy.reclaim import _advance_to_slurm, _resume_started
+from sunkd.domain.policy.planner import Planner
+from sunkd.domain.policy.reclaim import advance_to_slurm, resume_started
 from sunkd.domain.state import OWNER_NONE, NodeState, OpenAction
 
 
@@ -41,8 +41,8 @@ def stale_action(action: OpenAction, node: NodeState | None) -> str | None:
     return f"not run: transition {tx} ended before it ran"
 
 
-def _handle_transition(
-    planner: _Planner,
+def handle_transition(
+    planner: Planner,
     node: NodeState,
     assessment: Assessment,
     spec: OwnershipSpec,
@@ -55,8 +55,8 @@ def _handle_transition(
         # Past its point of no return (a lend's taint removal, a reclaim's resume), a
         # move waits out a passing hold (a kubelet or slurmd blip) instead of flipping
         # the node back; only a node gone from one side ends it.
-        committed = (direction == "lend" and _unlock_started(node, transition)) or (
-            direction == "reclaim" and _resume_started(node, transition)
+        committed = (direction == "lend" and unlock_started(node, transition)) or (
+            direction == "reclaim" and resume_started(node, transition)
         )
         missing = node.slurm is None or node.k8s is None
         if direction == "reclaim" and committed:
@@ -87,23 +87,23 @@ def _handle_transition(
             # The owner taint is already coming off: finish the handover if Slurm still
             # reports the node drained by us (a drain undone meanwhile is drained again,
             # unless someone else's word is on it: then the lend is aborted).
-            _advance_to_kubernetes(planner, node, transition)
+            advance_to_kubernetes(planner, node, transition)
             return
         if not committed or missing:
             planner.abort(node, transition, "held: " + "; ".join(assessment.hold_reasons))
         return
     now = planner.now
     if direction == "lend":
-        committed = _unlock_started(node, transition)
+        committed = unlock_started(node, transition)
         if not committed:
             if assessment.pin == wk.OWNER_SLURM:
-                _abort_lend(planner, node, transition, assessment.pin_why())
+                abort_lend(planner, node, transition, assessment.pin_why())
                 return
             if spec.mode == MODE_SLURM and assessment.pin != wk.OWNER_KUBERNETES:
-                _abort_lend(planner, node, transition, "pool mode is Slurm")
+                abort_lend(planner, node, transition, "pool mode is Slurm")
                 return
             if transition.transition_id in surplus_lends:
-                _abort_lend(
+                abort_lend(
                     planner, node, transition, "kubernetes demand gone (fewer nodes needed)"
                 )
                 return
@@ -111,7 +111,7 @@ def _handle_transition(
                 not slurm_drained(node.slurm)
                 and now - transition.started_at >= spec.drain_timeout_seconds
             ):
-                _abort_lend(
+                abort_lend(
                     planner,
                     node,
                     transition,
@@ -119,9 +119,9 @@ def _handle_transition(
                     f"({spec.drain_timeout_seconds:g}s)",
                 )
                 return
-        _advance_to_kubernetes(planner, node, transition)
+        advance_to_kubernetes(planner, node, transition)
         return
-    if direction == "reclaim" and not _resume_started(node, transition):
+    if direction == "reclaim" and not resume_started(node, transition):
         if assessment.pin == wk.OWNER_KUBERNETES:
             planner.abort(node, transition, assessment.pin_why())
             return
@@ -129,12 +129,12 @@ def _handle_transition(
             planner.abort(node, transition, "pool mode is Kubernetes")
             return
     if transition.to_owner == wk.OWNER_KUBERNETES:
-        _advance_to_kubernetes(planner, node, transition)
+        advance_to_kubernetes(planner, node, transition)
     else:
-        _advance_to_slurm(planner, node, transition, spec)
+        advance_to_slurm(planner, node, transition, spec)
 
 
-def _adopt(planner: _Planner, node: NodeState, pool: PoolSpec) -> None:
+def adopt_node(planner: Planner, node: NodeState, pool: PoolSpec) -> None:
     slurm = node.slurm
     k8s = node.k8s
     assert slurm is not None and k8s is not None
@@ -146,7 +146,7 @@ def _adopt(planner: _Planner, node: NodeState, pool: PoolSpec) -> None:
             wk.OWNER_KUBERNETES,
             "adopt: drained by sunkd in Slurm and no owner taint, so already lent",
         )
-        _advance_to_kubernetes(planner, node, transition)
+        advance_to_kubernetes(planner, node, transition)
         return
     transition = planner.start(
         node,
@@ -155,4 +155,4 @@ def _adopt(planner: _Planner, node: NodeState, pool: PoolSpec) -> None:
         wk.OWNER_SLURM,
         f"adopt: first seen {slurm.state.upper()} in Slurm; nodes start Slurm-owned",
     )
-    _advance_to_slurm(planner, node, transition, pool.ownership)
+    advance_to_slurm(planner, node, transition, pool.ownership)
