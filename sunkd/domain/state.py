@@ -218,6 +218,13 @@ class UnpooledNode(NamedTuple):
     k8s_rivals: Mapping[str, K8sNodeObserved]
     pods: tuple[PodRef, ...] | None = None
 
+    @classmethod
+    def of(cls, node: NodeState) -> UnpooledNode:
+        """The record of a node without history (`expand`'s inverse)."""
+        return cls(node.k8s_name, node.slurm, node.k8s, node.slurm_seq, node.k8s_seq,
+                   node.slurm_missing, node.k8s_missing, node.slurm_unhealthy_since,
+                   node.gone_since, node.k8s_rivals, node.pods)
+
     def expand(self, name: str) -> NodeState:
         return NodeState(
             name=name, k8s_name=self.k8s_name, slurm=self.slurm, k8s=self.k8s,

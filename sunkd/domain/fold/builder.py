@@ -42,12 +42,6 @@ def event_time(event: RecordedEvent) -> float:
     return event.recorded_at.timestamp()
 
 
-def _record_of(node: NodeState) -> UnpooledNode:
-    return UnpooledNode(node.k8s_name, node.slurm, node.k8s, node.slurm_seq, node.k8s_seq,
-                        node.slurm_missing, node.k8s_missing, node.slurm_unhealthy_since,
-                        node.gone_since, node.k8s_rivals, node.pods)
-
-
 _NODE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NodeState))
 
 
@@ -224,7 +218,7 @@ class Builder:
                 if records is not None and without_history(node) and not in_a_pool(
                         rules, node):
                     copied.pop(name, None)
-                    records[name] = _record_of(node)
+                    records[name] = UnpooledNode.of(node)
                     continue
                 copied[name] = node
                 if records is not None:
