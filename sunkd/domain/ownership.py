@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from sunkd.domain import authorship as marks
 from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark
-from sunkd.domain.events import K8sNodeObserved, SlurmNodeObserved
+from sunkd.domain.events import K8sNodeObserved, PodRef, SlurmNodeObserved
 from sunkd.domain.gres import gres_problem
 from sunkd.domain.slurmnode import (
     in_contact,
@@ -345,16 +345,19 @@ def _pin_of(node: NodeState) -> tuple[str | None, str | None]:
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 
+def _beside_slurm(pod: PodRef, node: NodeState) -> bool:
+    """A pod that has not finished and is not this node's own slurmd pod (Slurm's daemon,
+    not a pod beside Slurm; a slurmd pod for another node, or an impostor, counts). The
+    one test behind `running_pods` and `running_pod_count`, so they never disagree."""
+    return pod.phase not in _DONE_PHASES and pod.slurmd != node.name
+
+
 def running_pods(node: NodeState) -> list[str]:
     """`namespace/name` of every pod the Kubernetes source reports on the node that has not
-    finished: the pool's pods and any other non-DaemonSet, non-mirror pod. sunkd's own
-    slurmd pod for this node is Slurm's daemon, not a pod beside Slurm: it never counts
-    (a slurmd pod for another node, or an impostor, does)."""
-    return sorted(
-        f"{pod.namespace}/{pod.name}"
-        for pod in node.pods or ()
-        if pod.phase not in _DONE_PHASES and pod.slurmd != node.name
-    )
+    finished: the pool's pods and any other non-DaemonSet, non-mirror pod, except the
+    node's own slurmd pod (`_beside_slurm`)."""
+    return sorted(f"{pod.namespace}/{pod.name}" for pod in node.pods or ()
+                  if _beside_slurm(pod, node))
 
 
 def no_pods(node: NodeState) -> bool:
@@ -367,8 +370,7 @@ def no_pods(node: NodeState) -> bool:
 def running_pod_count(node: NodeState) -> int:
     """How many pods `running_pods` lists, without naming and sorting them (the policy
     counts and orders by it for every member on every round)."""
-    return sum(1 for pod in node.pods or ()
-               if pod.phase not in _DONE_PHASES and pod.slurmd != node.name)
+    return sum(1 for pod in node.pods or () if _beside_slurm(pod, node))
 
 
 def observed(node: NodeState) -> bool:
