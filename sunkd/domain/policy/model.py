@@ -140,9 +140,13 @@ _MATCHED: list[tuple[tuple[PoolSpec, ...], _Rules, dict[str, tuple[NodeState, li
 def _rules_for(pools: Sequence[PoolSpec]
                ) -> tuple[_Rules, dict[str, tuple[NodeState, list[str]]]]:
     key = tuple(pools)
-    if not _MATCHED or _MATCHED[0][0] != key:
-        _MATCHED[:] = [(key, _Rules(key), {})]
-    _key, rules, matched = _MATCHED[0]
+    # One read of the shared entry: `membership` runs in several threads at once (decide
+    # in a worker, the extender, the API), and another caller's pools may replace it.
+    entry = _MATCHED[0] if _MATCHED else None
+    if entry is None or entry[0] != key:
+        entry = (key, _Rules(key), {})
+        _MATCHED[:] = [entry]
+    _key, rules, matched = entry
     if len(matched) >= 200_000:  # names come and go: a bound for very long runs
         matched.clear()
     return rules, matched
