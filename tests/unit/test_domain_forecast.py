@@ -95,3 +95,18 @@ def test_the_fold_keeps_the_pool_s_summary_and_a_snapshot_keeps_it() -> None:
     assert state_from_json(json.loads(json.dumps(raw))) == state
     raw.pop("demand_history")  # a snapshot written before the forecast: starts cold
     assert state_from_json(raw).demand_history == {}
+
+
+def test_a_garbled_history_predicts_nothing() -> None:
+    """A snapshot's summary with NaN or infinite numbers (Python's JSON reads both) starts
+    those fields cold, and an hour whose error is not a number predicts nothing: never a
+    lend ahead on garbage, and never a forecast loop that cannot end."""
+    nan, inf = float("nan"), float("inf")
+    ready = (forecast.MIN_SAMPLES,) * BUCKETS
+    garbled = DemandSummary(means=(3.0,) * BUCKETS, samples=ready, errors=(nan,) * BUCKETS)
+    assert predict(garbled, 0.0, 0.9) is None
+    raw = json.loads(json.dumps(forecast.to_json(DemandSummary(
+        means=(inf,) * BUCKETS, samples=ready, lead=nan))))
+    loaded = forecast.from_json(raw)
+    assert loaded.lead == 0.0 and loaded.means == (0.0,) * BUCKETS
+    assert predict(loaded, 0.0, 0.9) is not None  # cold means, real samples: a number
