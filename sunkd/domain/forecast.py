@@ -143,7 +143,9 @@ def predict(summary: DemandSummary, at: float, quantile: float) -> Prediction | 
     hour's peaks (None: that hour has not been seen `MIN_SAMPLES` times, or its error is
     above `ERROR_LIMIT`)."""
     b = _bucket(int(at // HOUR))
-    if summary.samples[b] < MIN_SAMPLES or summary.errors[b] > ERROR_LIMIT:
+    # `not error <= LIMIT`: an error that is not a number is no licence to predict.
+    if summary.samples[b] < MIN_SAMPLES or not summary.errors[b] <= ERROR_LIMIT \
+            or not math.isfinite(summary.means[b]) or not math.isfinite(summary.variances[b]):
         return None
     mean = summary.means[b]
     spread = math.sqrt(max(summary.variances[b], 0.0))
@@ -173,7 +175,8 @@ def to_json(summary: DemandSummary) -> dict[str, object]:
 
 def from_json(raw: dict[str, object]) -> DemandSummary:
     """A summary from `to_json`; fields a snapshot lacks keep their cold-start values, and
-    per-hour lists of another length start cold (nothing is guessed)."""
+    per-hour lists of another length, or with a value that is not a finite number, start
+    cold (nothing is guessed: Python's JSON reads NaN and Infinity)."""
     fields: dict[str, object] = {}
     for name in DemandSummary.__slots__:
         if name not in raw:
@@ -183,9 +186,13 @@ def from_json(raw: dict[str, object]) -> DemandSummary:
             if len(value) != BUCKETS:
                 continue
             kind = int if name == "samples" else float
-            fields[name] = tuple(kind(v) for v in value)
+            parsed = tuple(kind(v) for v in value)
+            if all(math.isfinite(v) for v in parsed):
+                fields[name] = parsed
         elif name == "lead":
-            fields[name] = float(value)  # type: ignore[arg-type]
+            lead = float(value)  # type: ignore[arg-type]
+            if math.isfinite(lead):
+                fields[name] = lead
         else:
             fields[name] = int(value)  # type: ignore[call-overload]
     return DemandSummary(**fields)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ starts a drain earlier, it never skips a check.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,6 +54,8 @@ def forecast_wanted(state: ClusterState, pool: PoolSpec,
         return None
     summary = forecast.close_hours(summary, now)  # hours no event has closed yet
     lead = lead_seconds(summary, spec.forecast_horizon_seconds)
+    if not 0.0 <= lead < math.inf:  # NaN or worse: no forecast, and a loop that ends
+        return None
     best: forecast.Prediction | None = None
     at = now
     while True:
