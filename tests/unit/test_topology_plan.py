@@ -270,3 +270,32 @@ def test_topology_applied_reaches_the_nodeset_status() -> None:
     assert (applied["status"], applied["reason"], applied["observedGeneration"]) == (
         "False", "Empty", 3)
     assert applied["message"].startswith("the topology would list no node")
+
+
+def test_a_new_term_reads_the_file_again(tmp_path: Path) -> None:
+    """Someone rewrites the file between two terms: the next term finds that out and
+    writes sunkd's topology back, instead of reporting "unchanged, applied" from what
+    this process wrote last (another leader or an operator may have written since)."""
+    path = tmp_path / "topology.conf"
+    node = NodeState("n1", k8s_name="k1", owner=wk.OWNER_SLURM,
+                     slurm=SlurmNodeObserved(node="n1", state="IDLE"))
+    state = ClusterState(nodes={"n1": node}, k8s_names={"k1": "n1"})
+    stop = asyncio.Event()
+
+    async def list_nodes() -> list[dict[str, object]]:
+        stop.set()  # one round per run
+        return [{"metadata": {"name": "k1", "labels": {TOPOGRAPH_LEAF: "l1"}}}]
+
+    async def scenario() -> None:
+        delivery = TopologyDelivery(TopologySettings(file=path, min_interval_seconds=1.0),
+                                    TopologyFile(path, scontrol="/bin/true"), list_nodes,
+                                    lambda: state, clock=iter(range(0, 1000, 100)).__next__)
+        await asyncio.wait_for(delivery.run(stop, every=0.01), 5)
+        ours = path.read_text()
+        path.write_text("SwitchName=other Nodes=n1\n")  # between the terms
+        stop.clear()
+        await asyncio.wait_for(delivery.run(stop, every=0.01), 5)
+        assert delivery.last is not None and delivery.last.reason == "Applied"
+        assert path.read_text() == ours
+
+    asyncio.run(scenario())
