@@ -48,8 +48,9 @@ class TopologyDelivery:
         self._clock = clock
         self._spec = topology_spec(settings)  # the default; Nodesets may replace it
         self._format: Format = "yaml" if file.path.suffix == ".yaml" else "conf"
-        # What Slurm has: the file as sunkd finds it (it owns the file once configured).
-        self.last_text: str | None = file.current()
+        # What Slurm has: the file as found now and at each term's start (`run`; None:
+        # absent or unreadable, so the next round writes rather than report "unchanged").
+        self.last_text: str | None = self._read()
         self.last_write_at: float | None = None
         self.last: TopologyPlan | None = None
         registry = registry if registry is not None else CollectorRegistry()
@@ -59,6 +60,13 @@ class TopologyDelivery:
         self._writes = Counter("sunkd_topology_reconfigures", "Topology writes followed by "
                                "scontrol reconfigure, by result", ["result"],
                                registry=registry)
+
+    def _read(self) -> str | None:
+        try:
+            return self.file.current()
+        except ActionError as error:
+            log.warning("topology.unreadable", path=str(self.file.path), error=str(error))
+            return None
 
     async def round(self) -> TopologyPlan:
         now = self._clock()
@@ -99,6 +107,9 @@ class TopologyDelivery:
         return plan
 
     async def run(self, stop: asyncio.Event, every: float = 5.0) -> None:
+        # A term starts from the file as it is: another leader or an operator may have
+        # written it since this process last did.
+        self.last_text = self._read()
         while not stop.is_set():
             await self.round()
             try:

@@ -59,11 +59,13 @@ class TopologyFile:
         self._yaml = path.suffix == ".yaml"
 
     def current(self) -> str | None:
-        """The file as it is now (None when absent)."""
+        """The file as it is now (None when absent); ActionError when it cannot be read."""
         try:
             return self.path.read_text()
         except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as error:
+            raise ActionError(f"cannot read {self.path}: {error}", retryable=True) from error
 
     async def apply(self, text: str) -> None:
         """Replace the file with `text` and `scontrol reconfigure`. Raises RefusedError
