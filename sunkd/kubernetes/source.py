@@ -216,6 +216,11 @@ class KubernetesSource:
         return self.watches["nodes"].cache
 
     @property
+    def synced(self) -> bool:
+        """Every watch has listed once (the caches hold the cluster, not a first page)."""
+        return self._synced.is_set()
+
+    @property
     def pods(self) -> dict[str, PodFacts]:
         return self.watches["pods"].cache
 

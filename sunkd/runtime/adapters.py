@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from sunkd.kubernetes.actuator import KubernetesActuator
     from sunkd.kubernetes.client import KubeClient
+    from sunkd.kubernetes.source import KubernetesSource
     from sunkd.runtime.topology import TopologyDelivery
     from sunkd.slurm.client import SlurmRestClient
 
@@ -74,6 +75,7 @@ class Adapters:
         self._kube_client = kube_client
         self._slurm_env = slurm_env
         self._topology: TopologyDelivery | None = None
+        self._kube_source: KubernetesSource | None = None  # this term's (topology labels)
 
     def enabled_sources(self) -> list[str]:
         sources = []
@@ -172,19 +174,19 @@ class Adapters:
             # Only a fenced append ends the source (our term is over); anything else makes
             # it stale and it recovers by itself.
             gres = self.settings.gres
-            sources.append(KubernetesSource(kube_client, appends.wrap("kubernetes", sink),
-                                            previous=kubernetes_seed(state),
-                                            fatal_errors=(StaleLeaderError,),
-                                            gres_type_map=gres.type_map if gres.check
-                                            else None))
+            self._kube_source = KubernetesSource(
+                kube_client, appends.wrap("kubernetes", sink), previous=kubernetes_seed(state),
+                fatal_errors=(StaleLeaderError,),
+                gres_type_map=gres.type_map if gres.check else None)
+            sources.append(self._kube_source)
         return sources
 
     def topology(self, state: Callable[[], ClusterState], may_write: Callable[[], bool],
                  clock: Callable[[], float], registry: CollectorRegistry
                  ) -> TopologyDelivery | None:
         """The topology file's keeper when `[topology] file` is set (one per process: its
-        metrics live as long as the registry), else None. Each term runs its rounds with
-        that term's Kubernetes client."""
+        metrics live as long as the registry), else None. Each round reads the labels from
+        the term's Kubernetes source (its Node watch already holds them: no LIST)."""
         if self.settings.topology.file is None:
             return None
         if self._topology is not None:
@@ -197,13 +199,10 @@ class Adapters:
                             may_write=may_write)
 
         async def list_nodes() -> list[dict[str, Any]]:
-            from sunkd.kubernetes.client import NODES
-
-            client = self._kube_client
-            if client is None:
-                raise RuntimeError("no Kubernetes client in this term")
-            items, _version = await client.list(NODES)
-            return items
+            source = self._kube_source
+            if source is None or not source.synced:  # labels unknown: nothing is written
+                raise RuntimeError("the Kubernetes source has not listed the Nodes yet")
+            return list(source.nodes.values())
 
         self._topology = TopologyDelivery(self.settings.topology, file, list_nodes, state,
                                           clock=clock, registry=registry)
