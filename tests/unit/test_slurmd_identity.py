@@ -20,7 +20,7 @@ from sunkd.domain.events import (
     SlurmdSpec,
 )
 from sunkd.domain.ownership import no_pods, running_pod_count, running_pods
-from sunkd.domain.policy import effective_pools
+from sunkd.domain.policy import VERB_UNLOCK, effective_pools
 from sunkd.domain.policy.slurmd import (
     VERB_SLURMD_DELETE,
     SlurmdNodeset,
@@ -129,7 +129,7 @@ def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
 
 async def test_the_executor_refuses_a_slurmd_delete_it_cannot_confirm_with_slurm() -> None:
     """No Slurm reader: the delete is refused before any Kubernetes call (fail closed),
-    where `unlock` keeps its older behaviour."""
+    as for `unlock`."""
     action = OpenAction("a1", None, wk.OWNER_KUBERNETES, VERB_SLURMD_DELETE, "n1", 1, "lend",
                         (Label("pod", "hpc/gpu-n1"),), 0.0, 1)
     with pytest.raises(ActionError, match="no Slurm reader to confirm it is drained") as raised:
@@ -145,3 +145,13 @@ def test_the_count_and_the_list_of_running_pods_agree_on_slurmd_pods() -> None:
     for pods in ((own,), (other,), (own, other), ()):
         node = NodeState(name="n1", pods=pods)
         assert running_pod_count(node) == len(running_pods(node))
+
+
+async def test_the_executor_refuses_an_unlock_it_cannot_confirm_with_slurm() -> None:
+    """The one unsafe action asks Slurm right before; with no Slurm reader it cannot, so
+    it is refused (retried), never run unconfirmed."""
+    action = OpenAction("a2", None, wk.OWNER_KUBERNETES, VERB_UNLOCK, "n1", 1, "lend",
+                        (), 0.0, 1)
+    with pytest.raises(ActionError, match="no Slurm reader") as raised:
+        await ActuatorExecutor(None, None, None).execute(action, None)
+    assert raised.value.retryable
