@@ -85,10 +85,7 @@ class ActuatorExecutor:
                 await self._check_drained(action.node)
             if action.verb == VERB_SLURMD_DELETE:
                 # Killing slurmd under a job leaves the node busy until SlurmdTimeout: ask
-                # Slurm right before, and refuse when it cannot be asked (fail closed).
-                if self.slurm_reader is None:
-                    raise ActionError(f"refusing to delete the slurmd pod of {action.node}: "
-                                      "no Slurm reader to confirm it is drained", retryable=True)
+                # Slurm right before.
                 await self._check_drained(action.node, "delete the slurmd pod of")
             return await self._kubernetes(action, k8s_name)
         raise ActionError(f"unknown side {action.side!r}", retryable=False)
@@ -96,9 +93,11 @@ class ActuatorExecutor:
     async def _check_drained(self, node: str, what: str = "unlock") -> None:
         """Defence in depth for the one unsafe action: the policy decided to unlock on
         an observation up to a poll interval old, so ask Slurm again right before
-        handing the node to Kubernetes (DRAIN, nothing allocated, not completing)."""
+        handing the node to Kubernetes (DRAIN, nothing allocated, not completing). Without
+        a Slurm reader it cannot ask, so it refuses (fail closed)."""
         if self.slurm_reader is None:
-            return
+            raise ActionError(f"refusing to {what} {node}: no Slurm reader to confirm it is "
+                              "drained", retryable=True)
         try:
             nodes = await self.slurm_reader.get_nodes()
         except Exception as error:
