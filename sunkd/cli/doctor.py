@@ -36,6 +36,8 @@ class SlurmReport:
     auth: str
     node_updates: str
     nodes: list[SlurmNode]
+    # Every node slurmctld has, whatever `slurm.partitions` shows (MaxNodeCount counts all).
+    slurm_nodes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +84,7 @@ async def slurm_report(settings: Settings) -> SlurmReport:
     try:
         await client.negotiate()
         nodes = await client.get_nodes()
+        every = len(nodes)
         partitions = settings.slurm.partitions
         if partitions:
             nodes = [n for n in nodes if any(p in partitions for p in n.partitions)]
@@ -92,6 +95,7 @@ async def slurm_report(settings: Settings) -> SlurmReport:
             auth=client.auth_mode,
             node_updates=_update_path(client),
             nodes=nodes,
+            slurm_nodes=every,
         )
     finally:
         await client.close()
@@ -215,7 +219,7 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
                 f"  nodes:          {len(report.nodes)}\n\n"
             )
             lines.extend(line + "\n" for line in _table(report.nodes))
-            slurmd = await slurmd_report(len(report.nodes))
+            slurmd = await slurmd_report(report.slurm_nodes)
             result["slurmd_prerequisites"] = slurmd
             lines.append("\n")
             lines.extend(line + "\n" for line in _slurmd_lines(slurmd))
