@@ -129,6 +129,10 @@ class TopologyError(ValueError):
     """The topology would be empty, mixed or is misconfigured: keep the last good one."""
 
 
+class EmptyTopologyError(TopologyError):
+    """The topology would list no node (slurmctld must never be given that)."""
+
+
 # ------------------------------------------------------------------------- input
 
 
@@ -323,7 +327,7 @@ def render(nodes: Iterable[TopologyNode], include: Iterable[str], spec: Topology
                       tuple(sorted(unplaced)))
     if not result.nodes:
         why = "; ".join(f"{n}: {r}" for n, r in result.unplaced[:5])
-        raise TopologyError("the topology would list no node" + (f" ({why})" if why else
+        raise EmptyTopologyError("the topology would list no node" + (f" ({why})" if why else
                                                                   " (no node given)"))
     return result
 

@@ -25,6 +25,7 @@ from sunkd.domain.slurmnode import registered
 from sunkd.domain.state import ClusterState
 from sunkd.domain.topology import (
     DEFAULT_PRESET,
+    EmptyTopologyError,
     Topology,
     TopologyError,
     TopologyNode,
@@ -82,8 +83,8 @@ def plan_topology(nodes: Iterable[TopologyNode], include: Iterable[str], spec: T
         topology = render(nodes, include, spec)
     except TopologyError as error:
         kept = "the last good file stays" if last_text is not None else "nothing written"
-        empty = "would list no node" in str(error)
-        return TopologyPlan(None, False, "Empty" if empty else "Invalid", f"{error}; {kept}")
+        reason = "Empty" if isinstance(error, EmptyTopologyError) else "Invalid"
+        return TopologyPlan(None, False, reason, f"{error}; {kept}")
     text = text_of(topology, fmt, name)
     if fmt == "conf" and conf_kind(text) != spec.kind:  # belt and braces: never mixed
         return TopologyPlan(None, False, "Invalid",

@@ -42,7 +42,7 @@ async def write_nodeset_status(writer: NodesetStatusWriter, *,
         await asyncio.sleep(interval)
         if not may_act():
             continue
-        current, current_pools = state(), pools()
+        current, current_pools, extra = state(), pools(), conditions()
         member_of: dict[str, str] | None = None
         for pool_name, nodeset in sorted(current.nodesets.items()):
             if nodeset.deleted or "/" not in pool_name:
@@ -54,7 +54,7 @@ async def write_nodeset_status(writer: NodesetStatusWriter, *,
             status = build_nodeset_status(
                 current, current_pools, pool_name, nodeset.generation, clock(),
                 {c["type"]: c for c in previous.get("conditions", [])}, member_of,
-                extra_conditions=conditions())
+                extra_conditions=extra)
             if status == previous:
                 continue
             try:
