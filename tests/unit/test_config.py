@@ -58,6 +58,11 @@ max_in_flight = 2
     ("[slurm]\nurll = 'x'", {}, "slurm.urll"),
     ("[[pools]]\nname = 'a'\nprefer = 'Nobody'", {}, "pools[0].prefer"),
     ("[[pools]]\nname = 'a'\n[[pools]]\nname = 'a'", {}, "pools"),
+    # Both read what Kubernetes says of the Nodes (labels; allocatable GPUs): without
+    # Kubernetes the file could never be written and every node would be unknown.
+    ("[topology]\nfile = '/etc/slurm/topology.conf'\n[kubernetes]\nenabled = false", {},
+     "topology.file"),
+    ("[gres]\ncheck = true\n[kubernetes]\nenabled = false", {}, "gres.check"),
 ])
 def test_invalid_settings_name_the_key(tmp_path: Path, toml: str, env: dict[str, str],
                                        key: str) -> None:
