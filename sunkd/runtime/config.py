@@ -263,6 +263,15 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("slurm.url", "must start with http://, https:// or unix:")
     _check_name("identity", settings.identity)
     _check_topology(settings.topology)
+    # Both are read from the Kubernetes Nodes (their labels; their allocatable GPUs):
+    # without Kubernetes the file would never be written and every GPU count unknown.
+    if not settings.kubernetes.enabled:
+        if settings.topology.file is not None:
+            raise ConfigError("topology.file", "needs kubernetes.enabled: the topology is "
+                                               "rendered from the Nodes' labels")
+        if settings.gres.check:
+            raise ConfigError("gres.check", "needs kubernetes.enabled: the GPUs a node "
+                                            "should have come from its Node")
     for product, kind in settings.gres.type_map.items():
         try:
             gpu_type(product, settings.gres.type_map)
