@@ -124,6 +124,10 @@ class Metrics:
             "sunkd_nodes_gres_inconsistent",
             "Slurm-owned nodes held because Slurm's GRES is not their GPUs (GresConsistent).",
             ["pool"], registry=r)
+        self.quantity_unparsed = Gauge(
+            "sunkd_nodes_quantity_unparsed",
+            "Nodes whose allocatable cpu, memory or GPUs did not parse (capacity unknown).",
+            ["pool"], registry=r)
         self.unpooled_marked = Gauge(
             "sunkd_nodes_unpooled_marked",
             "Nodes in no pool that still carry a drain or taint sunkd made (`sunkd status` "
@@ -317,6 +321,7 @@ class Metrics:
         conflicts: dict[tuple[str, ...], int] = {}
         invalid_pins: dict[tuple[str, ...], int] = {}
         gres_bad: dict[tuple[str, ...], int] = {}
+        unparsed: dict[tuple[str, ...], int] = {}
         unpooled_marked = 0
         for name, node in state.nodes.items():
             if not observed(node):
@@ -331,6 +336,8 @@ class Metrics:
                 invalid_pins[(pool,)] = invalid_pins.get((pool,), 0) + 1
             if assessment.gres_problem is not None:
                 gres_bad[(pool,)] = gres_bad.get((pool,), 0) + 1
+            if node.k8s is not None and node.k8s.unparsed:
+                unparsed[(pool,)] = unparsed.get((pool,), 0) + 1
             key = (pool, node.owner, assessment.phase.value)
             counts[key] = counts.get(key, 0) + 1
             if node.slurm is not None:
@@ -357,6 +364,7 @@ class Metrics:
         self._set_all("conflicts", self.conflicts, conflicts)
         self._set_all("invalid_pins", self.invalid_pins, invalid_pins)
         self._set_all("gres_inconsistent", self.gres_inconsistent, gres_bad)
+        self._set_all("quantity_unparsed", self.quantity_unparsed, unparsed)
         self.unpooled_marked.set(unpooled_marked)
         self.pending_actions.set(len(state.pending_actions()))
         refused = self.append_failing()

@@ -11,6 +11,7 @@ a start on a log shorter than its snapshot refuses."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -118,6 +119,36 @@ async def test_a_start_on_a_log_shorter_than_its_snapshot_refuses(postgres_url: 
         assert daemon.fatal_error is not None
         assert "snapshot" in daemon.fatal_error and "seq 20" in daemon.fatal_error, \
             daemon.fatal_error
+        assert "do not restart" in daemon.fatal_error.lower(), daemon.fatal_error
+        assert await _rows(log) == (0, 0)  # no leader.elected at seq 1
+    finally:
+        await log.close()
+
+
+async def test_a_start_on_a_log_shorter_than_its_archive_base_refuses(
+        postgres_url: str, tmp_path: Path) -> None:
+    """After `sunkd log archive`, the rows up to the archive's base are gone from the
+    database on purpose; the live partition detached on top of it leaves a log that ends
+    before the base the archive recorded: a start refuses (it must not begin the log anew
+    at seq 1 and fork it from the archive)."""
+    from sunkd.store import archive
+    from tests.contract.test_archive import small_partitions
+
+    log = await EventLog.open(postgres_url, migrate=True)
+    try:
+        await small_partitions(log, 10)
+        await log.append_unfenced([Event(f"n{i}", SlurmNodeObserved(node=f"n{i}"))
+                                   for i in range(25)])
+        result = await archive.archive(log, tmp_path / "archive", upto_seq=24)
+        assert result is not None
+        base = result.upto_seq
+        assert await log.archive_base_seq() == base and 0 < base < 25
+        partition = await _live_partition(log)
+        await _admin(f"ALTER TABLE events DETACH PARTITION {partition}", postgres_url)
+        daemon = Daemon(settings_for(postgres_url))
+        assert await asyncio.wait_for(daemon.run(), 60) == 1
+        assert daemon.fatal_error is not None
+        assert f"seq {base}" in daemon.fatal_error, daemon.fatal_error
         assert "do not restart" in daemon.fatal_error.lower(), daemon.fatal_error
         assert await _rows(log) == (0, 0)  # no leader.elected at seq 1
     finally:

@@ -143,3 +143,49 @@ async def test_read_commands_leave_a_sunkd_log_unchanged(
             assert code == 0, (command, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == files
     assert _digest(path) == digest
+
+
+@pytest.mark.parametrize("own_events", [False, True], ids=["foreign", "own-events-table"])
+def test_simulate_from_log_leaves_another_applications_database_alone(
+        tmp_path: Path, own_events: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sunkd simulate --from-log` reads a log too: on another application's SQLite
+    database it exits 2 saying it is no sunkd log, and the file keeps its tables, its
+    journal mode and its bytes (opening it read-write used to switch it to WAL)."""
+    path = tmp_path / "app.db"
+    _foreign_database(path, own_events=own_events)
+    before, digest = _schema_and_mode(path), _digest(path)
+    assert main(["simulate", "--from-log", f"sqlite+aiosqlite:///{path}", "--json"]) == 2
+    assert _schema_and_mode(path) == before, "no table, view or journal mode change"
+    assert _digest(path) == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+    err = capsys.readouterr().err
+    assert f"not a sunkd log at {path}" in err, err
+
+
+async def test_read_commands_never_upgrade_an_older_sunkd_log(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A sunkd log at an older schema revision (an older sunkd's SQLite file) is read by
+    no command but `migrate`: each read command says to run `sunkd migrate` and leaves the
+    file as it was (SQLite logs used to be migrated by whatever command opened them)."""
+    import asyncio
+
+    from sunkd.store import migrations_api
+
+    path = tmp_path / "events.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    engine = create_engine(url)
+    try:
+        await migrations_api.upgrade(engine, "0002")
+        assert await migrations_api.current_revision(engine) == "0002"
+    finally:
+        await engine.dispose()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    digest = _digest(path)
+    for command in READ_COMMANDS:
+        code = await asyncio.to_thread(_run, command, url, tmp_path)
+        err = capsys.readouterr().err
+        assert code != 0, (command, err)
+        assert "0002" in err and "run `sunkd migrate`" in err, (command, err)
+        assert "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
+    assert _digest(path) == digest, "the file was changed (migrated?)"

@@ -399,6 +399,40 @@ def test_h6_a_pin_spelled_like_the_pool_mode_is_invalid_and_keeps_the_node() -> 
         metrics.registry).decode()
 
 
+def test_a_node_whose_quantities_did_not_parse_is_warned_and_counted() -> None:
+    """A pool Node whose allocatable does not parse (`cpu: NaN`) has unknown capacity:
+    besides the source's log line, it is said on the node (a `SunkdUnparsedQuantity`
+    Warning naming the resource, again every 10 minutes while it lasts) and counted
+    (`sunkd_nodes_quantity_unparsed`), as every other thing sunkd cannot trust is."""
+    from prometheus_client import generate_latest
+
+    from sunkd.api.metrics import Metrics
+    from tests.unit.domain_world import pool_spec
+
+    log = _cluster(2)
+    log.add(dataclasses.replace(k8s_obs("n1"), cpu_millis=0, unparsed=("cpu", "memory")),
+            5.0)
+    decisions = _decide(log, T0)
+    warns = [d for d in decisions if isinstance(d, RequestAction) and d.verb == "warn"]
+    assert [(w.node, w.arg("event_reason")) for w in warns] == [
+        ("n1", "SunkdUnparsedQuantity")]
+    message = warns[0].arg("message") or ""
+    assert "cpu" in message and "memory" in message and "unknown" in message, message
+    _record(log, decisions, T0)
+    _succeed(log, warns[0], T0 + 1)
+
+    def warned(now: float) -> list[str]:
+        return [d.node for d in _decide(log, now)
+                if isinstance(d, RequestAction) and d.verb == "warn"]
+
+    assert warned(T0 + 60) == []  # said: not again within the period
+    assert warned(T0 + 700) == ["n1"]  # and again after it, while it lasts
+    metrics = Metrics()
+    metrics.set_state(log.state(), T0, [pool_spec()])
+    exported = generate_latest(metrics.registry).decode()
+    assert f'sunkd_nodes_quantity_unparsed{{pool="{POOL}"}} 1.0' in exported, exported
+
+
 def test_h6_an_invalid_pin_aborts_a_move_away_like_a_pin_to_the_current_owner() -> None:
     """A lend not yet past its point of no return stops when an invalid pin appears (as
     for `sunkd.io/pin: slurm`); the node is not handed over."""

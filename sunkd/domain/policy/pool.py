@@ -36,6 +36,7 @@ from sunkd.domain.policy.repair import (
     report_conflict,
     report_gres,
     report_invalid_pin,
+    report_unparsed,
 )
 from sunkd.domain.policy.transitions import adopt_node, handle_transition
 from sunkd.domain.state import OWNER_NONE, NodeState
@@ -47,12 +48,23 @@ def plan_pool(planner: Planner, pool: PoolSpec, members: list[NodeState]) -> Non
     demand = net_demand(planner.state, pool, census)
     surplus_lends = _surplus_lends(spec, census, demand)
     _step_nodes(planner, pool, census, surplus_lends)
+    _start_moves(planner, pool, census, demand)
+    for node in census.members:
+        # Said only of a node nothing else this round is about (its Warning must not take
+        # the round, or the side, of a move or a repair): unknown capacity is no hold.
+        if (node.transition is None and node.name not in planner.touched
+                and census.assessments[node.name].actionable):
+            report_unparsed(planner, node)
 
+
+def _start_moves(planner: Planner, pool: PoolSpec, census: Census, demand: PoolDemand) -> None:
+    """Forced moves (pins, the pool's mode), then the moves demand wants, within budget."""
+    spec = pool.ownership
     budget = _move_budget(planner, spec, census)
     if budget == 0:
         return
-    lendable = [n for n in members if can_lend(planner, n, census.assessments[n.name])]
-    reclaimable = [n for n in members if can_reclaim(planner, n, census.assessments[n.name])]
+    lendable = [n for n in census.members if can_lend(planner, n, census.assessments[n.name])]
+    reclaimable = [n for n in census.members if can_reclaim(planner, n, census.assessments[n.name])]
     forced_lends, forced_reclaims = _forced_moves(spec, census, lendable, reclaimable)
     budget = _start_forced_moves(planner, pool, census, forced_lends, forced_reclaims, budget)
     # The forced moves used up the budget (nothing more could start), or the pool's mode

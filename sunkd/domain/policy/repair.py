@@ -112,6 +112,18 @@ def report_gres(planner: Planner, node: NodeState, assessment: Assessment) -> No
                        (Label("event_reason", wk.EVENT_GRES_MISMATCH), Label("message", problem)))
 
 
+def report_unparsed(planner: Planner, node: NodeState) -> None:
+    """A Node whose allocatable did not parse has unknown capacity (no pods are packed by
+    it): a Warning Event on the node names the resources, as often as a conflict's."""
+    k8s = node.k8s
+    if k8s is not None and k8s.unparsed and not _warned_lately(planner, node):
+        problem = (f"allocatable {', '.join(k8s.unparsed)} did not parse: capacity unknown, "
+                   "no pods are packed by it until the Node reports a valid quantity")
+        planner.ensure(node, wk.OWNER_KUBERNETES, VERB_WARN, problem,
+                       (Label("event_reason", wk.EVENT_UNPARSED_QUANTITY),
+                        Label("message", problem)))
+
+
 def report_overlap(planner: Planner, node: NodeState, claimed_by: tuple[str, ...]) -> None:
     """A node several pools select belongs to none of them: say so on the node, once per
     CONFLICT_WARN_EVERY_SECONDS (only when both sides can be trusted right now).
