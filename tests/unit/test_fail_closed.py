@@ -8,10 +8,11 @@ attributes it) is tests/integration/test_kube_source_fail_closed.py.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sunkd.domain.events import (
@@ -28,8 +29,10 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import assess, running_pods, slurm_drained
 from sunkd.domain.policy import PoolSpec, RequestAction, decide
+from sunkd.domain.ports import ActionError
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import Phase
+from sunkd.domain.state import OpenAction, Phase
+from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.slurm.model import SlurmNode
 from tests.unit.domain_world import (
     PARTITION,
@@ -254,6 +257,47 @@ def test_the_executors_recheck_and_the_policy_agree_on_drained(
     observed = node.to_observed()
     assert isinstance(observed, SlurmNodeObserved)
     assert node.is_drained == slurm_drained(observed)
+
+
+class _OneNodeSlurm:
+    """What `GET /nodes` returns right before the handover: one node."""
+
+    def __init__(self, node: SlurmNode) -> None:
+        self.node = node
+
+    async def get_nodes(self) -> list[SlurmNode]:
+        return [self.node]
+
+
+class _Unlocks:
+    """The Kubernetes side of the handover: records the unlocks that went out."""
+
+    def __init__(self) -> None:
+        self.unlocked: list[str] = []
+
+    async def unlock(self, node: str) -> bool:
+        self.unlocked.append(node)
+        return True
+
+
+@settings(deadline=None)
+@given(state=_STATES, flags=_FLAGS, alloc=st.integers(0, 4))
+def test_the_executor_unlocks_exactly_when_the_policy_calls_the_node_drained(
+        state: str, flags: frozenset[str], alloc: int) -> None:
+    """The executor's re-check as it runs: handed a lend's unlock, it removes the owner
+    taint exactly when the policy's `slurm_drained` holds for the same read of Slurm, and
+    otherwise refuses with a retryable error (never for ever: the policy stops asking once
+    it sees what the executor saw)."""
+    node = SlurmNode(name="n1", state=state, flags=flags, reason=LEND_DRAIN, cpus=8,
+                     alloc_cpus=alloc)
+    kubernetes = _Unlocks()
+    executor = ActuatorExecutor(None, kubernetes, _OneNodeSlurm(node))  # type: ignore[arg-type]
+    action = OpenAction("a1", "tx-1", "kubernetes", "unlock", "n1", 1, "lend", (), 0.0, 1)
+    try:
+        asyncio.run(executor.execute(action, None))
+    except ActionError as refused:
+        assert refused.retryable and "not drained" in str(refused)
+    assert (kubernetes.unlocked == ["n1"]) == slurm_drained(node.to_observed())
 
 
 def test_drain_with_undrain_pending_is_not_drained() -> None:
