@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sunkd.domain.ownership import has_hold_taint, slurm_drained
+from sunkd.domain import wellknown as wk
+from sunkd.domain.ownership import has_hold_taint, running_pods, slurm_drained
 from sunkd.domain.state import ClusterState
 from sunkd.kubernetes import kubeconfig as kubeconfig_module
 from sunkd.kubernetes.actuator import API_CALLS
@@ -204,9 +205,10 @@ class Sunkd:
 
 @contextlib.asynccontextmanager
 async def running_sunkd(database_url: str, cluster: SlurmCluster, world: World,
-                        *, lease: bool = False, listen: str = "127.0.0.1:0"
-                        ) -> AsyncIterator[Sunkd]:
-    settings = settings_for(database_url, cluster)
+                        *, lease: bool = False, listen: str = "127.0.0.1:0",
+                        **overrides: Any) -> AsyncIterator[Sunkd]:
+    """The daemon on `settings_for` (with `overrides`, e.g. config-file `pools`)."""
+    settings = settings_for(database_url, cluster, **overrides)
     settings = replace(settings, listen=listen,
                        kubernetes=KubernetesSettings(namespace=SUNKD_NAMESPACE,
                                                      kubeconfig=world.kubeconfig, lease=lease))
@@ -339,6 +341,92 @@ async def test_a_pod_bound_after_the_node_left_its_nodeset_mid_reclaim_is_evicte
         events = await read_all(database_url)
     assert_log_safe(events)
     _evicted_before_resumed(events, lent, f"{NAMESPACE}/late", mark)
+
+
+async def _back_in_slurm(sunkd: Sunkd, node: str) -> None:
+    await sunkd.until("the node is back in Slurm", lambda: sunkd.owner(node) == "slurm"
+                      and sunkd.state().nodes[node].transition is None, within=120)
+
+
+async def test_a_config_file_pools_lent_node_is_not_resumed_beside_its_pod(
+    world: World, slurm_cluster: SlurmCluster
+) -> None:
+    """Fail closed on unseen pods, against the real API server: a `[[pools]]` pool
+    (partitions only, no Nodeset, so no selector attributes its Nodes). A pod bound by
+    spec.nodeName to its lent node is seen, and evicted before a pin back to Slurm
+    resumes the node."""
+    from tests.integration.test_e2e_fail_closed import (
+        _bound_pod,
+        _config_pool,
+        _evicted_before_resumed,
+    )
+
+    reset_slurm(slurm_cluster)
+    admin = world.admin
+    await admin.delete(nodesets(), "pool", SUNKD_NAMESPACE)  # the config file's pool only
+    node = world.names[0]
+
+    async def pin(to: str) -> None:
+        await admin.merge_patch(NODES, node, {"metadata": {"annotations": {
+            wk.ANNOTATION_PIN: to}}})
+
+    async with migrated_database() as database_url:
+        async with running_sunkd(database_url, slurm_cluster, world,
+                                 pools=(_config_pool(),)) as sunkd:
+            await pin("kubernetes")
+            await sunkd.until("the pinned node is lent", lambda:
+                              sunkd.owner(node) == "kubernetes"
+                              and sunkd.state().nodes[node].transition is None, within=60)
+            body = _bound_pod("web", node)
+            body.pop("status")  # the harness kubelet reports it Running
+            await admin.create(PODS, body, NAMESPACE)
+            await sunkd.until("sunkd sees the pod", lambda: running_pods(
+                sunkd.state().nodes[node]) == [f"{NAMESPACE}/web"], within=30)
+            mark = sunkd.state().last_seq
+            await pin("slurm")
+            await _back_in_slurm(sunkd, node)
+        events = await read_all(database_url)
+    assert_log_safe(events)
+    _evicted_before_resumed(events, node, f"{NAMESPACE}/web", mark)
+
+
+async def test_an_identity_rival_fixed_later_never_erases_the_real_nodes_pod(
+    world: World, slurm_cluster: SlurmCluster
+) -> None:
+    """Fail closed on unseen pods, against the real API server: a second Node claims a
+    lent node's Slurm name (a copy-paste typo in `sunkd.io/slurm-node-name`), reports no
+    pods, and is fixed a moment later. The real Node's pod stays known and is evicted
+    before Slurm gets the node back."""
+    from tests.integration.test_e2e_fail_closed import _evicted_before_resumed
+
+    reset_slurm(slurm_cluster)
+    admin = world.admin
+    async with migrated_database() as database_url:
+        async with running_sunkd(database_url, slurm_cluster, world) as sunkd:
+            [pod] = await world.pending_pods(1)
+            lent = await sunkd.until("the scheduler binds the pod to a lent node",
+                                     lambda: world.bound_node(pod))
+            await sunkd.until("sunkd sees the pod on the lent node", lambda:
+                              sunkd.owner(lent) == "kubernetes" and running_pods(
+                                  sunkd.state().nodes[lent]) == [f"{NAMESPACE}/{pod}"],
+                              within=30)
+            mark = sunkd.state().last_seq
+            await world.kubelet.register_node("typo", labels={
+                POOL_LABEL: POOL, wk.LABEL_SLURM_NODE_NAME: lent}, cpu="2", memory="4Gi")
+            await sunkd.until("the identity conflict is seen", lambda:
+                              "typo" in sunkd.state().nodes[lent].k8s_rivals, within=30)
+            await asyncio.sleep(2)
+            await admin.merge_patch(NODES, "typo", {"metadata": {"labels": {
+                wk.LABEL_SLURM_NODE_NAME: "typo"}}})
+            await sunkd.until("the rival is gone", lambda:
+                              not sunkd.state().nodes[lent].k8s_rivals, within=30)
+            assert running_pods(sunkd.state().nodes[lent]) == [f"{NAMESPACE}/{pod}"]
+            for _ in slurm_cluster.node_names:  # Slurm wants every node back
+                slurm_cluster.sbatch("-N1", "--exclusive", wrap="sleep 30", partition="gpu")
+            await _back_in_slurm(sunkd, lent)
+        events = await read_all(database_url)
+    assert_log_safe(events)
+    _evicted_before_resumed(events, lent, f"{NAMESPACE}/{pod}", mark)
 
 
 async def test_the_daemon_keeps_working_across_bound_token_rotations(

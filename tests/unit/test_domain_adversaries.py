@@ -7,7 +7,12 @@ taint and untaint, and who copy sunkd's hold taint onto a node; Kubernetes Nodes
 and re-created under the same name (untainted and NotReady, as a kubelet registers); Slurm
 nodes removed and added back; a daemon clock a few seconds off; leadership changing
 mid-action (a new term whose sources have not reported yet, with the old term's actions
-still open); pods that belong to no pool and tolerate every taint.
+still open); pods that belong to no pool and tolerate every taint; pool-membership churn
+(a Node relabelled out of its pool and back; the pool's Nodeset deleted, its selector
+edited to match no Node or only the partition, a second Nodeset overlapping it; half the
+examples run a partition-only pool, as a config file defines one); identity rivals (a
+second Node claiming a node's Slurm name, fixed later); pods bound by spec.nodeName; and
+invalid pins.
 
 Invariants, every step:
   I1  a Slurm job and a non-DaemonSet pod on one node are, within one decision round of
@@ -18,7 +23,7 @@ Invariants, every step:
   I3  no decision while a source has not reported in the current leadership term;
   I4  once the world calms down, every transition ends and the outbox empties.
 
-`SUNKD_HYPOTHESIS_PROFILE=deep` runs many more examples (tests/conftest.py).
+`SUNKD_HYPOTHESIS_PROFILE=deep` runs many more examples (`EXAMPLES` below).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from sunkd.domain.events import (
     K8sNodeObserved,
     K8sNodeVanished,
     K8sWorkloadObserved,
+    Label,
     LeaderElected,
     OperatorPinned,
     PodRef,
@@ -55,6 +61,7 @@ from sunkd.domain.state import ClusterState
 from tests.unit.domain_world import SimNode, Simulation, World, pool_spec
 
 FOREIGN_TAINT = Taint("example.com/maintenance", "NoSchedule", "true")
+OTHER_LABEL = Label("sunkd.io/pool", "elsewhere")  # an edited selector: matches no Node
 
 
 class HostileNode(SimNode):
@@ -106,6 +113,10 @@ class HostileSimulation(Simulation):
         self.reported_epoch: dict[str, int] = {}
         # Per node, at the last decision: (drain by sunkd, hold taint by sunkd).
         self.truth: dict[str, tuple[bool, bool]] = {}
+        self.base_pools = list(pools)  # what the Nodeset adversary edits and restores
+        # Per node, at the last decision: the pods the world runs there (pool pods, pods
+        # of no pool, pods bound by spec.nodeName), whatever sunkd saw of them.
+        self.running: dict[str, list[str]] = {}
 
     def add(self, payload: object, subject: str = "") -> None:
         self.log.add(payload, self.now, subject=subject, epoch=self.epoch)  # type: ignore[arg-type]
@@ -183,6 +194,8 @@ class HostileSimulation(Simulation):
         state = self.refold()
         self.truth = {n.name: (n.drain_by_sunkd, n.hold_by_sunkd)
                       for n in self.world.nodes.values()}
+        self.running = {n.name: sorted(n.pods) + list(getattr(n, "others", ()))
+                        for n in self.world.nodes.values()}
         decisions = decide(state, self.pools, self.now + self.skew)
         self.rounds.append((state, self.now, decisions))
         for decision in decisions:
@@ -292,9 +305,11 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
         sim.epoch += 1
         sim.add(LeaderElected(epoch=sim.epoch, identity=f"d{sim.epoch}"), subject="leader")
         return "new leader"
-    if roll < 0.90:
+    if roll < 0.875:
         sim.skew = rng.uniform(-5.0, 5.0)
         return "clock skew"
+    if roll < 0.90:
+        return _nodeset_churn(sim, rng)
     if roll < 0.92:  # membership churn: the pool's label removed from the Node, or back
         node.relabelled = not node.relabelled
         return "relabel"
@@ -307,6 +322,26 @@ def _adversary(sim: HostileSimulation, rng: random.Random) -> str:
             node.others.append(f"bound-{world.pod_counter}")
         return "pod by nodeName"
     return _copier(sim, node, rng, written) or _pin(sim, node, rng)
+
+
+def _nodeset_churn(sim: HostileSimulation, rng: random.Random) -> str:
+    """The pool's Nodeset deleted and re-created, its selector edited to match no Node or
+    only the partition, or a second Nodeset selecting the same Nodes (an overlap: the
+    nodes belong to neither). Nodes in a transition stay in it; the others leave and
+    come back with the pool."""
+    base = sim.base_pools[0]
+    what = rng.choice(["deleted", "edited", "partition-only", "overlapped", "restored"])
+    if what == "deleted":
+        sim.pools = []
+    elif what == "edited":
+        sim.pools = [dataclasses.replace(base, node_selector=(OTHER_LABEL,))]
+    elif what == "partition-only":
+        sim.pools = [dataclasses.replace(base, node_selector=())]
+    elif what == "overlapped":
+        sim.pools = [base, dataclasses.replace(base, name="other/gpu")]
+    else:
+        sim.pools = list(sim.base_pools)
+    return f"nodeset {what}"
 
 
 def _open(sim: HostileSimulation, node: str, verb: str) -> bool:
@@ -372,7 +407,8 @@ def _foreign_word(node_state: object, by_sunkd: bool) -> bool:
 
 
 def _check_decisions(state: ClusterState, decisions: list[Decision],
-                     truth: dict[str, tuple[bool, bool]]) -> None:
+                     truth: dict[str, tuple[bool, bool]],
+                     running: dict[str, list[str]]) -> None:
     # I3: nothing at all while a source has not reported in this term.
     if decisions:
         for source in ("slurm", "kubernetes"):
@@ -390,6 +426,8 @@ def _check_decisions(state: ClusterState, decisions: list[Decision],
             assert node.pods is not None, decision
             assert not [p for p in node.pods if p.phase not in ("Succeeded", "Failed")], (
                 decision, node.pods)
+            # I1 by the world's truth: no pod runs there, seen by sunkd or not.
+            assert not running[decision.node], (decision, running[decision.node])
             assert node.slurm is not None and drained_by_sunkd, (decision, node.slurm)
             assert not slurm_unhealthy(node.slurm), (decision, node.slurm)
         if decision.verb == "uncordon":
@@ -450,13 +488,14 @@ def test_the_policy_keeps_its_invariants_against_adversaries(
         for _ in range(rng.randint(0, 2)):
             _adversary(sim, rng)
         state, decisions = sim.step_hostile(rng, rng.choice([1.0, 5.0, 15.0, 40.0]))
-        _check_decisions(state, decisions, sim.truth)
+        _check_decisions(state, decisions, sim.truth, sim.running)
         _check_conflicts(sim, state, decisions)
 
     # I4: the adversaries stop and undo what they did; every transition ends.
     world.fresh = {"slurm": True, "kubernetes": True}
     world.pending_jobs, world.pending_pods = 0, []
     sim.skew = 0.0
+    sim.pools = list(sim.base_pools)
     for node in world.nodes.values():
         assert isinstance(node, HostileNode)
         node.k8s_present = node.slurm_present = True
@@ -475,7 +514,7 @@ def test_the_policy_keeps_its_invariants_against_adversaries(
         sim.add(OperatorPinned(node=node.name, to="auto", who="op", why="calm"))
     for _ in range(300):
         state, decisions = sim.step_hostile(rng, 30.0)
-        _check_decisions(state, decisions, sim.truth)
+        _check_decisions(state, decisions, sim.truth, sim.running)
         settled = all(n.transition is None for n in sim.state.nodes.values())
         if settled and not sim.state.pending_actions() and not decisions:
             break

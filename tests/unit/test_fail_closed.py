@@ -8,13 +8,18 @@ attributes it) is tests/integration/test_kube_source_fail_closed.py.
 
 from __future__ import annotations
 
-from hypothesis import given
+import asyncio
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sunkd.domain.events import (
     K8sNodeObserved,
     K8sNodeVanished,
     K8sWorkloadObserved,
+    Label,
     OperatorPinned,
     PodRef,
     SlurmNodeObserved,
@@ -24,10 +29,20 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import assess, running_pods, slurm_drained
 from sunkd.domain.policy import PoolSpec, RequestAction, decide
+from sunkd.domain.ports import ActionError
 from sunkd.domain.snapshot import state_from_json, state_to_json
-from sunkd.domain.state import Phase
+from sunkd.domain.state import OpenAction, Phase
+from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.slurm.model import SlurmNode
-from tests.unit.domain_world import PARTITION, POOL, Log, k8s_obs, slurm_obs, sunkd_drained
+from tests.unit.domain_world import (
+    PARTITION,
+    POOL,
+    Log,
+    k8s_obs,
+    pool_spec,
+    slurm_obs,
+    sunkd_drained,
+)
 from tests.unit.test_domain_policy import (
     LEND_DRAIN,
     T0,
@@ -41,6 +56,7 @@ from tests.unit.test_domain_policy import (
 )
 
 POD = PodRef("serving", "p1", "Running", uid="u1")
+LATE = PodRef("web", "late", "Running", uid="u2", pool_pod=False)  # bound by spec.nodeName
 # A pool as a config file defines it, or a Nodeset with only slurm.partitions: no
 # node selector, so no Nodeset selector attributes its Nodes.
 PARTITION_POOL = PoolSpec(name=POOL, partitions=(PARTITION,))
@@ -107,6 +123,41 @@ def test_hole1_once_the_node_reports_its_pod_the_reclaim_waits_for_it() -> None:
     late = decide(log.state(), [PARTITION_POOL], T0 + 10_000)
     assert ("n1", "kubernetes", "evict") in _actions(late)
     assert ("n1", "slurm", "resume") not in _actions(late)
+
+
+# ------------------------------------------------- 2. membership changes mid-reclaim
+
+ELSEWHERE = Label("sunkd.io/pool", "elsewhere")  # an edited selector: matches no Node
+
+
+@pytest.mark.parametrize("change", ["relabelled", "nodeset deleted", "selector edited"])
+def test_hole2_a_pod_bound_after_membership_changed_mid_reclaim_is_never_resumed_beside(
+        change: str) -> None:
+    """While a reclaim waits for its pool pod, the Node is relabelled out of its Nodeset,
+    the Nodeset is deleted, or its selector edited; then a pod binds by spec.nodeName (no
+    scheduler, tolerating the owner taint) and the pool pod ends. The node stays in its
+    transition, the late pod's report counts, and Slurm never gets the node beside it.
+
+    The hole itself was the source's (it stopped reporting the Node's pods once no
+    selector matched: tests/integration/test_kube_source_fail_closed.py); this holds the
+    domain's side of it, which kept the node and counted the report before too."""
+    selector_pool = pool_spec(reclaim_grace_seconds=60.0)
+    log = _cluster(1, kubernetes=("n1",))
+    log.add(K8sWorkloadObserved(node="n1", pods=(POD,)), 3.0)
+    _reclaim_until_tainted(log, selector_pool)
+    pools = [selector_pool]
+    if change == "relabelled":
+        log.add(dataclasses.replace(k8s_obs("n1", tainted=True), labels=()), T0 + 2)
+    elif change == "nodeset deleted":
+        pools = []
+    else:
+        pools = [dataclasses.replace(selector_pool, node_selector=(ELSEWHERE,))]
+    log.add(K8sWorkloadObserved(node="n1", pods=(POD, LATE)), T0 + 3)
+    log.add(K8sWorkloadObserved(node="n1", pods=(LATE,)), T0 + 4)  # the pool pod ended
+    for now in (T0 + 5, T0 + 30, T0 + 10_000):
+        decisions = decide(log.state(), pools, now)
+        assert ("n1", "slurm", "resume") not in _actions(decisions), (change, now, decisions)
+    assert ("n1", "kubernetes", "evict") in _actions(decide(log.state(), pools, T0 + 10_000))
 
 
 # ------------------------------------------------------- 3. an identity rival
@@ -206,6 +257,47 @@ def test_the_executors_recheck_and_the_policy_agree_on_drained(
     observed = node.to_observed()
     assert isinstance(observed, SlurmNodeObserved)
     assert node.is_drained == slurm_drained(observed)
+
+
+class _OneNodeSlurm:
+    """What `GET /nodes` returns right before the handover: one node."""
+
+    def __init__(self, node: SlurmNode) -> None:
+        self.node = node
+
+    async def get_nodes(self) -> list[SlurmNode]:
+        return [self.node]
+
+
+class _Unlocks:
+    """The Kubernetes side of the handover: records the unlocks that went out."""
+
+    def __init__(self) -> None:
+        self.unlocked: list[str] = []
+
+    async def unlock(self, node: str) -> bool:
+        self.unlocked.append(node)
+        return True
+
+
+@settings(deadline=None)
+@given(state=_STATES, flags=_FLAGS, alloc=st.integers(0, 4))
+def test_the_executor_unlocks_exactly_when_the_policy_calls_the_node_drained(
+        state: str, flags: frozenset[str], alloc: int) -> None:
+    """The executor's re-check as it runs: handed a lend's unlock, it removes the owner
+    taint exactly when the policy's `slurm_drained` holds for the same read of Slurm, and
+    otherwise refuses with a retryable error (never for ever: the policy stops asking once
+    it sees what the executor saw)."""
+    node = SlurmNode(name="n1", state=state, flags=flags, reason=LEND_DRAIN, cpus=8,
+                     alloc_cpus=alloc)
+    kubernetes = _Unlocks()
+    executor = ActuatorExecutor(None, kubernetes, _OneNodeSlurm(node))  # type: ignore[arg-type]
+    action = OpenAction("a1", "tx-1", "kubernetes", "unlock", "n1", 1, "lend", (), 0.0, 1)
+    try:
+        asyncio.run(executor.execute(action, None))
+    except ActionError as refused:
+        assert refused.retryable and "not drained" in str(refused)
+    assert (kubernetes.unlocked == ["n1"]) == slurm_drained(node.to_observed())
 
 
 def test_drain_with_undrain_pending_is_not_drained() -> None:
