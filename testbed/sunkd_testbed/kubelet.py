@@ -298,6 +298,9 @@ class KubeletNodes(Service):
         self.stop_seconds: dict[str, float] = {}
         self._lock: IO[str] | None = None
         self._sysctls: dict[str, str] = {}
+        # What the host had, read under the host lock before this bed's kubelets started
+        # (a reading taken before the lock can see another bed's kubelet values).
+        self.sysctls_found: dict[str, str] = {}
         self._host_paths_before: set[str] = set()
 
     @property
@@ -329,6 +332,7 @@ class KubeletNodes(Service):
         self._acquire_host_lock()
         try:
             self._sysctls = {n: sysctl_path(n).read_text().strip() for n in SYSCTLS}
+            self.sysctls_found = dict(self._sysctls)
             self._host_paths_before = {p for p in HOST_PATHS if os.path.lexists(p)}
             if self._base_dir_arg is None:
                 self.base = Path(tempfile.mkdtemp(prefix="sunkd-kubelet-"))

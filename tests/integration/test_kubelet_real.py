@@ -72,9 +72,12 @@ def bed(plane: KubeControlPlane, busybox: Image) -> Iterator[KubeletNodes]:
     ok, why = available()
     require(ok, why)
     pause = _image(images_mod.pause_image)
-    sysctls = {n: sysctl_path(n).read_text() for n in SYSCTLS}
     nodes = KubeletNodes(plane, NODES, pause=pause, images=[busybox])
     nodes.start()  # the kubelet and containerd are here: a failure, never a skip
+    # Read by the bed under the host lock: read here, before start() waits for the lock,
+    # another bed's kubelet (a concurrent run on this host) could still be setting them.
+    sysctls = dict(nodes.sysctls_found)
+    assert set(sysctls) == set(SYSCTLS)
     base, roots = nodes.base, [n.cgroup_root for n in nodes.nodes]
     sockets = [str(n.containerd.socket) for n in nodes.nodes]
     pids = [p.pid for n in nodes.nodes for p in (n.process, n.containerd.process) if p]
@@ -92,7 +95,7 @@ def bed(plane: KubeControlPlane, busybox: Image) -> Iterator[KubeletNodes]:
         if (h / r.lstrip("/")).exists()
     ]
     assert left == [], "cgroups left"
-    assert {n: sysctl_path(n).read_text() for n in SYSCTLS} == sysctls
+    assert {n: sysctl_path(n).read_text().strip() for n in SYSCTLS} == sysctls
     assert not base.exists()
 
 
