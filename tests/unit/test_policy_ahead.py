@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from sunkd.domain.events import K8sDemandObserved, K8sWorkloadObserved, PendingPod, PodRef
 from sunkd.domain.forecast import HOUR
-from sunkd.domain.policy import RequestAction, StartTransition, decide
+from sunkd.domain.policy import RequestAction, StartTransition, decide, forecast_wanted
 from tests.unit.domain_world import POOL, Log, pool_spec
 from tests.unit.test_domain_policy import _cluster
 from tests.unit.test_policy_fairness import _queue
@@ -95,3 +95,19 @@ def test_the_forecast_keeps_what_its_peak_wants_from_slurm_s_backlog() -> None:
     on = [d for d in decide(log.state(), [pool_spec(forecast=True)], at)
           if isinstance(d, StartTransition) and d.to_owner == "slurm"]
     assert on == []
+
+
+def test_a_flat_forecast_lends_nothing_ahead() -> None:
+    """Three days of the same two busy nodes all day (no peak): the forecast is warm and
+    predicts every hour, and at no hour of the fourth day does it lend ahead (a rise it
+    does not see is no reason to drain a node), nor keep anything from Slurm beyond
+    what Kubernetes holds."""
+    log = _history(3, peak_pods=0)
+    state = log.state()
+    spec = pool_spec(prefer="Slurm", forecast=True)
+    day = T0 + 3 * DAY
+    for hour in range(24):
+        now = day + hour * HOUR + 30
+        found = forecast_wanted(state, spec, now)
+        assert found is not None and found[0].wanted == 2, hour
+        assert _lends(log, now) == [], hour
