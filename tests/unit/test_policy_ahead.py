@@ -12,7 +12,7 @@ from dataclasses import replace
 from sunkd.domain.events import K8sDemandObserved, K8sWorkloadObserved, PendingPod, PodRef
 from sunkd.domain.forecast import HOUR
 from sunkd.domain.policy import RequestAction, StartTransition, decide, forecast_wanted
-from tests.unit.domain_world import POOL, Log, pool_spec
+from tests.unit.domain_world import POOL, Log, pool_spec, slurm_obs
 from tests.unit.test_domain_policy import _cluster
 from tests.unit.test_policy_fairness import _queue
 
@@ -111,3 +111,27 @@ def test_a_flat_forecast_lends_nothing_ahead() -> None:
         found = forecast_wanted(state, spec, now)
         assert found is not None and found[0].wanted == 2, hour
         assert _lends(log, now) == [], hour
+
+
+def _busy(log: Log, ends: dict[str, float]) -> None:
+    for name, end in ends.items():
+        log.add(replace(slurm_obs(name, "ALLOCATED", alloc_cpus=8), jobs=1, job_end=end),
+                T0 + 3 * DAY)
+
+
+def test_the_forecast_skips_a_node_whose_drain_ends_after_the_peak() -> None:
+    """A lend ahead drains a node so that it is Kubernetes' when the peak comes: a node
+    whose job runs past the peak's hour (or the horizon) would be drained for nothing
+    there and cost the job's node the whole time. Those are skipped; a node whose job
+    ends within the peak's hour is lent."""
+    day = T0 + 3 * DAY
+    now = day + 13 * HOUR + 30
+    late = day + 18 * HOUR  # past the 13:00 peak's hour and the 4 h horizon
+    log = _history(3)
+    _busy(log, {name: late for name in ("n1", "n2", "n3", "n4")})
+    assert _lends(log, now) == []
+    log = _history(3)
+    _busy(log, {"n1": late, "n2": late, "n3": day + 13 * HOUR + 1200, "n4": late})
+    lends = _lends(log, now)
+    assert [d.node for d in lends] == ["n3"]
+    assert lends[0].reason.startswith("lent ahead of the forecast peak at 13:00 UTC")
