@@ -15,7 +15,9 @@ behaviour); never the nodes Slurm's next job needs; under `prefer: Slurm` never 
 Kubernetes' fair share; `max_kubernetes`, `min_slurm`, pins, holds, dwell and
 `max_in_flight` apply as to every lend (`pool._moves_wanted`, `lend.can_lend`), and a
 lend still hands a node over only once Slurm reports it drained: the forecast only
-starts a drain earlier, it never skips a check.
+starts a drain earlier, it never skips a check. And a lend ahead never picks a node whose
+jobs end after the peak's hour (or the horizon, or whose end is unknown): that drain
+would not be done when the pods come (`drained_by`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Ahead:
     wanted: int  # nodes the forecast wants Kubernetes to hold within the lead time
     target: int  # lends it justifies (comparable with `PoolDemand.lend_target`)
     why: str  # for the decision log and `sunkd status`
+    by: float  # a node lent for it must be drained by then (its jobs ended: `drained_by`)
 
 
 def lead_seconds(summary: forecast.DemandSummary, horizon: float) -> float:
@@ -87,7 +90,17 @@ def ahead(state: ClusterState, pool: PoolSpec, members: Sequence[NodeState],
     peak = datetime.fromtimestamp(prediction.at, tz=UTC).strftime("%H:%M")
     why = (f"lent ahead of the forecast peak at {peak} UTC: {prediction.wanted} node(s) "
            f"wanted, {k8s} held (lead {lead / 60:.0f} min, error {prediction.error:.2f})")
-    return Ahead(prediction.wanted, max(target, 0), why)
+    return Ahead(prediction.wanted, max(target, 0), why, drained_by(prediction, pool, now))
+
+
+def drained_by(prediction: forecast.Prediction, pool: PoolSpec, now: float) -> float:
+    """When a node lent ahead must be drained to serve the peak: the end of the peak's
+    hour, and never later than the horizon. A drain waits for the node's jobs to end
+    (Slurm's DRAIN lets running jobs finish: the node is DRAINED only once they have),
+    so a node whose jobs end later would be drained for nothing at the peak and cost
+    Slurm that node the whole time: the lend ahead skips it (`pool._start_demand_lends`)."""
+    return min(prediction.at + forecast.HOUR,
+               now + max(pool.ownership.forecast_horizon_seconds, 0.0))
 
 
 def forecast_keeps(state: ClusterState, pool: PoolSpec, members: Sequence[NodeState],
