@@ -12,6 +12,7 @@ from dataclasses import replace
 from sunkd.domain.events import K8sDemandObserved, K8sWorkloadObserved, PendingPod, PodRef
 from sunkd.domain.forecast import HOUR
 from sunkd.domain.policy import RequestAction, StartTransition, decide, forecast_wanted
+from sunkd.domain.policy import ahead as ahead_policy
 from tests.unit.domain_world import POOL, Log, pool_spec, slurm_obs
 from tests.unit.test_domain_policy import _cluster
 from tests.unit.test_policy_fairness import _queue
@@ -45,7 +46,7 @@ def test_the_forecast_lends_ahead_of_the_daily_peak_with_its_reason() -> None:
     log = _history(3)
     day = T0 + 3 * DAY
     assert _lends(log, day + 12 * HOUR + 1800) == []  # 12:30: the hour wants 2, held 2
-    lends = _lends(log, day + 13 * HOUR + 1)
+    lends = _lends(log, day + 13 * HOUR + 10)
     # Fair share 3 of 6 under prefer: Slurm: one more node, not the two the peak wants.
     assert [d.node for d in lends] == ["n1"]
     assert lends[0].reason.startswith(
@@ -54,7 +55,7 @@ def test_the_forecast_lends_ahead_of_the_daily_peak_with_its_reason() -> None:
 
 def test_a_forecast_lend_only_starts_a_drain() -> None:
     log = _history(3)
-    decisions = decide(log.state(), [pool_spec(forecast=True)], T0 + 3 * DAY + 13 * HOUR + 1)
+    decisions = decide(log.state(), [pool_spec(forecast=True)], T0 + 3 * DAY + 13 * HOUR + 10)
     actions = [(d.node, d.verb) for d in decisions if isinstance(d, RequestAction)]
     assert actions == [("n1", "drain")]  # the unlock waits for Slurm to report drained
 
@@ -66,7 +67,7 @@ def test_the_lead_time_moves_the_lend_earlier() -> None:
     warm = replace(state, demand_history={POOL: replace(summary, lead=2 * HOUR,
                                                           leads_seen=3)})
     spec = pool_spec(forecast=True)
-    at = T0 + 3 * DAY + 11 * HOUR + 1  # two hours before the peak
+    at = T0 + 3 * DAY + 11 * HOUR + 10  # two hours before the peak
     assert [d.node for d in decide(warm, [spec], at) if isinstance(d, StartTransition)] == ["n1"]
     assert [d for d in decide(state, [spec], at) if isinstance(d, StartTransition)] == []
 
@@ -135,3 +136,25 @@ def test_the_forecast_skips_a_node_whose_drain_ends_after_the_peak() -> None:
     lends = _lends(log, now)
     assert [d.node for d in lends] == ["n3"]
     assert lends[0].reason.startswith("lent ahead of the forecast peak at 13:00 UTC")
+
+
+def test_a_fresh_forecast_settles_before_it_lends() -> None:
+    """The window's hour edge (13:00 here) refreshes the forecast, while the new hour's
+    first readings are still coming: nothing is lent ahead in its first
+    FORECAST_SETTLE_SECONDS, then the lend starts (a reactive lend is not delayed)."""
+    settle = getattr(ahead_policy, "FORECAST_SETTLE_SECONDS", 0.0)
+    log = _history(3)
+    edge = T0 + 3 * DAY + 13 * HOUR
+    assert settle == 5.0
+    assert _lends(log, edge) == []
+    assert _lends(log, edge + settle - 1) == []
+    assert [d.node for d in _lends(log, edge + settle)] == ["n1"]
+    state = log.state()
+    summary = state.demand_history[POOL]
+    warm = replace(state, demand_history={POOL: replace(summary, lead=2 * HOUR,
+                                                          leads_seen=3)})
+    spec = pool_spec(forecast=True)
+    early = edge - 2 * HOUR  # the lead's end crosses 13:00: that edge settles too
+    assert [d for d in decide(warm, [spec], early + 1) if isinstance(d, StartTransition)] == []
+    assert [d.node for d in decide(warm, [spec], early + settle)
+            if isinstance(d, StartTransition)] == ["n1"]
