@@ -32,6 +32,19 @@ from sunkd.domain.policy.fairness import fair_share, holdings, slurm_claim
 from sunkd.domain.policy.model import PREFER_KUBERNETES, PoolSpec
 from sunkd.domain.state import ClusterState, NodeState
 
+# How long a fresh forecast settles before it lends: the window [now, now + lead] reads
+# other hours once either end crosses an hour's edge, and that is when the hour that
+# ended is folded into the profile while the new hour's first readings (its pods, bound
+# or pending) are still arriving from the sources. Lending on the edge itself would act
+# on a forecast the next readings change; pods pending meanwhile still lend at once.
+FORECAST_SETTLE_SECONDS = 5.0
+
+
+def settling(now: float, lead: float) -> bool:
+    """Either end of the forecast's window crossed an hour's edge less than
+    `FORECAST_SETTLE_SECONDS` ago."""
+    return any(edge % forecast.HOUR < FORECAST_SETTLE_SECONDS for edge in (now, now + lead))
+
 
 @dataclass(frozen=True, slots=True)
 class Ahead:
@@ -87,6 +100,8 @@ def ahead(state: ClusterState, pool: PoolSpec, members: Sequence[NodeState],
     target = min(prediction.wanted - k8s, room)
     if target <= 0 and prediction.wanted < k8s:
         return None
+    if settling(now, lead):
+        target = 0  # no lend yet; what the forecast keeps from Slurm it keeps
     peak = datetime.fromtimestamp(prediction.at, tz=UTC).strftime("%H:%M")
     why = (f"lent ahead of the forecast peak at {peak} UTC: {prediction.wanted} node(s) "
            f"wanted, {k8s} held (lead {lead / 60:.0f} min, error {prediction.error:.2f})")
