@@ -21,8 +21,9 @@ DAY = 24 * HOUR
 T0 = 100 * DAY  # midnight UTC
 
 
-def _history(days: int, peak_pods: int = 2, noisy: bool = False) -> Log:
-    log = _cluster(6, kubernetes=("n5", "n6"))
+def _history(days: int, peak_pods: int = 2, noisy: bool = False,
+             kubernetes: tuple[str, ...] = ("n5", "n6")) -> Log:
+    log = _cluster(6, kubernetes=kubernetes)
     for name in ("n5", "n6"):
         log.add(K8sWorkloadObserved(node=name, pool=POOL, pods=(
             PodRef("serving", f"{name}-a", "Running"),)), T0)
@@ -158,3 +159,26 @@ def test_a_fresh_forecast_settles_before_it_lends() -> None:
     assert [d for d in decide(warm, [spec], early + 1) if isinstance(d, StartTransition)] == []
     assert [d.node for d in decide(warm, [spec], early + settle)
             if isinstance(d, StartTransition)] == ["n1"]
+
+
+def test_nodes_lent_for_a_peak_that_recurs_within_the_horizon_are_kept() -> None:
+    """The recent-peak hold: after the 13:00-15:00 peak Kubernetes holds four nodes, two
+    of them idle, and Slurm's backlog waits. With the forecast on, a peak that comes back
+    within `forecast_horizon_seconds` keeps them (giving them back now means lending them
+    again before tomorrow's peak: two moves each for a few hours of batch work); with a
+    horizon that does not reach it they go back, as with the forecast off."""
+    log = _history(3, kubernetes=("n3", "n4", "n5", "n6"))
+    day = T0 + 3 * DAY  # the fourth day's peak came too, and went
+    log.add(K8sDemandObserved(pool=POOL, pending=(
+        PendingPod("serving", "d3-0"), PendingPod("serving", "d3-1"))), day + 13 * HOUR)
+    log.add(K8sDemandObserved(pool=POOL, pending=()), day + 15 * HOUR)
+    now = day + 17 * HOUR + 30
+
+    def reclaims(**knobs: object) -> list[str]:
+        spec = pool_spec(prefer="Slurm", **knobs)
+        return [d.node for d in decide(log.state(), [spec], now)
+                if isinstance(d, StartTransition) and d.to_owner == "slurm"]
+
+    assert reclaims()[:1] == ["n3"]  # forecast off: an idle one goes back
+    assert reclaims(forecast=True)[:1] == ["n3"]  # 4 h: tomorrow's peak is beyond
+    assert reclaims(forecast=True, forecast_horizon_seconds=24 * HOUR) == []
