@@ -4,9 +4,10 @@ sunkd otherwise reacts to pending pods after they are pending, and a lend takes 
 remaining run time (the drain waits for it). With `forecast` on, a pool whose demand
 summary (domain/forecast.py, folded from its own log) predicts more nodes wanted within
 the lead time than Kubernetes holds lends the difference now, so the drains end by
-the time the pods come; and while the forecast wants what Kubernetes holds, Slurm's
-demand takes back only what its next job lacks (the forecast would lend it straight
-back). The lead time is what this pool's lends took (their drains), capped by
+the time the pods come; and Slurm's demand takes back only what its next job lacks
+and what the forecast does not want within the horizon (the recent-peak hold: a node
+given back for a peak that recurs within it would be lent straight back). The lead
+time is what this pool's lends took (their drains), capped by
 `forecast_horizon_seconds`.
 
 Bounds, all of them the ones demand already obeys: never for an hour whose tracked
@@ -22,7 +23,6 @@ would not be done when the pods come (`drained_by`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,6 +46,11 @@ def settling(now: float, lead: float) -> bool:
     return any(edge % forecast.HOUR < FORECAST_SETTLE_SECONDS for edge in (now, now + lead))
 
 
+# The longest window the forecast reads (a horizon above it reads nothing: the config
+# file bounds the knob to 30 days, a Nodeset's value is not bounded there).
+MAX_HORIZON_SECONDS = 30 * 86400.0
+
+
 @dataclass(frozen=True, slots=True)
 class Ahead:
     """What the forecast asks of a pool now."""
@@ -60,17 +65,19 @@ def lead_seconds(summary: forecast.DemandSummary, horizon: float) -> float:
     return min(summary.lead if summary.leads_seen else 0.0, max(horizon, 0.0))
 
 
-def forecast_wanted(state: ClusterState, pool: PoolSpec,
-                    now: float) -> tuple[forecast.Prediction, float] | None:
-    """The largest prediction from now to now + lead time, and the lead (None: the
-    forecast is off, cold, or its error too high)."""
+def forecast_wanted(state: ClusterState, pool: PoolSpec, now: float, *,
+                    horizon: bool = False) -> tuple[forecast.Prediction, float] | None:
+    """The largest prediction from now to now + lead time (`horizon`: to now +
+    `forecast_horizon_seconds`), and the lead (None: the forecast is off, cold, or its
+    error too high in every hour of the window)."""
     spec = pool.ownership
     summary = state.demand_history.get(pool.name)
     if not spec.forecast or summary is None:
         return None
     summary = forecast.close_hours(summary, now)  # hours no event has closed yet
     lead = lead_seconds(summary, spec.forecast_horizon_seconds)
-    if not 0.0 <= lead < math.inf:  # NaN or worse: no forecast, and a loop that ends
+    span = max(spec.forecast_horizon_seconds, 0.0) if horizon else lead
+    if not 0.0 <= span <= MAX_HORIZON_SECONDS:  # NaN or worse: no forecast, a loop that ends
         return None
     best: forecast.Prediction | None = None
     at = now
@@ -78,9 +85,9 @@ def forecast_wanted(state: ClusterState, pool: PoolSpec,
         found = forecast.predict(summary, at, spec.headroom_quantile)
         if found is not None and (best is None or found.wanted > best.wanted):
             best = found
-        if at >= now + lead:
+        if at >= now + span:
             break
-        at = min(at + forecast.HOUR, now + lead)
+        at = min(at + forecast.HOUR, now + span)
     return None if best is None else (best, lead)
 
 
@@ -118,12 +125,16 @@ def drained_by(prediction: forecast.Prediction, pool: PoolSpec, now: float) -> f
                now + max(pool.ownership.forecast_horizon_seconds, 0.0))
 
 
-def forecast_keeps(state: ClusterState, pool: PoolSpec, members: Sequence[NodeState],
-                   now: float) -> bool:
-    """The forecast wants at least what Kubernetes holds within the lead time: Slurm's
-    demand takes back only what its next job lacks (the forecast would lend it back)."""
-    found = forecast_wanted(state, pool, now)
+def forecast_surplus(state: ClusterState, pool: PoolSpec, members: Sequence[NodeState],
+                     now: float) -> int | None:
+    """The recent-peak hold: how many of the nodes Kubernetes holds (or is being lent)
+    the forecast does not want back within `forecast_horizon_seconds` (None: no
+    forecast). Slurm's demand takes back only those, beyond what its next job lacks:
+    a node given back for a peak that recurs within the horizon would be lent again
+    for it (two moves, a drain's wait for a job to end, and a reclaim's eviction, for
+    a few hours of batch work)."""
+    found = forecast_wanted(state, pool, now, horizon=True)
     if found is None:
-        return False
+        return None
     k8s, _slurm = holdings(members, moving_counts_for="to")
-    return found[0].wanted >= k8s
+    return max(k8s - found[0].wanted, 0)

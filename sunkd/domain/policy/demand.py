@@ -21,7 +21,7 @@ from sunkd.domain.ownership import (
     slurm_usable,
     sources_unknown,
 )
-from sunkd.domain.policy.ahead import ahead, forecast_keeps
+from sunkd.domain.policy.ahead import ahead, forecast_surplus
 from sunkd.domain.policy.fairness import (
     holdings,
     kubernetes_overrides,
@@ -146,16 +146,18 @@ def net_demand(state: ClusterState, pool: PoolSpec, census: Census) -> PoolDeman
     ahead_extra = 0
     if spec.forecast:
         # Headroom ahead of the forecast peak (policy/ahead.py): lend what the hours
-        # within the lead time want, and keep what they want from Slurm's demand
-        # beyond its next job.
+        # within the lead time want, and keep what the hours within the horizon want
+        # from Slurm's demand beyond its next job (the recent-peak hold).
         wanted = ahead(state, pool, members, census.now)
         if wanted is not None and wanted.target > lend_target:
             ahead_extra = wanted.target - lend_target
             lend_target, ahead_why, ahead_by = wanted.target, wanted.why, wanted.by
-        if wanted is not None and slurm_needed > 0 and (
-                ahead_why is not None or forecast_keeps(state, pool, members, census.now)):
+        surplus = 0 if ahead_why is not None else \
+            forecast_surplus(state, pool, members, census.now) if slurm_needed > 0 else None
+        if surplus is not None and slurm_needed > 0:
             _k8s, slurm = holdings(members, moving_counts_for="to")
-            slurm_needed = min(slurm_needed, max(slurm_claim(state, pool) - slurm, 0))
+            slurm_needed = min(slurm_needed,
+                               max(slurm_claim(state, pool) - slurm, surplus))
     reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
     return PoolDemand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why,
                       ahead_by, ahead_extra)
