@@ -182,3 +182,23 @@ def test_nodes_lent_for_a_peak_that_recurs_within_the_horizon_are_kept() -> None
     assert reclaims()[:1] == ["n3"]  # forecast off: an idle one goes back
     assert reclaims(forecast=True)[:1] == ["n3"]  # 4 h: tomorrow's peak is beyond
     assert reclaims(forecast=True, forecast_horizon_seconds=24 * HOUR) == []
+
+
+def test_a_horizon_beyond_the_longest_window_reads_that_window() -> None:
+    """A Nodeset's horizon is not bounded (the config file's is, to 30 days): a longer
+    one, infinity included, reads the longest window and ends; a NaN reads nothing."""
+    log = _history(3)
+    day = T0 + 3 * DAY  # the fourth day's peak came too, and went
+    log.add(K8sDemandObserved(pool=POOL, pending=(
+        PendingPod("serving", "d3-0"), PendingPod("serving", "d3-1"))), day + 13 * HOUR)
+    log.add(K8sDemandObserved(pool=POOL, pending=()), day + 15 * HOUR)
+    state = log.state()
+    now = day + 17 * HOUR + 30
+    for horizon in (31 * DAY, float("inf")):
+        found = forecast_wanted(state, pool_spec(forecast=True,
+                                                 forecast_horizon_seconds=horizon),
+                                now, horizon=True)
+        assert found is not None and found[0].wanted == 4, horizon
+    assert forecast_wanted(state, pool_spec(forecast=True,
+                                            forecast_horizon_seconds=float("nan")),
+                           now, horizon=True) is None
