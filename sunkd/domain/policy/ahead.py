@@ -46,7 +46,7 @@ def settling(now: float, lead: float) -> bool:
     return any(edge % forecast.HOUR < FORECAST_SETTLE_SECONDS for edge in (now, now + lead))
 
 
-# The longest window the forecast reads (a horizon above it reads nothing: the config
+# The longest window the forecast reads (a longer horizon reads this far: the config
 # file bounds the knob to 30 days, a Nodeset's value is not bounded there).
 MAX_HORIZON_SECONDS = 30 * 86400.0
 
@@ -77,8 +77,9 @@ def forecast_wanted(state: ClusterState, pool: PoolSpec, now: float, *,
     summary = forecast.close_hours(summary, now)  # hours no event has closed yet
     lead = lead_seconds(summary, spec.forecast_horizon_seconds)
     span = max(spec.forecast_horizon_seconds, 0.0) if horizon else lead
-    if not 0.0 <= span <= MAX_HORIZON_SECONDS:  # NaN or worse: no forecast, a loop that ends
+    if not 0.0 <= span:  # NaN: no forecast (and a loop that ends)
         return None
+    span = min(span, MAX_HORIZON_SECONDS)
     best: forecast.Prediction | None = None
     at = now
     while True:
