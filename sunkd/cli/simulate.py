@@ -48,7 +48,8 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
                         metavar="FILE.csv", help="pods, Alibaba OpenB pod list (default: "
                         "the shipped openb_pod_list_default.csv)")
     traces.add_argument("--scenario", default="traces",
-                        choices=["traces", "diurnal", "backlog", "diurnal+backlog"],
+                        choices=["traces", "diurnal", "backlog", "diurnal+backlog",
+                                 "random-bursts", "random-bursts+backlog"],
                         help="traces as given, or a labelled synthetic variant")
     traces.add_argument("--window-days", type=float, default=40.0)
     traces.add_argument("--slurm-start-day", type=float, default=0.0)

@@ -13,7 +13,8 @@ raw history, so its size does not grow with the log):
 - the tracked error, per hour of the day: an exponentially weighted mean of
   |peak - prediction| / prediction, each hour's peak against what the profile said
   before it learned that hour (per hour: quiet nights must not hide a peak hour that
-  the profile keeps missing);
+  the profile keeps missing), counted from the hour's first miss (the mean starts at
+  that miss, not at zero: cold hours do not dilute it);
 - the lead time: an exponentially weighted mean of how long this pool's lends took
   (start to completion: mostly a job's remaining run time, since a drain waits for it).
 
@@ -90,8 +91,11 @@ def close_hours(summary: DemandSummary, at: float) -> DemandSummary:
         b = _bucket(closing)
         if samples[b] >= 1:
             expected = means[b]
-            errors[b] = (1 - ALPHA) * errors[b] + ALPHA * abs(peak - expected) / max(
-                expected, 1.0)
+            miss = abs(peak - expected) / max(expected, 1.0)
+            # Counted from the first miss: until an hour has missed, its error is that
+            # miss itself, not its ALPHA share of the zero it started from (a pool
+            # that misses on its second day must not look predictable).
+            errors[b] = miss if errors[b] == 0.0 else (1 - ALPHA) * errors[b] + ALPHA * miss
         if samples[b] == 0:
             means[b], variances[b] = float(peak), 0.0
         else:

@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from sunkd.domain.events import OwnershipSpec
+from sunkd.domain.forecast import DemandSummary
 from sunkd.simulate.bridge import Latencies, SunkdController
 from sunkd.simulate.metrics import P95, ArmReport, Targets, measure, over_percentile
 from sunkd.simulate.records import NodeShape
@@ -82,14 +83,23 @@ def run_ideal(workload: Workload, nodes: int, prefer: str = "Slurm",
 
 
 def run_sunkd(workload: Workload, nodes: int, k8s_nodes: int, ownership: OwnershipSpec,
-              config: SimConfig = SimConfig(), progress: Progress | None = None) -> ArmReport:
+              config: SimConfig = SimConfig(), progress: Progress | None = None, *,
+              history: Mapping[str, DemandSummary] | None = None,
+              learned: dict[str, DemandSummary] | None = None) -> ArmReport:
+    """`history`: the demand summaries the controller starts with (a forecast learned
+    before the window, as a daemon that ran with the forecast off has it in its log);
+    `learned`: filled with the summaries it ends with."""
     started = time.perf_counter()
     world = _world(workload, nodes, k8s_nodes, config)
     controller = SunkdController(world, ownership, config.latencies, check=config.check)
+    if history:
+        controller.state = replace(controller.state, demand_history=dict(history))
     stats = controller.stats
     if world.series is not None:
         world.series.moves = lambda: stats.lends + stats.reclaims
     world.run(progress)
+    if learned is not None:
+        learned.update(controller.state.demand_history)
     return measure(world, "sunkd", nodes - min(k8s_nodes, nodes), min(k8s_nodes, nodes),
                    config.targets, moves=stats.lends + stats.reclaims,
                    aborted=dict(stats.aborted), lends=stats.lends, reclaims=stats.reclaims,

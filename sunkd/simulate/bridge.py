@@ -64,6 +64,7 @@ from sunkd.domain.policy import (
     stale_action,
     starvation_held_until,
 )
+from sunkd.domain.policy.ahead import FORECAST_SETTLE_SECONDS, MAX_HORIZON_SECONDS
 from sunkd.domain.state import EMPTY, OWNER_NONE, ClusterState, OpenAction
 from sunkd.simulate.actuate import carry_out
 from sunkd.simulate.checks import check_in_flight, check_round
@@ -358,8 +359,14 @@ class SunkdController:
             summary = self.state.demand_history.get(self.pool.name)
             lead = 0.0 if summary is None else \
                 lead_seconds(summary, spec.forecast_horizon_seconds)
+            # The recent-peak hold's window [now, now + horizon] likewise.
+            horizon = now + min(max(spec.forecast_horizon_seconds, 0.0), MAX_HORIZON_SECONDS)
+            consider((math.floor(horizon / HOUR) + 1) * HOUR - (horizon - now))
             for edge in (now, now + lead):
                 consider((math.floor(edge / HOUR) + 1) * HOUR - (edge - now))
+                # ... and the fresh forecast has settled (policy/ahead.py).
+                for crossed in (math.floor(edge / HOUR), math.floor(edge / HOUR) + 1):
+                    consider(crossed * HOUR + FORECAST_SETTLE_SECONDS - (edge - now))
         for head_since in self.state.slurm_head_since.values():
             consider(head_since + SLURM_HEAD_WAIT_BOUND_SECONDS)
         for node in self.state.nodes.values():

@@ -18,7 +18,10 @@ Times are seconds from the window's start. Construction (docs/evaluation.md stat
   level of Kubernetes' load is kept, its shape changed); `backlog`
   (synthetic): the batch queue never empties, the job list is resubmitted (in trace
   order, cyclically) whenever fewer than `backlog_depth` jobs wait; `diurnal+backlog`
-  both at once (anti-correlated demand: inference by day, training soaks up the night).
+  both at once (anti-correlated demand: inference by day, training soaks up the night);
+  `random-bursts` (synthetic): the diurnal scenario's pods re-timed to bursts at random
+  times (no daily profile: what a forecast cannot predict, to show what it costs
+  there), `random-bursts+backlog` with the backlog.
 """
 
 from __future__ import annotations
@@ -31,9 +34,15 @@ from dataclasses import dataclass
 from sunkd.simulate.traces import PodTrace, SwfTrace
 
 DAY = 86400.0
-SCENARIOS = ("traces", "diurnal", "backlog", "diurnal+backlog")
+SCENARIOS = ("traces", "diurnal", "backlog", "diurnal+backlog", "random-bursts",
+             "random-bursts+backlog")
 DIURNAL_TROUGH = 0.4  # trough / peak of the re-timed arrival rate
 DIURNAL_PEAK_HOUR = 14.0  # hour of day of the peak (serving traffic peaks in the afternoon)
+# Random bursts (what no daily profile predicts): the arrival rate's base, against 1 more
+# during each burst (overlapping bursts add up), bursts a day, and a burst's length.
+BURST_BASE = 0.4
+BURSTS_PER_DAY = 3.0
+BURST_HOURS = (1.0, 4.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +178,17 @@ def diurnal_retime(pods: list[SimPod], horizon: float,
     arrives where the diurnal cumulative rate reaches (k + 0.5) / n of its total; order and
     sizes are kept, durations too, capped at `max_duration` when given (replicas an
     autoscaler adds and removes with the traffic: the demand then follows the curve)."""
-    ordered = sorted(pods, key=lambda pod: (pod.create, pod.name))
     step = 60.0  # the cumulative rate, tabled each minute and interpolated
     grid = [_diurnal_cumulative(min(i * step, horizon))
             for i in range(math.ceil(horizon / step) + 1)]
+    return _retime(pods, horizon, grid, step, max_duration)
+
+
+def _retime(pods: list[SimPod], horizon: float, grid: list[float], step: float,
+            max_duration: float | None) -> list[SimPod]:
+    """The k-th of n pods (in creation order) where the cumulative rate `grid` (tabled
+    every `step` seconds from 0) reaches (k + 0.5) / n of its total."""
+    ordered = sorted(pods, key=lambda pod: (pod.create, pod.name))
     total = grid[-1]
     out = []
     count = len(ordered)
@@ -187,6 +203,29 @@ def diurnal_retime(pods: list[SimPod], horizon: float,
                           pod.gpu_milli, pod.cpu_milli, pod.memory_mib))
     out.sort(key=lambda pod: (pod.create, pod.name))
     return out
+
+
+def burst_rate(horizon: float, rng: random.Random) -> tuple[list[float], float,
+                                                            list[tuple[float, float]]]:
+    """A random-bursts arrival rate, tabled as a cumulative each minute: a base of
+    BURST_BASE plus 1 during each of about BURSTS_PER_DAY bursts a day, each starting at
+    a uniformly random time and lasting a uniformly random BURST_HOURS. Returns the
+    table, its step and the bursts (start, end)."""
+    count = max(round(BURSTS_PER_DAY * horizon / DAY), 1)
+    bursts = []
+    for _ in range(count):
+        start = rng.uniform(0.0, horizon)
+        bursts.append((start, min(start + rng.uniform(*BURST_HOURS) * 3600.0, horizon)))
+    step = 60.0
+    slots = math.ceil(horizon / step)
+    rate = [BURST_BASE] * slots
+    for start, end in bursts:
+        for i in range(int(start // step), min(math.ceil(end / step), slots)):
+            rate[i] += 1.0
+    grid = [0.0]
+    for i in range(slots):
+        grid.append(grid[-1] + rate[i] * (min((i + 1) * step, horizon) - i * step))
+    return grid, step, sorted(bursts)
 
 
 def gpu_seconds(pods: list[SimPod]) -> float:
@@ -229,18 +268,29 @@ def build_workload(spec: WorkloadSpec, swf: SwfTrace, openb: PodTrace) -> Worklo
              f"window {spec.days:g} days: batch from day {slurm_start / DAY:.2f}, pods from "
              f"day {pods_start / DAY:.2f}; batch x{spec.slurm_scale:g}, pods "
              f"x{spec.pods_scale:g} (seed {spec.seed})"]
-    if "diurnal" in spec.scenario:
+    if "diurnal" in spec.scenario or "bursts" in spec.scenario:
         cap = spec.diurnal_pod_hours * 3600.0 if spec.diurnal_pod_hours else None
         capped = [pod if cap is None or pod.duration <= cap else
                   SimPod(pod.name, pod.create, cap, pod.gpus, pod.gpu_milli, pod.cpu_milli,
                          pod.memory_mib) for pod in window_pods]
         # Keep the Kubernetes load of the traces scenario (GPU-hours), change its shape.
         factor = gpu_seconds(pods) / max(gpu_seconds(capped), 1.0)
-        pods = diurnal_retime(scale_pods(capped, factor, horizon, rng), horizon)
-        notes.append(f"SYNTHETIC: pods re-timed to a daily curve (arrival rate's trough "
-                     f"{DIURNAL_TROUGH:.0%} of its peak, peak at {DIURNAL_PEAK_HOUR:g}:00)"
-                     + (f", runs capped at {spec.diurnal_pod_hours:g} h" if cap else "")
-                     + f", {factor:.1f} replicas to keep the GPU-hours of x{spec.pods_scale:g}")
+        replicas = scale_pods(capped, factor, horizon, rng)
+        runs = (f", runs capped at {spec.diurnal_pod_hours:g} h" if cap else "") + \
+            f", {factor:.1f} replicas to keep the GPU-hours of x{spec.pods_scale:g}"
+        if "diurnal" in spec.scenario:
+            pods = diurnal_retime(replicas, horizon)
+            notes.append(f"SYNTHETIC: pods re-timed to a daily curve (arrival rate's trough "
+                         f"{DIURNAL_TROUGH:.0%} of its peak, peak at "
+                         f"{DIURNAL_PEAK_HOUR:g}:00)" + runs)
+        else:
+            # The same pods as `diurnal` (same replicas, same seed), re-timed to bursts
+            # drawn after them from the same generator.
+            grid, step, bursts = burst_rate(horizon, rng)
+            pods = _retime(replicas, horizon, grid, step, None)
+            notes.append(f"SYNTHETIC: pods re-timed to {len(bursts)} bursts at random times "
+                         f"({BURST_HOURS[0]:g}-{BURST_HOURS[1]:g} h each, rate between "
+                         f"bursts {BURST_BASE:.0%} of a burst's)" + runs)
     depth = 0
     if "backlog" in spec.scenario:
         depth = max(spec.backlog_depth, 1)

@@ -110,3 +110,22 @@ def test_a_garbled_history_predicts_nothing() -> None:
     loaded = forecast.from_json(raw)
     assert loaded.lead == 0.0 and loaded.means == (0.0,) * BUCKETS
     assert predict(loaded, 0.0, 0.9) is not None  # cold means, real samples: a number
+
+
+def test_the_error_counts_from_the_first_miss() -> None:
+    """An hour whose second day doubles its first is missed by 100 %: its error is that
+    miss, not a third of it averaged with the zero it started from (cold hours do not
+    dilute the error, so a pool that misses is not lent ahead for on its second day)."""
+    summary = DemandSummary()
+    for day, demand in enumerate((10, 20)):
+        summary = forecast.observe(summary, day * DAY + 14 * HOUR + 60, busy=demand, pending=0)
+        summary = forecast.observe(summary, day * DAY + 15 * HOUR + 60, busy=0, pending=0)
+    summary = forecast.close_hours(summary, 2 * DAY)
+    assert summary.samples[14] == 2
+    assert summary.errors[14] == 1.0
+    assert predict(summary, 2 * DAY + 14 * HOUR, 0.9) is None
+    # Then it decays as before: a third day that hits brings it down by ALPHA's share.
+    summary = forecast.observe(summary, 2 * DAY + 14 * HOUR + 60, busy=round(summary.means[14]),
+                               pending=0)
+    summary = forecast.close_hours(summary, 2 * DAY + 15 * HOUR)
+    assert summary.errors[14] < 1.0

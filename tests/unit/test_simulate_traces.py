@@ -155,3 +155,35 @@ def test_diurnal_retiming_follows_the_curve() -> None:
     assert max(by_hour) / min(by_hour) == pytest.approx(1 / 0.4, rel=0.1)
     assert by_hour.index(max(by_hour)) in (13, 14)
     assert len(timed) == len(pods)
+
+
+def test_random_bursts_come_at_random_times_with_the_diurnal_load() -> None:
+    """The scenario the forecast cannot predict: the diurnal scenario's pods (same pods,
+    same GPU-hours), re-timed into bursts at random times (seeded). The busiest hours
+    move from day to day (no daily profile to learn), arrivals bunch (a burst hour has
+    several times a quiet hour's), and `random-bursts+backlog` adds the batch backlog."""
+    from sunkd.simulate import workload as wl
+
+    assert "random-bursts" in wl.SCENARIOS and "random-bursts+backlog" in wl.SCENARIOS
+    swf = load_swf(shipped(DEFAULT_SWF))
+    openb = load_openb(shipped(DEFAULT_OPENB))
+    diurnal = build_workload(WorkloadSpec(scenario="diurnal", days=4), swf, openb)
+    bursts = build_workload(WorkloadSpec(scenario="random-bursts", days=4), swf, openb)
+    assert sorted(p.name for p in bursts.pods) == sorted(p.name for p in diurnal.pods)
+    assert wl.gpu_seconds(list(bursts.pods)) == pytest.approx(
+        wl.gpu_seconds(list(diurnal.pods)), rel=1e-6)
+    assert bursts.synthetic and bursts.backlog_depth == 0
+    assert any("random" in note for note in bursts.notes)
+    hours = [[0] * 24 for _ in range(4)]
+    for pod in bursts.pods:
+        hours[int(pod.create // DAY)][int(pod.create % DAY // 3600)] += 1
+    busiest = {day.index(max(day)) for day in hours}
+    assert len(busiest) >= 3  # not the same hour every day
+    flat = [n for day in hours for n in day]
+    assert max(flat) >= 4 * max(min(flat), 1)
+    again = build_workload(WorkloadSpec(scenario="random-bursts", days=4), swf, openb)
+    other = build_workload(WorkloadSpec(scenario="random-bursts", days=4, seed=2), swf, openb)
+    assert again == bursts and other.pods != bursts.pods
+    backlog = build_workload(WorkloadSpec(scenario="random-bursts+backlog", days=4), swf,
+                             openb)
+    assert backlog.pods == bursts.pods and backlog.backlog_depth > 0

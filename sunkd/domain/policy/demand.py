@@ -21,7 +21,7 @@ from sunkd.domain.ownership import (
     slurm_usable,
     sources_unknown,
 )
-from sunkd.domain.policy.ahead import ahead, forecast_keeps
+from sunkd.domain.policy.ahead import ahead, forecast_surplus
 from sunkd.domain.policy.fairness import (
     holdings,
     kubernetes_overrides,
@@ -55,6 +55,8 @@ class PoolDemand:
     lend_target: int
     reclaim_target: int
     ahead_why: str | None = None  # the forecast set lend_target (policy/ahead.py)
+    ahead_by: float | None = None  # then: lend only nodes whose jobs end by this time
+    ahead_extra: int = 0  # for those lends beyond what pending pods ask for
 
 
 # Each node's last assessment with the NodeState and the sources' verdict it read.
@@ -139,20 +141,26 @@ def net_demand(state: ClusterState, pool: PoolSpec, census: Census) -> PoolDeman
             k8s_needed = 0
 
     lend_target = max(k8s_needed, spec.min_kubernetes - census.owned_k8s)
-    ahead_why = None
+    ahead_why: str | None = None
+    ahead_by: float | None = None
+    ahead_extra = 0
     if spec.forecast:
         # Headroom ahead of the forecast peak (policy/ahead.py): lend what the hours
-        # within the lead time want, and keep what they want from Slurm's demand
-        # beyond its next job.
+        # within the lead time want, and keep what the hours within the horizon want
+        # from Slurm's demand beyond its next job (the recent-peak hold).
         wanted = ahead(state, pool, members, census.now)
         if wanted is not None and wanted.target > lend_target:
-            lend_target, ahead_why = wanted.target, wanted.why
-        if wanted is not None and slurm_needed > 0 and (
-                ahead_why is not None or forecast_keeps(state, pool, members, census.now)):
+            ahead_extra = wanted.target - lend_target
+            lend_target, ahead_why, ahead_by = wanted.target, wanted.why, wanted.by
+        surplus = 0 if ahead_why is not None else \
+            forecast_surplus(state, pool, members, census.now) if slurm_needed > 0 else None
+        if surplus is not None and slurm_needed > 0:
             _k8s, slurm = holdings(members, moving_counts_for="to")
-            slurm_needed = min(slurm_needed, max(slurm_claim(state, pool) - slurm, 0))
+            slurm_needed = min(slurm_needed,
+                               max(slurm_claim(state, pool) - slurm, surplus))
     reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
-    return PoolDemand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why)
+    return PoolDemand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why,
+                      ahead_by, ahead_extra)
 
 
 def _slurm_nodes_needed(state: ClusterState, pool: PoolSpec) -> int:

@@ -240,14 +240,23 @@ def _start_demand_lends(
     spec = pool.ownership
     ends = job_ends(planner.state, pool)
     candidates = [n for n in lendable if _dwell_ok(n, spec, planner.now)]
-    candidates.sort(key=lambda n: lend_order(n, ends))
+    order = {n.name: lend_order(n, ends) for n in candidates}
+    candidates.sort(key=lambda n: order[n.name])
+    count = min(lend_more, budget)
+    if demand.ahead_by is not None:
+        # The lends beyond what pending pods ask for are ahead of a forecast peak: only
+        # nodes drained by then (idle, or jobs that end in time; an unknown end is no
+        # end: policy/ahead.py, `drained_by`). They come first in lend order.
+        in_time = sum(1 for n in candidates
+                      if order[n.name][0] == 0 or order[n.name][1] <= demand.ahead_by)
+        count = min(count, max(lend_more - demand.ahead_extra, in_time))
     why = (
         demand.ahead_why if demand.ahead_why is not None
         else f"kubernetes needs {demand.k8s_needed} node(s) for pending pool pods"
         if demand.k8s_needed >= spec.min_kubernetes - census.owned_k8s
         else f"min_kubernetes is {spec.min_kubernetes}"
     )
-    for node in candidates[: min(lend_more, budget)]:
+    for node in candidates[:count]:
         start_lend(planner, node, pool, why)
         budget -= 1
     return budget
