@@ -46,7 +46,9 @@ TARGETED_MAX = 64  # more named nodes than this: one full poll reads them all
 MAX_NAMES = 100_000  # a hook naming more is read as a full poll
 # After an end hook: read again after these pauses (seconds) until no named node is
 # cleaning up (`cleaning_up`); then the poll is the fallback.
-CONFIRM_DELAYS = (0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+# The first is at once: the read that saw the node cleaning up already took a while
+# (tens of ms), about what the cleaning up takes.
+CONFIRM_DELAYS = (0.0, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 END_EVENTS = frozenset({"epilog-slurmctld", "epilog"})
 MAX_QUEUED = 10_000  # hooks waiting for the reader; beyond, they are dropped (polling)
 
