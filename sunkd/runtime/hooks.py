@@ -68,6 +68,7 @@ class HookReceiver:
         self._wall = wall_clock
         self._source: SlurmSource | None = None
         self._sink: EventSink | None = None
+        self._defer: Callable[[Sequence[Event]], None] | None = None
         self._term_started = float("inf")
         self._queue: list[tuple[SlurmHookReceived, tuple[str, ...]]] = []
         self._confirm: dict[str, tuple[int, float]] = {}  # node -> (attempt, due: monotonic)
@@ -103,14 +104,18 @@ class HookReceiver:
     # ------------------------------------------------------------ the term's task
 
     async def serve(self, sources: Sequence[object], sink: EventSink, stop: asyncio.Event,
-                    started_at: float) -> None:
+                    started_at: float,
+                    defer: Callable[[Sequence[Event]], None] | None = None) -> None:
         """Read for hooks until `stop` (the term's end). Without a Slurm source there
-        is nothing to read: hooks answer 503 like on a standby."""
+        is nothing to read: hooks answer 503 like on a standby. `defer` takes the
+        records of reads that changed nothing, for the term's next append (none: they
+        are appended at once, a commit of their own)."""
         source = next((s for s in sources if isinstance(s, SlurmSource)), None)
         if source is None:
             await stop.wait()
             return
         self._source, self._sink, self._term_started = source, sink, started_at
+        self._defer = defer
         self._queue.clear()
         self._confirm.clear()
         try:
@@ -126,7 +131,7 @@ class HookReceiver:
                     log.warning("slurm.hook.read_failed", error=f"{type(error).__name__}: "
                                 f"{str(error)[:300]}")
         finally:
-            self._source, self._term_started = None, float("inf")
+            self._source, self._term_started, self._defer = None, float("inf"), None
 
     async def _wait(self, stop: asyncio.Event) -> None:
         if self._queue:
@@ -158,8 +163,9 @@ class HookReceiver:
         started = self._wall()
         if full or len(names) > TARGETED_MAX:
             events = await source.poll_once()
-            if hooks and self._sink is not None:
-                await self._sink(self._records(hooks, started)(events))
+            records = self._records(hooks, started)(events)
+            if records and self._sink is not None:
+                await self._sink(records)
         else:
             events = await source.observe_nodes(extra=self._records(hooks, started))
         self._observe_lag(hooks)
@@ -169,11 +175,17 @@ class HookReceiver:
                  started: float) -> Callable[[Sequence[Event]], list[Event]]:
         def records(changed: Sequence[Event]) -> list[Event]:
             read = max(0.0, self._wall() - started)
-            return [Event(subject=SUBJECT, payload=SlurmHookReceived(
+            made = [Event(subject=SUBJECT, payload=SlurmHookReceived(
                 event=h.event, job_id=h.job_id, nodes=h.nodes, partition=h.partition,
                 sent_at=h.sent_at, received_at=h.received_at,
                 read_seconds=round(read + max(0.0, started - h.received_at), 6),
                 changed=len(changed))) for h, _ in hooks]
+            if not changed and self._defer is not None:
+                # Nothing to append but the records: no commit (an fsync on SQLite, and
+                # its write lock holding up the next reaction's appends) for them alone.
+                self._defer(made)
+                return []
+            return made
         return records
 
     def _observe_lag(self, hooks: Sequence[tuple[SlurmHookReceived, tuple[str, ...]]]) -> None:
