@@ -2,11 +2,14 @@
 
 The benchmark's figure is one number (Slurm's moment -> `action.succeeded`); to cut it one
 must know its parts. This wraps, for the benchmark's process only, the steps a reaction
-passes through and records the wall time of each: the hook's HTTP request arriving, the
-append carrying the `slurm.hook` record (its start is when the targeted slurmrestd read
-returned, its end the commit), the fold of that seq, the decide that acted on it, the
-append of the decisions, their fold, the executor's run of the action. `steps` lines
-them up for one reaction, each step the first of its kind after the previous one.
+passes through and records the wall time of each: the hook reaching the daemon's
+receiver, slurmrestd's `GET /nodes` answers, each log append (its start, the write lock
+taken, the commit), the folds, the decides, the executor's runs of actions. `steps`
+lines them up for one reaction, working back from the first decide that decided
+something: the observations committed last before it (the read that answered them, the
+append's lock and commit), their fold, then forwards to the decisions' commit and fold
+and the action that ends the reaction. With SUNKD_BENCH_DUMP=1 the raw records of each
+reaction are printed too.
 """
 
 from __future__ import annotations
@@ -20,17 +23,20 @@ from typing import Any
 
 Record = tuple[float, str, Any]
 
-STEPS = ("prolog", "hook", "sent", "received", "read", "hook_committed", "folded", "decide",
-         "decided", "decision_committed", "decision_folded", "execute", "executed", "done")
+STEPS = ("prolog", "hook", "sent", "received", "read", "append", "locked", "committed",
+         "folded", "decide", "decided", "decision_committed", "decision_folded", "execute",
+         "executed", "done")
 LABELS = {
     "prolog": "PrologSlurmctld/EpilogSlurmctld starts (wrapper script)",
     "hook": "hook's interpreter up, site script ran (the benchmark's moment)",
     "sent": "hook sends its POST",
-    "received": "sunkd's handler has the request",
-    "read": "targeted slurmrestd read returned (hook append starts)",
-    "hook_committed": "log append of slurm.hook (+changes) committed",
-    "folded": "fold of it done",
-    "decide": "decide starts (first decide with decisions after the fold)",
+    "received": "sunkd's receiver has the hook",
+    "read": "slurmrestd answered the read that showed the change (GET /nodes)",
+    "append": "its append starts (diff done)",
+    "locked": "append holds the write lock (gate + BEGIN IMMEDIATE)",
+    "committed": "append of the observations committed",
+    "folded": "fold of them done (read back from the log)",
+    "decide": "decide starts (the first decide with decisions after the fold)",
     "decided": "decide returns",
     "decision_committed": "append of the decisions committed",
     "decision_folded": "fold of the decisions done",
@@ -38,6 +44,7 @@ LABELS = {
     "executed": "executor done (Kubernetes PATCH / Slurm update returned)",
     "done": "action.succeeded recorded_at",
 }
+OBSERVED = frozenset({"slurm.node.observed", "slurm.demand.observed"})
 
 
 class Trace:
@@ -52,7 +59,6 @@ class Trace:
         self.records.append((time.time(), label, info))
 
     def install(self) -> None:
-        from sunkd.api.hooks import HookEndpoint
         from sunkd.runtime import reconciler as reconciler_module
         from sunkd.runtime.executor import ActuatorExecutor
         from sunkd.store.eventlog import EventLog
@@ -64,19 +70,35 @@ class Trace:
             setattr(owner, name, make(original))
             self._undo.append(lambda: setattr(owner, name, original))
 
-        def handle(original: Any) -> Any:
+        def receive(original: Any) -> Any:
             @functools.wraps(original)
-            async def wrapper(endpoint: Any, request: Any) -> Any:
-                trace.note("received")
-                return await original(endpoint, request)
+            async def wrapper(receiver: Any, hook: Any, **kwargs: Any) -> Any:
+                trace.note("received", hook.event)
+                if hook.sent_at:
+                    trace.sent.append(hook.sent_at)
+                return await original(receiver, hook, **kwargs)
+            return wrapper
+
+        def nodes_read(original: Any) -> Any:
+            @functools.wraps(original)
+            async def wrapper(client: Any, *args: Any, **kwargs: Any) -> Any:
+                nodes = await original(client, *args, **kwargs)
+                trace.note("nodes_read")
+                return nodes
+            return wrapper
+
+        def locked(original: Any) -> Any:
+            @functools.wraps(original)
+            async def wrapper(log: Any, connection: Any) -> Any:
+                result = await original(log, connection)
+                trace.note("locked")
+                return result
             return wrapper
 
         def append(original: Any) -> Any:
             @functools.wraps(original)
             async def wrapper(log: Any, batch: Sequence[Any], epoch: int) -> Any:
                 kinds = {item.kind for item in batch}
-                trace.sent.extend(item.payload.sent_at for item in batch
-                                  if item.kind == "slurm.hook" and item.payload.sent_at)
                 trace.note("append", kinds)
                 seqs = await original(log, batch, epoch)
                 trace.note("appended", (kinds, seqs[-1] if seqs else 0))
@@ -121,10 +143,14 @@ class Trace:
                 return wrapper
             return make
 
+        from sunkd.runtime.hooks import HookReceiver
+        from sunkd.slurm.client import SlurmRestClient
         from sunkd.slurm.source import SlurmSource
         wrap(SlurmSource, "observe_nodes", observe("observe"))
         wrap(SlurmSource, "poll_once", observe("poll"))
-        wrap(HookEndpoint, "handle", handle)
+        wrap(HookReceiver, "receive", receive)
+        wrap(SlurmRestClient, "get_nodes", nodes_read)
+        wrap(EventLog, "_lock_for_append", locked)
         wrap(EventLog, "append", append)
         wrap(reconciler_module.Reconciler, "_apply", apply)
         wrap(reconciler_module, "decide", decide)
@@ -152,21 +178,34 @@ class Trace:
         if received is None:
             return None
         at["received"] = received[0]
-        read = first(received[0], lambda r: r[1] == "append" and "slurm.hook" in r[2])
-        committed = first(received[0], lambda r: r[1] == "appended" and "slurm.hook" in r[2][0])
-        if read is None or committed is None:
-            return None
-        at["read"], at["hook_committed"] = read[0], committed[0]
-        seq = committed[2][1]
-        folded = first(committed[0], lambda r: r[1] == "fold" and r[2] >= seq)
-        if folded is None:
-            return None
-        at["folded"] = folded[0]
-        decided = first(folded[0], lambda r: r[1] == "decided" and r[2] > 0)
+        decided = first(received[0], lambda r: r[1] == "decided" and r[2] > 0)
         if decided is None:
             return None
         decide = max((r for r in records if r[1] == "decide" and r[0] <= decided[0]),
                      key=lambda r: r[0])
+
+        def last(before: float, match: Callable[[Record], bool]) -> Record | None:
+            return max((r for r in records if received[0] <= r[0] <= before and match(r)),
+                       key=lambda r: r[0], default=None)
+
+        # What the decision acted on: the last observations committed before it.
+        committed = last(decide[0], lambda r: r[1] == "appended" and bool(OBSERVED & r[2][0]))
+        if committed is None:
+            return None
+        begun = last(committed[0], lambda r: r[1] == "append" and r[2] == committed[2][0])
+        if begun is None:
+            return None
+        read = last(begun[0], lambda r: r[1] == "nodes_read")
+        if read is not None:
+            at["read"] = read[0]
+        lock = last(committed[0], lambda r: r[1] == "locked" and r[0] >= begun[0])
+        if lock is not None:
+            at["locked"] = lock[0]
+        at["append"], at["committed"] = begun[0], committed[0]
+        seq = committed[2][1]
+        folded = first(committed[0], lambda r: r[1] == "fold" and r[2] >= seq)
+        if folded is not None and folded[0] <= decide[0]:
+            at["folded"] = folded[0]
         at["decide"], at["decided"] = decide[0], decided[0]
         appended = first(decided[0], lambda r: r[1] == "appended"
                          and "action.requested" in r[2][0])

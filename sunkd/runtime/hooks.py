@@ -1,13 +1,20 @@
-"""The daemon's side of Slurm hooks: a hint turned into an immediate, targeted read.
+"""The daemon's side of Slurm hooks: a hint turned into an immediate read of slurmrestd.
 
 Polling slurmrestd (`slurm/source.py`) makes a Slurm change wait up to a poll interval;
 slurmctld's PrologSlurmctld and EpilogSlurmctld (and slurmd's Epilog) run `sunkd hook`
 the moment a job starts or ends, and the hook POSTs to `/api/v1/slurm/hook`
 (`api/hooks.py` authenticates and bounds it). Here the hook is only a hint: the leader
-reads the named nodes and the jobs from slurmrestd at once (`SlurmSource.observe_nodes`,
-the same diff as a poll, so only a real change enters the log) and appends a
-`slurm.hook` record with it, for the latency. Hooks that arrive together are read
-together (one reader), and a read naming more than `TARGETED_MAX` nodes is a full poll.
+reads the nodes and the jobs from slurmrestd at once (`SlurmSource.observe_nodes`, the
+same diff as a poll over every node of the answer, so only a real change enters the
+log, and one read serves every change it sees) and appends a `slurm.hook` record with
+it, for the latency. Hooks that arrive together are read together (one reader), and a
+hook naming more than `TARGETED_MAX` nodes is a full poll (which also says which nodes
+vanished, and the source's health).
+
+The record of a read that changed nothing is handed to the reconciler's `defer`: it goes
+into the log with the term's next append (or alone a few seconds later), not as a
+commit of its own (on SQLite an fsync, whose write lock the next reaction's appends
+would wait for). The fold ignores these records, so this delays no decision.
 
 End hooks arrive before the node is free (about 17 ms before, measured on 22.05.8:
 slurmctld runs EpilogSlurmctld and slurmd its Epilog while it still cleans up: the node
@@ -46,7 +53,11 @@ TARGETED_MAX = 64  # more named nodes than this: one full poll reads them all
 MAX_NAMES = 100_000  # a hook naming more is read as a full poll
 # After an end hook: read again after these pauses (seconds) until no named node is
 # cleaning up (`cleaning_up`); then the poll is the fallback.
-CONFIRM_DELAYS = (0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+# The first three follow each other without a pause (each read takes a `GET /nodes`,
+# ~5-15 ms on a small cluster, longer on a big one): the cleaning up lasts a few tens
+# of ms after the hook arrives (measured on 22.05.8 with bench/hooks.py --trace: a read
+# at once still saw COMPLETING, one 20 ms later saw it long over); then pauses grow.
+CONFIRM_DELAYS = (0.0, 0.0, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 END_EVENTS = frozenset({"epilog-slurmctld", "epilog"})
 MAX_QUEUED = 10_000  # hooks waiting for the reader; beyond, they are dropped (polling)
 
@@ -64,6 +75,7 @@ class HookReceiver:
         self._wall = wall_clock
         self._source: SlurmSource | None = None
         self._sink: EventSink | None = None
+        self._defer: Callable[[Sequence[Event]], None] | None = None
         self._term_started = float("inf")
         self._queue: list[tuple[SlurmHookReceived, tuple[str, ...]]] = []
         self._confirm: dict[str, tuple[int, float]] = {}  # node -> (attempt, due: monotonic)
@@ -99,14 +111,18 @@ class HookReceiver:
     # ------------------------------------------------------------ the term's task
 
     async def serve(self, sources: Sequence[object], sink: EventSink, stop: asyncio.Event,
-                    started_at: float) -> None:
+                    started_at: float,
+                    defer: Callable[[Sequence[Event]], None] | None = None) -> None:
         """Read for hooks until `stop` (the term's end). Without a Slurm source there
-        is nothing to read: hooks answer 503 like on a standby."""
+        is nothing to read: hooks answer 503 like on a standby. `defer` takes the
+        records of reads that changed nothing, for the term's next append (none: they
+        are appended at once, a commit of their own)."""
         source = next((s for s in sources if isinstance(s, SlurmSource)), None)
         if source is None:
             await stop.wait()
             return
         self._source, self._sink, self._term_started = source, sink, started_at
+        self._defer = defer
         self._queue.clear()
         self._confirm.clear()
         try:
@@ -122,7 +138,7 @@ class HookReceiver:
                     log.warning("slurm.hook.read_failed", error=f"{type(error).__name__}: "
                                 f"{str(error)[:300]}")
         finally:
-            self._source, self._term_started = None, float("inf")
+            self._source, self._term_started, self._defer = None, float("inf"), None
 
     async def _wait(self, stop: asyncio.Event) -> None:
         if self._queue:
@@ -154,11 +170,11 @@ class HookReceiver:
         started = self._wall()
         if full or len(names) > TARGETED_MAX:
             events = await source.poll_once()
-            if hooks and self._sink is not None:
-                await self._sink(self._records(hooks, started)(events))
+            records = self._records(hooks, started)(events)
+            if records and self._sink is not None:
+                await self._sink(records)
         else:
-            events = await source.observe_nodes(
-                list(names), extra=self._records(hooks, started))
+            events = await source.observe_nodes(extra=self._records(hooks, started))
         self._observe_lag(hooks)
         self._schedule_confirms(source, hooks, due)
 
@@ -166,11 +182,17 @@ class HookReceiver:
                  started: float) -> Callable[[Sequence[Event]], list[Event]]:
         def records(changed: Sequence[Event]) -> list[Event]:
             read = max(0.0, self._wall() - started)
-            return [Event(subject=SUBJECT, payload=SlurmHookReceived(
+            made = [Event(subject=SUBJECT, payload=SlurmHookReceived(
                 event=h.event, job_id=h.job_id, nodes=h.nodes, partition=h.partition,
                 sent_at=h.sent_at, received_at=h.received_at,
                 read_seconds=round(read + max(0.0, started - h.received_at), 6),
                 changed=len(changed))) for h, _ in hooks]
+            if not changed and self._defer is not None:
+                # Nothing to append but the records: no commit (an fsync on SQLite, and
+                # its write lock holding up the next reaction's appends) for them alone.
+                self._defer(made)
+                return []
+            return made
         return records
 
     def _observe_lag(self, hooks: Sequence[tuple[SlurmHookReceived, tuple[str, ...]]]) -> None:

@@ -84,6 +84,13 @@ SLOW_DECIDE_S = 0.5
 # (docs/performance.md, "Scale"). Deciding later is always safe: each decide reads the
 # newest state, and acting is fenced by the term.
 DECIDE_SHARE = 1 / 3
+# Events handed to `defer` (a Slurm hook's `slurm.hook` record whose read changed
+# nothing: sunkd/runtime/hooks.py) go into the log with the next append instead of a
+# commit of their own; the lead loop appends them alone once the oldest has waited this
+# long. At most DEFERRED_MAX wait; beyond, the oldest are dropped (they are diagnostics
+# the fold ignores).
+DEFERRED_SECONDS = 5.0
+DEFERRED_MAX = 1000
 
 
 class CorruptRowError(Exception):
@@ -184,6 +191,8 @@ class Reconciler:
         self._appended_upto = 0  # highest seq this process appended
         self._decided_upto = 0  # ... of them a decision (not an action's outcome)
         self._quiesced = False
+        self._deferred: list[Event] = []  # `defer`: for the next append
+        self._deferred_since = 0.0  # time.monotonic() of the oldest
 
     # ------------------------------------------------------------------ following
 
@@ -245,16 +254,33 @@ class Reconciler:
     def pools(self) -> tuple[PoolSpec, ...]:
         return effective_pools(self.state, self.config_pools)
 
+    def defer(self, events: Sequence[Event]) -> None:
+        """Append `events` with the next append of this term, whatever it carries, or
+        alone after DEFERRED_SECONDS: for records that change no state (the fold
+        ignores them) and are not worth a commit (an fsync, and the write lock it holds)
+        of their own. Lost if the term ends or the process stops before then."""
+        if not events:
+            return
+        if not self._deferred:
+            self._deferred_since = time.monotonic()
+        self._deferred.extend(events)
+        del self._deferred[:-DEFERRED_MAX]
+
     async def append(self, events: Sequence[Event], term: LeaderTerm) -> list[int]:
+        """Append `events` (after what `defer` holds); their seqs."""
+        deferred, self._deferred = self._deferred, []
+        batch = [*deferred, *events] if deferred else events
+        if not batch:
+            return []
         started = time.perf_counter()
-        seqs = await self.event_log.append(events, term.epoch)
+        seqs = await self.event_log.append(batch, term.epoch)
         if seqs:
             self._appended_upto = max(self._appended_upto, seqs[-1])
         if self.observer is not None:
             with contextlib.suppress(Exception):
                 self.observer.observe_append(time.perf_counter() - started)
                 self.observer.set_fold_lag(self._appended_upto - self.state.last_seq)
-        return seqs
+        return seqs[len(deferred):]
 
     def quiesce(self) -> None:
         """Stop deciding and starting actions (graceful shutdown); running ones go on."""
@@ -272,6 +298,7 @@ class Reconciler:
         # their cost would put off a restart's first real decision by up to 2d.
         unpaced = False
         outcomes = self._outcomes = GroupAppender(functools.partial(self.append, term=term))
+        self._deferred = []  # another term's: not ours to append
         try:
             while (term.may_act() or term.paused()) and not self._quiesced:
                 wait = self.tick_seconds
@@ -285,6 +312,9 @@ class Reconciler:
                     continue  # leading, but not acting: nothing decided, nothing run
                 if not term.may_act() or self._quiesced:
                     break
+                if (self._deferred
+                        and time.monotonic() - self._deferred_since >= DEFERRED_SECONDS):
+                    await self.append([], term)  # nothing else came to carry them
                 state = self.state
                 # Actions already requested run whatever else is being decided, so a
                 # busy cluster that always has something to decide never starves them.
@@ -336,6 +366,7 @@ class Reconciler:
                                               term)
                 await self._maybe_snapshot(state)
         finally:
+            self._deferred = []
             if not self._quiesced:
                 # The term ended (deposed, lease running out): stop acting at once.
                 # A quiesced reconciler is being shut down gracefully by its owner, who

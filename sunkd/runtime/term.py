@@ -131,7 +131,8 @@ class Term:
         tasks.append(asyncio.create_task(self._mark_polls(sources), name="sunkd-polls"))
         if self._hooks is not None:
             tasks.append(asyncio.create_task(self._hooks.serve(
-                sources, sink, self._sources_stop, self._wall()), name="sunkd-hooks"))
+                sources, sink, self._sources_stop, self._wall(), defer=reconciler.defer),
+                name="sunkd-hooks"))
         # The topology file slurmctld reads ([topology] file): kept by the leader only.
         delivery = adapters.topology(lambda: reconciler.state, leadership.may_act,
                                      leadership.clock, self._metrics.registry)

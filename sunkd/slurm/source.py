@@ -282,16 +282,16 @@ class SlurmSource:
         return events
 
     async def observe_nodes(
-        self, names: Sequence[str],
-        extra: Callable[[Sequence[Event]], Sequence[Event]] | None = None,
+        self, extra: Callable[[Sequence[Event]], Sequence[Event]] | None = None,
     ) -> list[Event]:
-        """A targeted read, for a Slurm hook's hint: `GET /nodes` and `GET /jobs` (the
-        named nodes' running jobs and the partitions' demand), the named nodes diffed
-        like a poll, appended with `extra(changes)` (the hook's record) in one batch;
-        returns the observations appended. Nodes Slurm does not know, or outside the
-        managed partitions, are skipped; a node missing here is not a vanish (only a
-        full poll says that). Raises on any failure (the caller counts it): the source's
-        health is the poll's to say, so a failed hint changes nothing.
+        """A read for a Slurm hook's hint: `GET /nodes` and `GET /jobs`, every node of
+        the answer diffed like a poll (not only those the hook named: the answer has
+        them all, so one read serves every change it sees, such as the other nodes of a
+        job array whose prologs are still on their way), appended with `extra(changes)`
+        (the hook's record) in one batch; returns the observations appended. Nodes
+        outside the managed partitions are skipped; a node missing here is not a vanish
+        and the source's health is not touched (both are the poll's to say), so a failed
+        read raises (the caller counts it) and changes nothing.
 
         Not `GET node/{name}`: on 22.05 its allocation counts stay stale after a job
         ends (measured: no job, no COMPLETING, CPUs still allocated, for as long as no
@@ -299,10 +299,8 @@ class SlurmSource:
         node looked busy to the policy until then."""
         async with self._reading:
             await self._client.negotiate()
-            wanted = set(names)
-            jobs, every = await asyncio.gather(self._client.get_jobs(),
+            jobs, nodes = await asyncio.gather(self._client.get_jobs(),
                                                self._client.get_nodes())
-            nodes = [node for node in every if node.name in wanted]
             self._pending_raw = {}
             events = self._node_events(nodes, jobs) + self._demand_events(nodes, jobs)
             batch = [*events, *(extra(events) if extra is not None else ())]

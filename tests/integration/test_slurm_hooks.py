@@ -25,6 +25,7 @@ from sunkd.domain.slurmnode import slurm_busy
 from sunkd.kubernetes.client import KubeClient
 from sunkd.runtime.config import KubernetesSettings, PoolSettings, SlurmSettings
 from sunkd.runtime.daemon import Daemon
+from sunkd.slurm import hook
 from sunkd.slurm.client import SlurmRestClient
 from sunkd_testbed.demo import KubeStandIn
 from sunkd_testbed.hooks import HookScripts as Hooks
@@ -201,6 +202,58 @@ async def test_a_job_cancelled_on_a_draining_node_is_seen_free_without_a_poll(
                 cluster.scontrol("update", "nodename=hk3", "state=resume", check=False)
     observed = _slurm(daemon, "hk3")
     assert observed is not None and "DRAIN" in observed.flags
+
+
+async def test_a_hooks_read_carries_every_change_it_sees(
+    cluster: SlurmCluster, hooks: Hooks
+) -> None:
+    """A hook's read answers `GET /nodes` for every node: what changed on a node the hook
+    does not name (here an administrator's drain, which no hook reports) enters the log
+    with the read, not with the next poll 30 s later. Two tasks of one array start at
+    once; the first prolog's read then serves the second node too."""
+    hooks.site_exit(0)
+    async with migrated_database() as database_url:
+        async with hooked_sunkd(database_url, cluster, hooks) as daemon:
+            await asyncio.sleep(0.5)  # let the first poll settle: the next is 30 s away
+            cluster.scontrol("update", "nodename=hk3", "state=drain", "reason=test: admin")
+            try:
+                job = cluster.sbatch(wrap="sleep 1", nodelist="hk1", partition="gpu")
+                await _until(lambda: _busy(daemon, "hk1"), BOUND, "the job start observed")
+                observed = _slurm(daemon, "hk3")
+                assert observed is not None and "DRAIN" in observed.flags, observed
+            finally:
+                cluster.scontrol("update", "nodename=hk3", "state=resume", check=False)
+        events = await read_all(database_url)
+    batch = _hook_batches(events, job)["prolog-slurmctld"]
+    assert {e.subject for e in batch if isinstance(e.payload, SlurmNodeObserved)} >= {
+        "hk1", "hk3"}, batch
+
+
+async def test_a_hook_whose_read_changes_nothing_is_recorded_with_the_next_append(
+    cluster: SlurmCluster, hooks: Hooks
+) -> None:
+    """The `slurm.hook` record of a read that found nothing new is not a commit of its
+    own (on SQLite a commit is an fsync, and the write lock it holds delays the next
+    reaction's appends): it goes into the log with the next append."""
+    hooks.site_exit(0)
+    async with migrated_database() as database_url:
+        async with hooked_sunkd(database_url, cluster, hooks) as daemon:
+            await asyncio.sleep(0.5)  # let the first poll settle: the next is 30 s away
+            token = hooks.token_file.read_text().strip()
+            status, _ = await asyncio.to_thread(
+                hook.post, f"http://127.0.0.1:{daemon.http_port}", token,
+                {"event": "prolog-slurmctld", "job_id": 999_999, "nodes": "hk1",
+                 "sent_at": time.time()}, 5.0)
+            assert status == 200
+            await asyncio.sleep(0.3)  # its read is over long before
+            cluster.sbatch(wrap="sleep 1", nodelist="hk2", partition="gpu")
+            await _until(lambda: _busy(daemon, "hk2"), BOUND, "the job start observed")
+        events = await read_all(database_url)
+    [record] = [e for e in events if isinstance(e.payload, SlurmHookReceived)
+                and e.payload.job_id == 999_999]
+    assert isinstance(record.payload, SlurmHookReceived) and record.payload.changed == 0
+    with_it = [e for e in events if e.recorded_at == record.recorded_at and e is not record]
+    assert with_it, "the record was a transaction of its own"
 
 
 async def test_jobs_run_when_sunkd_is_down(cluster: SlurmCluster, hooks: Hooks) -> None:
