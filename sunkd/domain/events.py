@@ -104,6 +104,9 @@ class PodRef:
     # name that Nodeset and the node. "" for every other pod, an impostor with the labels
     # included. Judged by the Kubernetes source (kubernetes/source.py).
     slurmd: str = ""
+    # The uid of the Nodeset that owns it (with `slurmd`): two Nodesets may name the same
+    # Slurm node, and one's pod is foreign to the other's plan.
+    slurmd_nodeset: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,11 +138,14 @@ def _float_or_none(raw: Any) -> float | None:
 
 
 def _pods_to_json(pods: tuple[PodRef, ...]) -> list[list[Any]]:
-    return [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod] for pod in pods]
+    # A slurmd pod's identity only when it has one: most pods keep the short form.
+    return [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod]
+            + ([pod.slurmd, pod.slurmd_nodeset] if pod.slurmd else []) for pod in pods]
 
 
 def _pods_from_json(raw: list[list[Any]]) -> tuple[PodRef, ...]:
-    # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase].
+    # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase]; before
+    # slurmd pods, five.
     return tuple(PodRef(*pod) for pod in raw)
 
 

@@ -118,8 +118,10 @@ def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
     spec = SlurmdSpec(image="i")
     log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
                                partitions=("gpu",), slurmd=spec), 2.0)
-    own = PodRef("default", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
-    starting = PodRef("default", "gpu-n2", "Pending", uid="u2", pool_pod=False, slurmd="n2")
+    own = PodRef("default", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                 slurmd_nodeset="U")
+    starting = PodRef("default", "gpu-n2", "Pending", uid="u2", pool_pod=False, slurmd="n2",
+                      slurmd_nodeset="U")
     log.add(K8sWorkloadObserved(node="n1", pool="", pods=(own,)), 3.0)
     log.add(K8sWorkloadObserved(node="n2", pool="", pods=(starting,)), 3.0)
     state = log.state()

@@ -282,10 +282,11 @@ def nodeset_of(observed: K8sNodesetObserved) -> SlurmdNodeset | None:
 
 def _seen(ref: PodRef, nodeset: SlurmdNodeset) -> SeenPod:
     """A reported pod as the plan sees it. The source judged `ref.slurmd` (the controller
-    owner is a Nodeset it knows by uid, the labels name it); a pod it did not is foreign.
+    owner is a Nodeset it knows by uid, the labels name it) and named that Nodeset's uid
+    (`ref.slurmd_nodeset`); a pod it did not judge so, or another Nodeset's, is foreign.
     The report has no deletion time: a terminating pod counts as running (the actuators
     see the deletion and skip)."""
-    if not ref.slurmd:
+    if not ref.slurmd or not nodeset.uid or ref.slurmd_nodeset != nodeset.uid:
         return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase)
     return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, nodeset_label=nodeset.name,
                    slurm_node=ref.slurmd, controller_kind=wk.NODESET_KIND,
