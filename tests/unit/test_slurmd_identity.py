@@ -23,6 +23,7 @@ from sunkd.domain.events import (
 from sunkd.domain.ownership import no_pods, running_pod_count, running_pods
 from sunkd.domain.policy import VERB_UNLOCK, effective_pools
 from sunkd.domain.policy.slurmd import (
+    REGISTER_BOUND_SECONDS,
     VERB_SLURMD_DELETE,
     SlurmdNodeset,
     nodes_from_state,
@@ -202,4 +203,48 @@ def test_a_snapshot_keeps_whose_slurmd_pod_it_is() -> None:
     state = _folded((own,))
     again = state_from_json(json.loads(json.dumps(state_to_json(state))))
     assert again.nodes["n1"].pods == (own,)
+    going = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                   slurmd_nodeset="U", deleting=True, started_at=5.0)
+    state = _folded((going,))
+    again = state_from_json(json.loads(json.dumps(state_to_json(state))))
+    assert again.nodes["n1"].pods == (going,)
     assert again.pod_reports == state.pod_reports
+
+
+# ------------------------------------------------ a pod's deletion and start, carried
+
+
+def test_the_source_reads_a_pods_deletion_and_when_it_turned_ready() -> None:
+    ready = {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:10Z"}]}
+    obj = pod(deletionTimestamp="2026-01-01T00:01:00Z")
+    obj["status"] = ready
+    facts = slim_pod(obj)
+    assert facts.deleting and facts.started_at == 1767225610.0
+    plain = slim_pod(pod())
+    assert not plain.deleting and plain.started_at is None
+
+
+def test_a_terminating_own_pod_is_neither_live_nor_deleted_again() -> None:
+    going = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                   slurmd_nodeset="U", deleting=True)
+    assert _plan(_folded((going,), lent=True)) == [("", "")]  # its delete was sent
+    nodeset = SlurmdNodeset("gpu", "hpc", "U", SlurmdSpec(image="i"))
+    state = _folded((going,))
+    (view,) = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
+    (step,) = plan(nodeset, [view], 10.0, sources_fresh=True)
+    assert step.verb == "" and "still terminating" in step.reason
+
+
+def test_a_pod_running_past_the_bound_without_slurm_hearing_it_is_reported() -> None:
+    running = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                     slurmd_nodeset="U", started_at=0.0)
+    nodeset = SlurmdNodeset("gpu", "hpc", "U", SlurmdSpec(image="i"))
+    log = _cluster(1)
+    log.add(K8sWorkloadObserved(node="n1", pool="", pods=(running,)), 2.0)
+    log.add(slurm_obs("n1", state="IDLE", flags=("NOT_RESPONDING",)), 3.0)
+    state = log.state()
+    now = REGISTER_BOUND_SECONDS + 1.0
+    (view,) = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
+    (step,) = plan(nodeset, [view], now, sources_fresh=True)
+    assert "unregistered" in step.reason, step
