@@ -107,6 +107,10 @@ class PodRef:
     # The uid of the Nodeset that owns it (with `slurmd`): two Nodesets may name the same
     # Slurm node, and one's pod is foreign to the other's plan.
     slurmd_nodeset: str = ""
+    deleting: bool = False  # metadata.deletionTimestamp is set: terminating
+    # When the pod turned Ready (its Ready condition's lastTransitionTime), for slurmd pods
+    # only (the plan's registration bound); None otherwise.
+    started_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

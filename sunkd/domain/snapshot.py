@@ -140,7 +140,8 @@ def _float_or_none(raw: Any) -> float | None:
 def _pods_to_json(pods: tuple[PodRef, ...]) -> list[list[Any]]:
     # A slurmd pod's identity only when it has one: most pods keep the short form.
     return [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod]
-            + ([pod.slurmd, pod.slurmd_nodeset] if pod.slurmd else []) for pod in pods]
+            + ([pod.slurmd, pod.slurmd_nodeset, pod.deleting, pod.started_at]
+               if pod.slurmd or pod.deleting else []) for pod in pods]
 
 
 def _pods_from_json(raw: list[list[Any]]) -> tuple[PodRef, ...]:

@@ -146,6 +146,8 @@ class Payloads:
                     and self.view.workload_match(pool.pool, pod.labels),
                     slurmd=slurmd,
                     slurmd_nodeset=owner,
+                    deleting=pod.deleting,
+                    started_at=pod.started_at if slurmd else None,
                 )
             )
         return K8sWorkloadObserved(

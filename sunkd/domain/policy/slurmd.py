@@ -284,13 +284,14 @@ def _seen(ref: PodRef, nodeset: SlurmdNodeset) -> SeenPod:
     """A reported pod as the plan sees it. The source judged `ref.slurmd` (the controller
     owner is a Nodeset it knows by uid, the labels name it) and named that Nodeset's uid
     (`ref.slurmd_nodeset`); a pod it did not judge so, or another Nodeset's, is foreign.
-    The report has no deletion time: a terminating pod counts as running (the actuators
-    see the deletion and skip)."""
+    A terminating pod (`deleting`) is neither live nor deleted again; `started_at` is
+    when it turned Ready (the registration bound)."""
     if not ref.slurmd or not nodeset.uid or ref.slurmd_nodeset != nodeset.uid:
-        return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase)
-    return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, nodeset_label=nodeset.name,
-                   slurm_node=ref.slurmd, controller_kind=wk.NODESET_KIND,
-                   controller_uid=nodeset.uid)
+        return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, deleting=ref.deleting)
+    return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, deleting=ref.deleting,
+                   nodeset_label=nodeset.name, slurm_node=ref.slurmd,
+                   controller_kind=wk.NODESET_KIND, controller_uid=nodeset.uid,
+                   started_at=ref.started_at)
 
 
 def nodes_from_state(state: ClusterState, nodeset: SlurmdNodeset,
