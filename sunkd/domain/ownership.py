@@ -8,7 +8,8 @@ policy"):
 - UNKNOWN: a source is not fresh (stale, lost or never reported), or the node has not
   been observed on both sides yet. Nobody may act on such a node.
 - HELD: something outside sunkd's control makes the node unusable or claims it:
-  Slurm DOWN/FAIL/NOT_RESPONDING/... for longer than `UNHEALTHY_GRACE_SECONDS`, a
+  Slurm DOWN/FAIL/NOT_RESPONDING/... for longer than `UNHEALTHY_GRACE_SECONDS` (unless
+  sunkd's own slurmd pod is gone or starting there: `slurmdgone`), a
   foreign drain, Kubernetes NotReady, a cordon, a foreign hold taint, or the node
   vanished from one side. Foreign means sunkd's log does not prove it wrote it
   (`authorship`): a `sunkd:` reason or a `sunkd.io/slurm-hold` taint copied by hand is
@@ -40,6 +41,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark
 from sunkd.domain.events import K8sNodeObserved, PodRef, SlurmNodeObserved
 from sunkd.domain.gres import gres_problem
+from sunkd.domain.slurmdgone import expected_out_of_contact
 from sunkd.domain.slurmnode import (
     in_contact,
     registered,
@@ -268,7 +270,10 @@ def assess(state: ClusterState, node: NodeState, now: float,
     else:
         unhealthy = slurm_unhealthy(slurm)
         since = node.slurm_unhealthy_since
-        if unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS:
+        if (unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS
+                and not expected_out_of_contact(state, node, now)):
+            # Out of contact because sunkd's own slurmd pod is gone or starting
+            # (slurmdgone.py) is the state sunkd made, not trouble.
             slurm_holds.append(f"slurm {_slurm_condition(slurm)}")
         if node.owner == wk.OWNER_SLURM and registered(slurm) and node.k8s is not None:
             gres = gres_problem(slurm.gres, node.k8s.gres)

@@ -31,14 +31,15 @@ from typing import Any
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodesetObserved, Label, PodRef, SlurmdSpec, SlurmNodeObserved
 from sunkd.domain.ownership import assess, has_owner_taint
+from sunkd.domain.slurmdgone import REGISTER_BOUND_SECONDS as REGISTER_BOUND_SECONDS
+from sunkd.domain.slurmdgone import VERB_SLURMD_CREATE as VERB_SLURMD_CREATE
+from sunkd.domain.slurmdgone import VERB_SLURMD_DELETE as VERB_SLURMD_DELETE
 from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
 from sunkd.domain.state import ClusterState, NodeState, Phase
 
-VERB_SLURMD_CREATE = "slurmd-create"  # kubernetes; args below (`slurmd_args`)
-VERB_SLURMD_DELETE = "slurmd-delete"  # kubernetes; args `pod`, `pod_uid`, `grace_seconds`
-
-# A pod Running this long with Slurm not hearing its slurmd is reported unregistered.
-REGISTER_BOUND_SECONDS = 120.0
+# kubernetes side; create: args below (`slurmd_args`), delete: `pod`, `pod_uid`,
+# `grace_seconds`. A pod Running REGISTER_BOUND_SECONDS with Slurm not hearing its slurmd
+# is reported unregistered. Defined with the rest of the pods' ownership in slurmdgone.
 _DONE = frozenset({"Succeeded", "Failed"})
 _WANTED = frozenset({Phase.SLURM, Phase.TO_SLURM})
 _UNWANTED = frozenset({Phase.TO_K8S, Phase.KUBERNETES})
