@@ -136,6 +136,43 @@ def test_sunkds_own_mirror_drain_is_undrained_with_the_time_it_saw() -> None:
         "resume", MIRROR, "7")
 
 
+def test_a_drain_sunkd_just_undrained_read_before_the_undrain_is_not_foreign() -> None:
+    """The Slurm source polled the node before sunkd's undrain and appends it after the
+    undrain's success: that observation still shows sunkd's drain exactly (its text and
+    reason time). It is sunkd's drain being lifted, not someone else's: no hold, no
+    mirror, nothing undrained again on its word; the next poll shows the node undrained.
+    Any pool, any Slurm generation (seen on a real reclaim on 22.05)."""
+    log = _cluster(1)
+    _mirror_drain_by_sunkd(log, 5.0)
+    log.add(k8s_obs("n1", ready=True), 10.0)
+    decisions = _decide(log, 11.0)
+    _record(log, decisions, 11.0)
+    resume = next(d for d in decisions if isinstance(d, RequestAction))
+    assert resume.verb == "resume"
+    _succeed(log, resume, 11.5)
+    log.add(_drained("n1", MIRROR, 7.0), 12.0)  # type: ignore[arg-type]  # polled at 11.4
+    state = log.state()
+    assert not assess(state, state.nodes["n1"], 12.5).slurm_holds
+    after = _actions(_decide(log, 12.5))
+    assert ("n1", "kubernetes", "cordon") not in after
+    assert ("n1", "slurm", "resume") not in after
+    # Someone drains it again with the same text: a new reason time, foreign.
+    log.add(_drained("n1", MIRROR, 20.0), 21.0)  # type: ignore[arg-type]
+    state = log.state()
+    assert assess(state, state.nodes["n1"], 22.0).slurm_holds
+    # A drain shown again after the undrain was seen is foreign too, whatever its time.
+    log = _cluster(1)
+    _mirror_drain_by_sunkd(log, 5.0)
+    log.add(k8s_obs("n1", ready=True), 10.0)
+    decisions = _decide(log, 11.0)
+    _record(log, decisions, 11.0)
+    _succeed(log, next(d for d in decisions if isinstance(d, RequestAction)), 11.5)
+    log.add(slurm_obs("n1", reason=MIRROR), 12.0)
+    log.add(_drained("n1", MIRROR, 7.0), 13.0)  # type: ignore[arg-type]
+    state = log.state()
+    assert assess(state, state.nodes["n1"], 14.0).slurm_holds
+
+
 def test_a_drain_observed_before_its_success_is_logged_is_not_foreign() -> None:
     """The source can append the drained node before the executor appends the success:
     sunkd's drain in flight is neither foreign nor liftable."""
