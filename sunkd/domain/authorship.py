@@ -17,7 +17,12 @@ or the mark is dropped for good: someone undrained, re-drained or edited it, and
 there now is theirs even when the text is sunkd's. Until it is seen, an observation that
 does not show it is ignored for `CATCHUP_SECONDS` (a poll or a watch event read before the
 write can be appended after its success), then drops it. sunkd's own undrain or unhold
-drops it too, and so does the node vanishing from that side.
+drops it too, and so does the node vanishing from that side, with one delay: a poll read
+before sunkd's undrain can be appended after its success, still showing the drain. For
+`CATCHUP_SECONDS` after the undrain the mark is kept as *lifted*: an observation showing
+exactly that drain (its text and reason time) is sunkd's drain on its way out, neither
+foreign nor sunkd's to act on (`drain_lifting`); the first one without it, or one with
+another reason time, drops the mark.
 
 A write that failed in a way that may have landed (a timeout, an unconfirmed write: a
 retryable failure) is marked like a success: the policy retries it, and a landed write
@@ -59,6 +64,7 @@ class DrainMark(NamedTuple):
     reason_time: float | None
     seen: bool
     at: float  # when the write's outcome was logged
+    lifted: float | None = None  # when sunkd's undrain of it succeeded
 
 
 class HoldMark(NamedTuple):
@@ -94,7 +100,28 @@ def hold_taint() -> tuple[str, str, str]:
 
 
 def drain_shows(mark: DrainMark, observation: SlurmNodeObserved | None) -> bool:
-    """The observation shows exactly the drain `mark` records."""
+    """The observation shows exactly the drain `mark` records (not one sunkd lifted)."""
+    return mark.lifted is None and _shows(mark, observation)
+
+
+def drain_lifting(mark: DrainMark | None, observation: SlurmNodeObserved | None) -> bool:
+    """The observation shows exactly the drain sunkd has just undrained (read before the
+    undrain): sunkd's, on its way out. Neither foreign nor to act on."""
+    return mark is not None and mark.lifted is not None and _shows(mark, observation)
+
+
+def drain_lifted(mark: DrainMark | None, observation: SlurmNodeObserved | None,
+                 at: float) -> DrainMark | None:
+    """The mark after sunkd's undrain succeeded at `at`: kept as lifted while the node's
+    last observation still shows it (a poll read before the undrain may follow), else
+    dropped. A mark never seen has no reason time to tell a stale view from a new drain:
+    dropped."""
+    if mark is None or not mark.seen or not _shows(mark._replace(lifted=None), observation):
+        return None
+    return mark._replace(lifted=at)
+
+
+def _shows(mark: DrainMark, observation: SlurmNodeObserved | None) -> bool:
     if observation is None or observation.reason != mark.reason:
         return False
     if "DRAIN" not in observation.flags:
@@ -136,6 +163,10 @@ def hold_written(observation: K8sNodeObserved | None, at: float) -> HoldMark:
 
 def follow_drain(mark: DrainMark, observation: SlurmNodeObserved, at: float) -> DrainMark | None:
     """The mark after a Slurm observation at `at` (None: it is no longer sunkd's)."""
+    if mark.lifted is not None:
+        if at - mark.lifted < CATCHUP_SECONDS and drain_lifting(mark, observation):
+            return mark
+        return None
     if not mark.seen:
         if ("DRAIN" in observation.flags and observation.reason == mark.reason
                 and _written_by_then(mark, observation)):

@@ -145,7 +145,8 @@ def foreign_word(observation: SlurmNodeObserved | None, mark: DrainMark | None =
     whose drain `mark` (NodeState.drain_mark) shows it: otherwise it is foreign too."""
     if observation is None or not observation.reason:
         return False
-    if is_ours(observation.reason) and mark is not None and marks.drain_shows(mark, observation):
+    if is_ours(observation.reason) and mark is not None and (
+            marks.drain_shows(mark, observation) or marks.drain_lifting(mark, observation)):
         return False
     return "DRAIN" in observation.flags or slurm_unhealthy(observation)
 
@@ -279,7 +280,8 @@ def assess(state: ClusterState, node: NodeState, now: float,
             gres = gres_problem(slurm.gres, node.k8s.gres)
             if gres is not None:
                 slurm_holds.append(gres)  # after registration, before any lend
-        if "DRAIN" in slurm.flags and not our_drain(node):
+        if ("DRAIN" in slurm.flags and not our_drain(node)
+                and not marks.drain_lifting(node.drain_mark, slurm)):
             by = f" by {slurm.reason_set_by}" if slurm.reason_set_by else ""
             forged = " (sunkd's log does not prove it wrote it)" if is_ours(slurm.reason) else ""
             slurm_holds.append(f"slurm drained{by}: {slurm.reason or '(no reason)'}{forged}")

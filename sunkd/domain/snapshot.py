@@ -272,8 +272,10 @@ def _node_from_json(raw: Mapping[str, Any],
 def _drain_mark_from_json(raw: list[Any] | None) -> DrainMark | None:
     if raw is None:
         return None
-    reason, reason_time, seen, at = raw
-    return DrainMark(reason, _float_or_none(reason_time), bool(seen), float(at))
+    # Snapshots before the lifted mark carried four fields.
+    reason, reason_time, seen, at, *rest = raw
+    return DrainMark(reason, _float_or_none(reason_time), bool(seen), float(at),
+                     _float_or_none(rest[0]) if rest else None)
 
 
 def _hold_mark_from_json(raw: list[Any] | None) -> HoldMark | None:
