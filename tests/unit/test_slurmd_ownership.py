@@ -333,3 +333,26 @@ async def test_the_unlock_after_the_pod_is_gone_accepts_out_of_contact_never_an_
         with pytest.raises(ActionError, match="refusing to unlock"):
             await ActuatorExecutor(None, kube, Slurm(busy)).execute(gone, None)  # type: ignore[arg-type]
     assert kube.unlocked == ["n1"]
+
+
+def test_a_reclaimed_node_left_down_after_its_slurmd_registered_is_returned_to_service(
+) -> None:
+    """slurmctld returns a DOWN node to service on registration (ReturnToService=1) only
+    when its reason is "Not responding"; under sunkd's drain reason it stays DOWN+DRAIN
+    once the new slurmd registered (seen on 22.05). The resume says so, for the actuator
+    to return exactly that DOWN to service; while Slurm does not hear it, no resume."""
+    log = world()
+    reason = lent(log)
+    log.add(slurm_obs("n1", state="DOWN", flags=("DRAIN", "NOT_RESPONDING"), reason=reason),
+            100.0)
+    log.add(k8s_obs("n1", pin="slurm", tainted=False), 200.0)
+    succeed(log, step(log, 200.0), 200.1)
+    log.add(k8s_obs("n1", pin="slurm"), 200.2)
+    succeed(log, step(log, 201.0), 201.1)
+    log.add(K8sWorkloadObserved(node="n1", pods=(own(started_at=203.0),)), 203.0)
+    assert verbs(step(log, 204.0)) == []
+    log.add(slurm_obs("n1", state="DOWN", flags=("DRAIN",), reason=reason), 205.0)
+    resume = step(log, 205.0)
+    assert verbs(resume) == [VERB_RESUME], resume
+    (action,) = requests(resume)
+    assert ("return_to_service", "1") in [(a.key, a.value) for a in action.args]
