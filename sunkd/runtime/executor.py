@@ -13,6 +13,7 @@ import structlog
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.policy import (
+    RETURN_TO_SERVICE_ARG,
     SLURMD_GONE_ARG,
     VERB_DRAIN,
     VERB_EVICT,
@@ -37,7 +38,8 @@ log = structlog.get_logger(__name__)
 class SlurmActions(Protocol):
     async def drain(self, node: str, reason: str) -> bool: ...
     async def resume(self, node: str, *, expect_reason: str | None = None,
-                     expect_reason_time: float | None = None) -> bool: ...
+                     expect_reason_time: float | None = None,
+                     return_to_service: bool = False) -> bool: ...
 
 
 class SlurmReader(Protocol):
@@ -127,7 +129,8 @@ class ActuatorExecutor:
             when = _arg(action, "expect_reason_time")
             return await self.slurm.resume(
                 action.node, expect_reason=_arg(action, "expect_reason") or None,
-                expect_reason_time=float(when) if when else None)
+                expect_reason_time=float(when) if when else None,
+                return_to_service=_arg(action, RETURN_TO_SERVICE_ARG) == "1")
         raise ActionError(f"unknown Slurm verb {action.verb!r}", retryable=False)
 
     async def _kubernetes(self, action: OpenAction, node: str) -> bool:

@@ -1,7 +1,8 @@
 """Safety scenarios 1 and 8 against a real Slurm (docs/safety.md): an administrator's
 DOWN is never overwritten, sunkd removes its drains with UNDRAIN (never RESUME, which
-would return a DOWN node to service), an undrain refuses when the reason changed since
-the decision, and a `sunkd:` reason sunkd did not write is never lifted."""
+would return a DOWN node to service, but for the one DOWN sunkd's own slurmd pod left
+under sunkd's drain, once the new slurmd registered), an undrain refuses when the reason
+changed since the decision, and a `sunkd:` reason sunkd did not write is never lifted."""
 
 from __future__ import annotations
 
@@ -218,8 +219,8 @@ async def test_a_node_down_only_because_sunkds_slurmd_was_away_returns_to_servic
         assert await actuator.resume("ss3", expect_reason=ours,
                                      expect_reason_time=drained.reason_time,
                                      return_to_service=True) is True
-        node = await wait_node(client, "ss3", lambda n: n.state == "IDLE" and not n.is_drain)
-        assert "NOT_RESPONDING" not in node.flags
+        # Right after RESUME slurmctld may show it IDLE* until its next ping.
+        await wait_node(client, "ss3", lambda n: n.state == "IDLE" and not n.flags, within=30)
         # The same, but someone set the node DOWN with sunkd's text since: refused.
         assert await actuator.drain("ss3", "lent to kubernetes [tx rts2]") is True
         first = await wait_node(client, "ss3", lambda n: n.is_drain)

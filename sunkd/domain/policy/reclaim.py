@@ -13,9 +13,15 @@ back when it registers). Adoption for Slurm reuses the same steps
 from __future__ import annotations
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import OwnershipSpec
+from sunkd.domain.events import Label, OwnershipSpec
 from sunkd.domain.ownership import Assessment, has_owner_taint, our_drain, slurm_usable
-from sunkd.domain.policy.model import VERB_EVICT, VERB_LOCK, VERB_RESUME, PoolSpec
+from sunkd.domain.policy.model import (
+    RETURN_TO_SERVICE_ARG,
+    VERB_EVICT,
+    VERB_LOCK,
+    VERB_RESUME,
+    PoolSpec,
+)
 from sunkd.domain.policy.planner import (
     OUTCOME_FAILED,
     Planner,
@@ -95,12 +101,15 @@ def advance_to_slurm(
         return  # the plan creates the pod; the undrain waits for its slurmd
     if "DRAIN" in slurm.flags:
         if our_drain(node):
+            down = nodeset is not None and slurm.state.upper() == "DOWN"
             result = planner.ensure(
                 node,
                 wk.OWNER_SLURM,
                 VERB_RESUME,
-                "no pool pods left: resume the node in Slurm",
-                expected_drain(slurm),
+                "sunkd's slurmd registered on the node Slurm left DOWN under sunkd's drain: "
+                "return it to service" if down else "no pool pods left: resume the node in Slurm",
+                (*expected_drain(slurm), Label(RETURN_TO_SERVICE_ARG, "1")) if down
+                else expected_drain(slurm),
                 tx,
             )
             if result == OUTCOME_FAILED:
