@@ -356,3 +356,12 @@ def test_a_reclaimed_node_left_down_after_its_slurmd_registered_is_returned_to_s
     assert verbs(resume) == [VERB_RESUME], resume
     (action,) = requests(resume)
     assert ("return_to_service", "1") in [(a.key, a.value) for a in action.args]
+    succeed(log, resume, 205.1)
+    # Polled before the RESUME, appended after its success: still DOWN+DRAIN, sunkd's
+    # drain on its way out; no hold mirrored for it (seen on 22.05).
+    log.add(slurm_obs("n1", state="DOWN", flags=("DRAIN",), reason=reason), 205.2)
+    state = log.state()
+    assert assess(state, state.nodes["n1"], 205.3).phase == Phase.TO_SLURM
+    assert VERB_HOLD not in verbs(step(log, 205.3))
+    log.add(slurm_obs("n1"), 206.0)
+    assert any(isinstance(d, CompleteTransition) for d in step(log, 206.0))
