@@ -72,11 +72,12 @@ def slurmd_deleted(node: NodeState) -> bool:
 
 
 def _ours_still(node: NodeState) -> bool:
-    """sunkd's drain is on the node and its mark shows it."""
+    """sunkd's drain is on the node and its mark shows it (or shows it on its way out: a
+    poll read before sunkd's own undrain, `authorship.drain_lifting`)."""
     slurm = node.slurm
     mark = node.drain_mark
     return (slurm is not None and "DRAIN" in slurm.flags and mark is not None
-            and marks.drain_shows(mark, slurm))
+            and (marks.drain_shows(mark, slurm) or marks.drain_lifting(mark, slurm)))
 
 
 def slurmd_gone(node: NodeState) -> bool:
