@@ -242,3 +242,24 @@ def test_a_snapshot_from_before_the_marks_infers_only_what_its_outcomes_support(
     assert restored.nodes["n2"].hold_mark is None  # not seen on the node: unproven
     assert restored.nodes["n3"].drain_mark is None
     assert ("n3", "slurm", "resume") not in _actions(decide(restored, [pool_spec()], T0))
+
+
+def test_slurms_not_responding_suffix_on_sunkds_reason_is_sunkds_only_out_of_contact() -> None:
+    """Slurm 24.11 and 26.05 append " : Not responding" to the reason of a drained node
+    that loses contact (reason set by slurm, a new reason time): with slurmd in sunkd's
+    pod that is every lent node. sunkd's drain still shows then, and only then: the same
+    text on a node in contact is not sunkd's."""
+    from sunkd.domain.authorship import DrainMark, drain_shows, follow_drain
+    reason = "sunkd: lent to kubernetes [tx t1]"
+    mark = DrainMark(reason, 100.0, True, 90.0)
+    suffixed = _drained("n1", f"{reason} : Not responding", 160.0,  # type: ignore[arg-type]
+                        flags=("DRAIN", "NOT_RESPONDING"), reason_set_by="slurm")
+    down = dataclasses.replace(suffixed, state="DOWN")  # type: ignore[type-var]
+    assert drain_shows(mark, suffixed) and drain_shows(mark, down)  # type: ignore[arg-type]
+    assert follow_drain(mark, down, 170.0) == mark  # type: ignore[arg-type]
+    in_contact = dataclasses.replace(suffixed, flags=("DRAIN",))  # type: ignore[type-var]
+    assert not drain_shows(mark, in_contact)  # type: ignore[arg-type]
+    other = dataclasses.replace(suffixed, reason=f"{reason} : bad DIMM")  # type: ignore[type-var]
+    assert not drain_shows(mark, other)  # type: ignore[arg-type]
+    earlier = dataclasses.replace(suffixed, reason_time=50.0)  # type: ignore[type-var]
+    assert not drain_shows(mark, earlier)  # type: ignore[arg-type]
