@@ -11,7 +11,9 @@ the fold keeps per node:
   observation showing that reason on the drained node, Slurm's reason time;
 - a hold: when sunkd's hold succeeds, the exact taint the Kubernetes actuator writes.
 
-A mark is *seen* once an observation shows it. From then on every observation must show
+A mark is *seen* once an observation shows it (Slurm 24.11 and later append " : Not
+responding" to the reason of a drained node that loses contact: that shows it too, only
+while the node is out of contact). From then on every observation must show
 it unchanged (the same text, the same reason time within a second; the one hold taint),
 or the mark is dropped for good: someone undrained, re-drained or edited it, and what is
 there now is theirs even when the text is sunkd's. Until it is seen, an observation that
@@ -43,12 +45,16 @@ from typing import NamedTuple
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodeObserved, Label, SlurmNodeObserved
+from sunkd.domain.slurmnode import in_contact
 
 # A poll or watch event read before a write and appended after its success is this
 # late at most (the policy's own wait for an action's observation, OBSERVATION_CATCHUP).
 CATCHUP_SECONDS = 60.0
 # Slurm reports reason times in whole seconds.
 REASON_TIME_TOLERANCE = 1.0
+# What Slurm 24.11 and later append to a drained node's reason when it stops responding
+# (`set_node_down_ptr` in src/slurmctld/node_mgr.c keeps the reason and adds the cause).
+NOT_RESPONDING_SUFFIX = " : Not responding"
 
 # The actions whose outcomes make or drop a mark ("side/verb", as in NodeState.outcomes).
 DRAIN = f"{wk.OWNER_SLURM}/drain"
@@ -122,9 +128,16 @@ def drain_lifted(mark: DrainMark | None, observation: SlurmNodeObserved | None,
 
 
 def _shows(mark: DrainMark, observation: SlurmNodeObserved | None) -> bool:
-    if observation is None or observation.reason != mark.reason:
+    if observation is None or "DRAIN" not in observation.flags:
         return False
-    if "DRAIN" not in observation.flags:
+    if (observation.reason == mark.reason + NOT_RESPONDING_SUFFIX
+            and not in_contact(observation)):
+        # Slurm 24.11+ appended its cause to sunkd's reason (and set it anew: its time,
+        # "set by" slurm) when the node lost contact: sunkd's, while out of contact, and
+        # not set before sunkd's own drain.
+        return (mark.reason_time is None or observation.reason_time is None
+                or observation.reason_time >= mark.reason_time - REASON_TIME_TOLERANCE)
+    if observation.reason != mark.reason:
         return False
     if mark.reason_time is None or observation.reason_time is None:
         return mark.reason_time is None
