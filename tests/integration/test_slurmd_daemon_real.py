@@ -281,6 +281,9 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
             ran = cluster.sbatch(nodelist="node1", wrap="true")
             await watch.until("a job runs on the reclaimed node1",
                               lambda: not _job_running(cluster, ran), within=60)
+            # Never a hold on any node: the lent nodes' lost contact, Slurm's suffix on
+            # sunkd's reason and polls read before sunkd's own undrain are all sunkd's.
+            assert '"verb": "cordon"' not in daemon.log.read_text(), daemon.tail()
         finally:
             await daemon.stop()
             for node in SLURM_NODES:
