@@ -14,9 +14,10 @@ drained, idle and in contact.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from sunkd.domain.authorship import drain_shows
 from sunkd.domain.events import (
     ActionSucceeded,
     K8sNodesetObserved,
@@ -45,6 +46,7 @@ from sunkd.domain.policy.slurmd import (
     VERB_SLURMD_DELETE,
 )
 from sunkd.domain.ports import ActionError
+from sunkd.domain.slurmdgone import expected_out_of_contact, slurmd_gone
 from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
 from sunkd.domain.state import OpenAction, Phase
 from sunkd.runtime.executor import ActuatorExecutor
@@ -263,9 +265,12 @@ def pods_seen(draw: st.DrawFn) -> tuple[PodRef, ...]:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(state=st.sampled_from(STATES), flags=st.sets(st.sampled_from(FLAGS)),
-       alloc=st.sampled_from((0, 0, 4)), pods=pods_seen(), deleted=st.booleans(),
-       ours=st.booleans(), later=st.floats(0, 400))
+@given(state=st.sampled_from(("IDLE", "IDLE", "DOWN", *STATES)),
+       flags=st.sets(st.sampled_from(FLAGS)).map(lambda f: f | {"DRAIN"})
+       | st.sets(st.sampled_from(FLAGS)),
+       alloc=st.sampled_from((0, 0, 0, 4)), pods=st.just(()) | pods_seen(),
+       deleted=st.sampled_from((True, True, False)),
+       ours=st.sampled_from((True, True, True, False)), later=st.floats(0, 400))
 def test_never_an_unlock_beside_slurmd_or_an_allocation_nor_a_delete_undrained(
     state: str, flags: set[str], alloc: int, pods: tuple[PodRef, ...], deleted: bool,
     ours: bool, later: float,
@@ -283,7 +288,9 @@ def test_never_an_unlock_beside_slurmd_or_an_allocation_nor_a_delete_undrained(
     log.add(observation, now)
     log.add(K8sWorkloadObserved(node="n1", pods=pods), now)
     now += later
-    for action in requests(step(log, now)):
+    made = requests(step(log, now))
+    event(f"verbs={sorted(a.verb for a in made)}")
+    for action in made:
         if action.verb == VERB_UNLOCK:
             assert not slurm_busy(observation) and "DRAIN" in observation.flags
             assert not any(p.slurmd == "n1" for p in pods)
@@ -365,3 +372,57 @@ def test_a_reclaimed_node_left_down_after_its_slurmd_registered_is_returned_to_s
     assert VERB_HOLD not in verbs(step(log, 205.3))
     log.add(slurm_obs("n1"), 206.0)
     assert any(isinstance(d, CompleteTransition) for d in step(log, 206.0))
+
+
+# ------------------------------------------------- slurmdgone against arbitrary nodes
+
+
+@st.composite
+def nodes_out_there(draw: st.DrawFn) -> tuple[Log, float]:
+    """A lent node of the slurmd pool after any mix of: sunkd's delete (or not, or a
+    create after it), any Slurm state, flags, allocation and reason, any pods."""
+    log = world()
+    reason = lent(log) if draw(st.booleans()) else lend_until_drained(log)
+    now = 10.0
+    if draw(st.integers(0, 3)) == 0:  # a later create by sunkd (a reclaim's), succeeded
+        log.add(k8s_obs("n1", pin="slurm"), now)
+        for _ in range(3):
+            succeed(log, step(log, now), now + 0.1)
+            now += 1.0
+    # Biased towards the interesting corner (sunkd's drain, out of contact, idle, no pod),
+    # with every adversary still drawn.
+    text = draw(st.sampled_from((reason, reason, f"{reason} : Not responding", "bad DIMM",
+                                 "sunkd: copied by hand", None)))
+    flags = set(draw(st.sets(st.sampled_from(FLAGS))))
+    if draw(st.integers(0, 3)):
+        flags |= {"DRAIN", "NOT_RESPONDING"}
+    log.add(slurm_obs("n1", state=draw(st.sampled_from(("IDLE", "DOWN", *STATES))),
+                      flags=tuple(sorted(flags)), reason=text,
+                      alloc_cpus=draw(st.sampled_from((0, 0, 0, 4)))), now)
+    pods = draw(pods_seen()) if draw(st.booleans()) else ()
+    log.add(K8sWorkloadObserved(node="n1", pods=pods), now)
+    return log, now + draw(st.floats(0, 400))
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world_and_time=nodes_out_there())
+def test_out_of_contact_is_sunkds_doing_only_without_allocation_or_foreign_word(
+    world_and_time: tuple[Log, float],
+) -> None:
+    log, now = world_and_time
+    state = log.state()
+    node = state.nodes["n1"]
+    slurm = node.slurm
+    assert slurm is not None
+    event(f"gone={slurmd_gone(node)} expected={expected_out_of_contact(state, node, now)}")
+    if slurmd_gone(node):
+        assert not slurm_busy(slurm) and not in_contact(slurm) and "DRAIN" in slurm.flags
+        assert slurm.reason is not None and slurm.reason.startswith("sunkd: lent")
+        assert node.pods is not None and not any(p.slurmd == "n1" for p in node.pods)
+    if expected_out_of_contact(state, node, now):
+        assert not slurm_busy(slurm)
+        assert "DRAIN" not in slurm.flags or (
+            slurm.reason is not None and slurm.reason.startswith("sunkd: lent"))
+    if slurm.reason is not None and slurm.reason.endswith(" : Not responding") \
+            and in_contact(slurm):
+        assert node.drain_mark is None or not drain_shows(node.drain_mark, slurm)
