@@ -94,6 +94,11 @@ class ConfiguredPool:
 
 @dataclass(frozen=True, slots=True)
 class PodRef:
+    # Written to the log only when not at their default (`codec`): most pods are no slurmd
+    # pod, and every workload report lists every pod of its Node.
+    OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = (
+        "slurmd", "slurmd_nodeset", "deleting", "started_at")
+
     namespace: str
     name: str
     phase: str = "Pending"
