@@ -11,13 +11,20 @@ the fold keeps per node:
   observation showing that reason on the drained node, Slurm's reason time;
 - a hold: when sunkd's hold succeeds, the exact taint the Kubernetes actuator writes.
 
-A mark is *seen* once an observation shows it. From then on every observation must show
+A mark is *seen* once an observation shows it (Slurm 24.11 and later append " : Not
+responding" to the reason of a drained node that loses contact: that shows it too, only
+while the node is out of contact). From then on every observation must show
 it unchanged (the same text, the same reason time within a second; the one hold taint),
 or the mark is dropped for good: someone undrained, re-drained or edited it, and what is
 there now is theirs even when the text is sunkd's. Until it is seen, an observation that
 does not show it is ignored for `CATCHUP_SECONDS` (a poll or a watch event read before the
 write can be appended after its success), then drops it. sunkd's own undrain or unhold
-drops it too, and so does the node vanishing from that side.
+drops it too, and so does the node vanishing from that side, with one delay: a poll read
+before sunkd's undrain can be appended after its success, still showing the drain. For
+`CATCHUP_SECONDS` after the undrain the mark is kept as *lifted*: an observation showing
+exactly that drain (its text and reason time) is sunkd's drain on its way out, neither
+foreign nor sunkd's to act on (`drain_lifting`); the first one without it, or one with
+another reason time, drops the mark.
 
 A write that failed in a way that may have landed (a timeout, an unconfirmed write: a
 retryable failure) is marked like a success: the policy retries it, and a landed write
@@ -38,12 +45,16 @@ from typing import NamedTuple
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodeObserved, Label, SlurmNodeObserved
+from sunkd.domain.slurmnode import in_contact
 
 # A poll or watch event read before a write and appended after its success is this
 # late at most (the policy's own wait for an action's observation, OBSERVATION_CATCHUP).
 CATCHUP_SECONDS = 60.0
 # Slurm reports reason times in whole seconds.
 REASON_TIME_TOLERANCE = 1.0
+# What Slurm 24.11 and later append to a drained node's reason when it stops responding
+# (`set_node_down_ptr` in src/slurmctld/node_mgr.c keeps the reason and adds the cause).
+NOT_RESPONDING_SUFFIX = " : Not responding"
 
 # The actions whose outcomes make or drop a mark ("side/verb", as in NodeState.outcomes).
 DRAIN = f"{wk.OWNER_SLURM}/drain"
@@ -59,6 +70,7 @@ class DrainMark(NamedTuple):
     reason_time: float | None
     seen: bool
     at: float  # when the write's outcome was logged
+    lifted: float | None = None  # when sunkd's undrain of it succeeded
 
 
 class HoldMark(NamedTuple):
@@ -94,10 +106,38 @@ def hold_taint() -> tuple[str, str, str]:
 
 
 def drain_shows(mark: DrainMark, observation: SlurmNodeObserved | None) -> bool:
-    """The observation shows exactly the drain `mark` records."""
-    if observation is None or observation.reason != mark.reason:
+    """The observation shows exactly the drain `mark` records (not one sunkd lifted)."""
+    return mark.lifted is None and _shows(mark, observation)
+
+
+def drain_lifting(mark: DrainMark | None, observation: SlurmNodeObserved | None) -> bool:
+    """The observation shows exactly the drain sunkd has just undrained (read before the
+    undrain): sunkd's, on its way out. Neither foreign nor to act on."""
+    return mark is not None and mark.lifted is not None and _shows(mark, observation)
+
+
+def drain_lifted(mark: DrainMark | None, observation: SlurmNodeObserved | None,
+                 at: float) -> DrainMark | None:
+    """The mark after sunkd's undrain succeeded at `at`: kept as lifted while the node's
+    last observation still shows it (a poll read before the undrain may follow), else
+    dropped. A mark never seen has no reason time to tell a stale view from a new drain:
+    dropped."""
+    if mark is None or not mark.seen or not _shows(mark._replace(lifted=None), observation):
+        return None
+    return mark._replace(lifted=at)
+
+
+def _shows(mark: DrainMark, observation: SlurmNodeObserved | None) -> bool:
+    if observation is None or "DRAIN" not in observation.flags:
         return False
-    if "DRAIN" not in observation.flags:
+    if (observation.reason == mark.reason + NOT_RESPONDING_SUFFIX
+            and not in_contact(observation)):
+        # Slurm 24.11+ appended its cause to sunkd's reason (and set it anew: its time,
+        # "set by" slurm) when the node lost contact: sunkd's, while out of contact, and
+        # not set before sunkd's own drain.
+        return (mark.reason_time is None or observation.reason_time is None
+                or observation.reason_time >= mark.reason_time - REASON_TIME_TOLERANCE)
+    if observation.reason != mark.reason:
         return False
     if mark.reason_time is None or observation.reason_time is None:
         return mark.reason_time is None
@@ -136,6 +176,10 @@ def hold_written(observation: K8sNodeObserved | None, at: float) -> HoldMark:
 
 def follow_drain(mark: DrainMark, observation: SlurmNodeObserved, at: float) -> DrainMark | None:
     """The mark after a Slurm observation at `at` (None: it is no longer sunkd's)."""
+    if mark.lifted is not None:
+        if at - mark.lifted < CATCHUP_SECONDS and drain_lifting(mark, observation):
+            return mark
+        return None
     if not mark.seen:
         if ("DRAIN" in observation.flags and observation.reason == mark.reason
                 and _written_by_then(mark, observation)):

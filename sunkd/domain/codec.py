@@ -90,6 +90,11 @@ def _compile_encoder(cls: type, with_version: bool) -> Callable[[Any], dict[str,
     lines = ["def encode(value):", "    body = {"]
     if with_version:
         lines.append(f"        {VERSION_KEY!r}: {cls.VERSION!r},")  # type: ignore[attr-defined]
+    # A class's OMIT_DEFAULTS fields are written only when not at their (primitive)
+    # default; a reader takes a missing field as its default.
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    omit = set(getattr(cls, "OMIT_DEFAULTS", ()))
+    omitted: list[tuple[str, str, str]] = []
     for index, (name, how) in enumerate(_encoder_for(cls)):
         if how is None:
             expression = f"value.{name}"
@@ -98,8 +103,15 @@ def _compile_encoder(cls: type, with_version: bool) -> Callable[[Any], dict[str,
         else:
             namespace[f"how{index}"] = how
             expression = f"how{index}(value.{name})"
+        if name in omit:
+            default = defaults[name]
+            assert default is None or type(default) in (str, int, float, bool), (cls, name)
+            omitted.append((name, repr(default), expression))
+            continue
         lines.append(f"        {name!r}: {expression},")
     lines.append("    }")
+    for name, literal, expression in omitted:
+        lines += [f"    if value.{name} != {literal}:", f"        body[{name!r}] = {expression}"]
     if any(f.name == "extra" for f in dataclasses.fields(cls)):
         # A newer writer's fields (and version) win, so re-encoding never downgrades.
         lines += ["    extra = value.extra", "    if extra:", "        body.update(extra)"]

@@ -94,6 +94,11 @@ class ConfiguredPool:
 
 @dataclass(frozen=True, slots=True)
 class PodRef:
+    # Written to the log only when not at their default (`codec`): most pods are no slurmd
+    # pod, and every workload report lists every pod of its Node.
+    OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = (
+        "slurmd", "slurmd_nodeset", "deleting", "started_at")
+
     namespace: str
     name: str
     phase: str = "Pending"
@@ -104,6 +109,13 @@ class PodRef:
     # name that Nodeset and the node. "" for every other pod, an impostor with the labels
     # included. Judged by the Kubernetes source (kubernetes/source.py).
     slurmd: str = ""
+    # The uid of the Nodeset that owns it (with `slurmd`): two Nodesets may name the same
+    # Slurm node, and one's pod is foreign to the other's plan.
+    slurmd_nodeset: str = ""
+    deleting: bool = False  # metadata.deletionTimestamp is set: terminating
+    # When the pod turned Ready (its Ready condition's lastTransitionTime), for slurmd pods
+    # only (the plan's registration bound); None otherwise.
+    started_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ policy"):
 - UNKNOWN: a source is not fresh (stale, lost or never reported), or the node has not
   been observed on both sides yet. Nobody may act on such a node.
 - HELD: something outside sunkd's control makes the node unusable or claims it:
-  Slurm DOWN/FAIL/NOT_RESPONDING/... for longer than `UNHEALTHY_GRACE_SECONDS`, a
+  Slurm DOWN/FAIL/NOT_RESPONDING/... for longer than `UNHEALTHY_GRACE_SECONDS` (unless
+  sunkd's own slurmd pod is gone or starting there: `slurmdgone`), a
   foreign drain, Kubernetes NotReady, a cordon, a foreign hold taint, or the node
   vanished from one side. Foreign means sunkd's log does not prove it wrote it
   (`authorship`): a `sunkd:` reason or a `sunkd.io/slurm-hold` taint copied by hand is
@@ -40,6 +41,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark
 from sunkd.domain.events import K8sNodeObserved, PodRef, SlurmNodeObserved
 from sunkd.domain.gres import gres_problem
+from sunkd.domain.slurmdgone import expected_out_of_contact
 from sunkd.domain.slurmnode import (
     in_contact,
     registered,
@@ -143,7 +145,8 @@ def foreign_word(observation: SlurmNodeObserved | None, mark: DrainMark | None =
     whose drain `mark` (NodeState.drain_mark) shows it: otherwise it is foreign too."""
     if observation is None or not observation.reason:
         return False
-    if is_ours(observation.reason) and mark is not None and marks.drain_shows(mark, observation):
+    if is_ours(observation.reason) and mark is not None and (
+            marks.drain_shows(mark, observation) or marks.drain_lifting(mark, observation)):
         return False
     return "DRAIN" in observation.flags or slurm_unhealthy(observation)
 
@@ -268,13 +271,17 @@ def assess(state: ClusterState, node: NodeState, now: float,
     else:
         unhealthy = slurm_unhealthy(slurm)
         since = node.slurm_unhealthy_since
-        if unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS:
+        if (unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS
+                and not expected_out_of_contact(state, node, now)):
+            # Out of contact because sunkd's own slurmd pod is gone or starting
+            # (slurmdgone.py) is the state sunkd made, not trouble.
             slurm_holds.append(f"slurm {_slurm_condition(slurm)}")
         if node.owner == wk.OWNER_SLURM and registered(slurm) and node.k8s is not None:
             gres = gres_problem(slurm.gres, node.k8s.gres)
             if gres is not None:
                 slurm_holds.append(gres)  # after registration, before any lend
-        if "DRAIN" in slurm.flags and not our_drain(node):
+        if ("DRAIN" in slurm.flags and not our_drain(node)
+                and not marks.drain_lifting(node.drain_mark, slurm)):
             by = f" by {slurm.reason_set_by}" if slurm.reason_set_by else ""
             forged = " (sunkd's log does not prove it wrote it)" if is_ours(slurm.reason) else ""
             slurm_holds.append(f"slurm drained{by}: {slurm.reason or '(no reason)'}{forged}")

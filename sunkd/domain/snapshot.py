@@ -138,11 +138,15 @@ def _float_or_none(raw: Any) -> float | None:
 
 
 def _pods_to_json(pods: tuple[PodRef, ...]) -> list[list[Any]]:
-    return [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod] for pod in pods]
+    # A slurmd pod's identity only when it has one: most pods keep the short form.
+    return [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod]
+            + ([pod.slurmd, pod.slurmd_nodeset, pod.deleting, pod.started_at]
+               if pod.slurmd or pod.deleting else []) for pod in pods]
 
 
 def _pods_from_json(raw: list[list[Any]]) -> tuple[PodRef, ...]:
-    # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase].
+    # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase]; before
+    # slurmd pods, five.
     return tuple(PodRef(*pod) for pod in raw)
 
 
@@ -268,8 +272,10 @@ def _node_from_json(raw: Mapping[str, Any],
 def _drain_mark_from_json(raw: list[Any] | None) -> DrainMark | None:
     if raw is None:
         return None
-    reason, reason_time, seen, at = raw
-    return DrainMark(reason, _float_or_none(reason_time), bool(seen), float(at))
+    # Snapshots before the lifted mark carried four fields.
+    reason, reason_time, seen, at, *rest = raw
+    return DrainMark(reason, _float_or_none(reason_time), bool(seen), float(at),
+                     _float_or_none(rest[0]) if rest else None)
 
 
 def _hold_mark_from_json(raw: list[Any] | None) -> HoldMark | None:

@@ -15,6 +15,7 @@ import sys
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -230,6 +231,8 @@ class PodFacts:
     # by its label, the Slurm node named by its annotation). The source believes it only
     # for a Nodeset it knows by that uid and name (`slurmd_claim`). None for every other pod.
     slurmd_claim: tuple[str, str, str] | None = None
+    deleting: bool = False  # metadata.deletionTimestamp set
+    started_at: float | None = None  # Ready since (`ready_since`), slurmd claimants only
 
 
 # Label maps are shared between pods that carry the same labels (a Deployment's replicas):
@@ -299,6 +302,7 @@ def slim_pod(obj: JSON) -> PodFacts:
         _requests(spec.get(part), f"spec.{part}")
     _mapping(spec.get("overhead"), "spec.overhead")
     phase = status.get("phase") or "Pending"
+    claim = slurmd_claim(meta)
     uid = meta.get("uid")
     rv = meta.get("resourceVersion")
     return PodFacts(
@@ -314,8 +318,25 @@ def slim_pod(obj: JSON) -> PodFacts:
         pending_unschedulable=pod_is_pending_unschedulable(obj),
         requests=_shared_requests(pod_requests(obj)),
         labels=shared_labels(_mapping(meta.get("labels"), "metadata.labels")),
-        slurmd_claim=slurmd_claim(meta),
+        slurmd_claim=claim,
+        deleting=bool(meta.get("deletionTimestamp")),
+        started_at=None if claim is None else ready_since(status),
     )
+
+
+def ready_since(status: Mapping[str, Any]) -> float | None:
+    """When the pod turned Ready: its Ready condition's `lastTransitionTime` while True
+    (core/v1 PodCondition); None when it is not Ready or the time does not parse."""
+    conditions = status.get("conditions")
+    for condition in conditions if isinstance(conditions, list) else ():
+        if isinstance(condition, Mapping) and condition.get("type") == "Ready" \
+                and condition.get("status") == "True":
+            try:
+                text = str(condition.get("lastTransitionTime")).replace("Z", "+00:00")
+                return datetime.fromisoformat(text).timestamp()
+            except ValueError:
+                return None
+    return None
 
 
 def slurmd_claim(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:

@@ -135,7 +135,7 @@ class Payloads:
                 continue
             if pod.node_local:
                 continue  # DaemonSet and mirror pods stay with the node, whoever owns it
-            slurmd = slurmd_node(pod, nodesets)
+            slurmd, owner = slurmd_node(pod, nodesets)
             refs.append(
                 PodRef(
                     pod.namespace,
@@ -145,6 +145,9 @@ class Payloads:
                     pool_pod=not slurmd and pool is not None
                     and self.view.workload_match(pool.pool, pod.labels),
                     slurmd=slurmd,
+                    slurmd_nodeset=owner,
+                    deleting=pod.deleting,
+                    started_at=pod.started_at if slurmd else None,
                 )
             )
         return K8sWorkloadObserved(
@@ -173,12 +176,16 @@ class Payloads:
         )
 
 
-def slurmd_node(pod: PodFacts, nodesets: Mapping[str, K8sNodesetObserved]) -> str:
-    """The Slurm node `pod` is sunkd's slurmd pod for: its claim names a Nodeset of its own
-    namespace that the source knows, by that Nodeset's uid. "" otherwise (impostors too)."""
+def slurmd_node(pod: PodFacts,
+                nodesets: Mapping[str, K8sNodesetObserved]) -> tuple[str, str]:
+    """(the Slurm node `pod` is sunkd's slurmd pod for, the uid of the Nodeset that owns
+    it): its claim names a Nodeset of its own namespace that the source knows, by that
+    Nodeset's uid. ("", "") otherwise (impostors too)."""
     claim = pod.slurmd_claim
     if claim is None:
-        return ""
+        return "", ""
     uid, name, node = claim
     nodeset = nodesets.get(f"{pod.namespace}/{name}")
-    return node if nodeset is not None and nodeset.uid and nodeset.uid == uid else ""
+    if nodeset is not None and nodeset.uid and nodeset.uid == uid:
+        return node, uid
+    return "", ""

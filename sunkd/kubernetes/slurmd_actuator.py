@@ -1,8 +1,10 @@
 """Create and delete a Nodeset's slurmd pod: idempotent, and each checks again right before
 it writes what the plan decided on an observation that may be a watch event old.
 
-- create: the node still runs no foreign pod (a pod of another owner, impostors too);
-  a pod of the same name that is sunkd's is "already so"; one that is not is refused.
+- create: the Node still carries sunkd's owner taint (without it a pool pod may land
+  beside slurmd, and a lend may have untainted it since the decision), and runs no
+  foreign pod (a pod of another owner, impostors too); a pod of the same name that is
+  sunkd's is "already so"; one that is not is refused.
 - delete: only the pod decided on (its uid, a precondition the API server enforces), only
   while it is sunkd's and on the node, with a grace period (slurmd gets SIGTERM and
   `terminationGracePeriodSeconds` before SIGKILL). That Slurm reports the node drained is
@@ -17,6 +19,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from sunkd.domain import wellknown as wk
 from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import (
     VERB_SLURMD_CREATE,
@@ -27,7 +30,7 @@ from sunkd.domain.policy.slurmd import (
     spec_from_json,
 )
 from sunkd.domain.ports import ActionError, RefusedError
-from sunkd.kubernetes.client import PODS, KubeApiError, KubeClient
+from sunkd.kubernetes.client import NODES, PODS, KubeApiError, KubeClient
 from sunkd.kubernetes.normalize import node_local
 from sunkd.kubernetes.slurmd_pod import render, seen_pod
 
@@ -58,6 +61,17 @@ class SlurmdPods:
                      k8s_node: str, name: str) -> bool:
         """True when created; False when sunkd's pod is there already. Raises ActionError."""
         what = f"create slurmd pod {nodeset.namespace}/{name} on {k8s_node}"
+        try:
+            node = await self.client.get(NODES, k8s_node)
+        except _TRANSIENT as error:
+            raise _error(error, what) from error
+        taints = (node.get("spec") or {}).get("taints") or []
+        if not any(isinstance(t, Mapping) and t.get("key") == wk.TAINT_OWNER
+                   and t.get("value") == wk.OWNER_SLURM
+                   and t.get("effect") == wk.TAINT_OWNER_EFFECT for t in taints):
+            raise ActionError(f"{what}: refused, the Node does not carry sunkd's owner taint "
+                              f"{wk.TAINT_OWNER}={wk.OWNER_SLURM}:{wk.TAINT_OWNER_EFFECT}",
+                              retryable=True)
         try:
             present = [seen_pod(p) for p in await self._pods_on(k8s_node)]
         except _TRANSIENT as error:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import SeenPod, revision
 from sunkd.kubernetes.client import JSON
+from sunkd.kubernetes.normalize import ready_since
 from sunkd.kubernetes.slurmd_spec import MAX_LABEL_VALUE
 
 CONTAINER = "slurmd"
@@ -95,10 +95,6 @@ def seen_pod(obj: Mapping[str, Any]) -> SeenPod:
     status = obj.get("status") or {}
     controller = next((o for o in meta.get("ownerReferences") or []
                        if isinstance(o, Mapping) and o.get("controller") is True), None)
-    started = None
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "Ready" and condition.get("status") == "True":
-            started = condition.get("lastTransitionTime")
     return SeenPod(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
@@ -109,12 +105,5 @@ def seen_pod(obj: Mapping[str, Any]) -> SeenPod:
         slurm_node=(meta.get("annotations") or {}).get(wk.ANNOTATION_SLURMD_NODE),
         controller_kind=controller.get("kind") if controller else None,
         controller_uid=controller.get("uid") if controller else None,
-        started_at=None if started is None else _timestamp(started),
+        started_at=ready_since(status),
     )
-
-
-def _timestamp(text: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

@@ -13,6 +13,8 @@ import structlog
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.policy import (
+    RETURN_TO_SERVICE_ARG,
+    SLURMD_GONE_ARG,
     VERB_DRAIN,
     VERB_EVICT,
     VERB_HOLD,
@@ -36,7 +38,8 @@ log = structlog.get_logger(__name__)
 class SlurmActions(Protocol):
     async def drain(self, node: str, reason: str) -> bool: ...
     async def resume(self, node: str, *, expect_reason: str | None = None,
-                     expect_reason_time: float | None = None) -> bool: ...
+                     expect_reason_time: float | None = None,
+                     return_to_service: bool = False) -> bool: ...
 
 
 class SlurmReader(Protocol):
@@ -82,7 +85,8 @@ class ActuatorExecutor:
             k8s_name = (_arg(action, "k8s_node")
                         or (node.k8s_name if node is not None else None) or action.node)
             if action.verb == VERB_UNLOCK:
-                await self._check_drained(action.node)
+                await self._check_drained(
+                    action.node, out_of_contact=_arg(action, SLURMD_GONE_ARG) == "1")
             if action.verb == VERB_SLURMD_DELETE:
                 # Killing slurmd under a job leaves the node busy until SlurmdTimeout: ask
                 # Slurm right before.
@@ -90,11 +94,14 @@ class ActuatorExecutor:
             return await self._kubernetes(action, k8s_name)
         raise ActionError(f"unknown side {action.side!r}", retryable=False)
 
-    async def _check_drained(self, node: str, what: str = "unlock") -> None:
+    async def _check_drained(self, node: str, what: str = "unlock", *,
+                             out_of_contact: bool = False) -> None:
         """Defence in depth for the one unsafe action: the policy decided to unlock on
         an observation up to a poll interval old, so ask Slurm again right before
         handing the node to Kubernetes (DRAIN, nothing allocated, not completing). Without
-        a Slurm reader it cannot ask, so it refuses (fail closed)."""
+        a Slurm reader it cannot ask, so it refuses (fail closed). `out_of_contact`: the
+        policy saw sunkd's slurmd pod gone from the drained node (`slurmdgone`), so Slurm
+        not hearing it is expected; DRAIN and no allocation are still required."""
         if self.slurm_reader is None:
             raise ActionError(f"refusing to {what} {node}: no Slurm reader to confirm it is "
                               "drained", retryable=True)
@@ -104,6 +111,9 @@ class ActuatorExecutor:
             raise ActionError(f"cannot confirm {node} is drained in Slurm: {error}",
                               retryable=True) from error
         current = next((item for item in nodes if item.name == node), None)
+        if current is not None and out_of_contact and current.is_drain \
+                and not current.is_busy:
+            return
         if current is None or not current.is_drained:
             state = current.display_state if current is not None else "missing"
             raise ActionError(f"refusing to {what} {node}: Slurm now reports it {state}, "
@@ -119,7 +129,8 @@ class ActuatorExecutor:
             when = _arg(action, "expect_reason_time")
             return await self.slurm.resume(
                 action.node, expect_reason=_arg(action, "expect_reason") or None,
-                expect_reason_time=float(when) if when else None)
+                expect_reason_time=float(when) if when else None,
+                return_to_service=_arg(action, RETURN_TO_SERVICE_ARG) == "1")
         raise ActionError(f"unknown Slurm verb {action.verb!r}", retryable=False)
 
     async def _kubernetes(self, action: OpenAction, node: str) -> bool:

@@ -114,11 +114,20 @@ class SlurmActuator:
 
     async def resume(
         self, node: str, *, expect_reason: str | None = None,
-        expect_reason_time: float | None = None,
+        expect_reason_time: float | None = None, return_to_service: bool = False,
     ) -> bool:
         """Remove sunkd's drain with UNDRAIN. `expect_reason` (and its time) is what the
         policy saw when it decided: if the reason changed since (an admin re-drained the
-        node with a reason of their own, or edited ours), refuse instead of undoing it."""
+        node with a reason of their own, or edited ours), refuse instead of undoing it.
+
+        `return_to_service`: the policy saw sunkd's own slurmd pod registered on a node
+        Slurm left DOWN under sunkd's drain (its slurmd was away while lent; slurmctld's
+        ReturnToService=1 returns a DOWN node on registration only when its reason is
+        "Not responding", `validate_node_specs` in src/slurmctld/node_mgr.c). UNDRAIN
+        would leave it DOWN for good, so that DOWN, and only it, is resumed with RESUME:
+        sunkd's reason with the very reason time sunkd's drain set (a DOWN set since, even
+        with sunkd's text, has a new one), and slurmctld hears the node (no
+        NOT_RESPONDING, nothing else wrong with it)."""
         current = await self._read(node)
         if not current.is_drain:
             return False
@@ -141,6 +150,8 @@ class SlurmActuator:
                 f"{node}'s drain reason was set again since the decision (at "
                 f"{current.reason_time:.0f}, expected {expect_reason_time:.0f}); not undraining"
             )
+        if return_to_service and current.state.upper() == "DOWN":
+            return await self._return_to_service(node, current, expect_reason_time)
         # UNDRAIN clears DRAIN only: DOWN, FAIL and their reasons stay Slurm's. Right after
         # it slurmctld may show the node idle+NOT_RESPONDING for ~1 s until its next ping.
         await self._update(node, "UNDRAIN", None)
@@ -152,6 +163,26 @@ class SlurmActuator:
                 retryable=True,
             )
         log.info("slurm.undrain", node=node, transport=self.transport)
+        return True
+
+    async def _return_to_service(self, node: str, current: SlurmNode,
+                                 expect_reason_time: float | None) -> bool:
+        trouble = sorted(current.flags - {"DRAIN"})
+        if trouble:
+            raise RefusedError(
+                f"{node} is {current.display_state} ({'+'.join(trouble)}): slurmctld does "
+                "not hear a healthy slurmd there; not returning it to service")
+        if expect_reason_time is None or current.reason_time is None:
+            raise RefusedError(
+                f"{node} is DOWN with reason {current.reason!r} and no reason time to prove "
+                "it is the DOWN sunkd's drain left; not returning it to service")
+        await self._update(node, "RESUME", None)
+        confirmed = await self._read(node)
+        if confirmed.is_drain or confirmed.state.upper() == "DOWN":
+            raise ActionError(
+                f"return to service of {node} not confirmed: Slurm now reports "
+                f"{confirmed.display_state} ({confirmed.reason!r})", retryable=True)
+        log.info("slurm.return_to_service", node=node, transport=self.transport)
         return True
 
     # ----------------------------------------------------------------- internals

@@ -50,6 +50,8 @@ async def test_own_slurmd_pods_are_told_from_impostors(
     async with running_source(api, rt) as (_source, sink):
         (workload,) = [p for p in sink.payloads(K8sWorkloadObserved)
                        if isinstance(p, K8sWorkloadObserved) and p.node == "gpu1"]
-        got = {ref.name: (ref.slurmd, ref.pool_pod) for ref in workload.pods}
-        assert got == {"gpu-gpu1": ("gpu1", False), "impostor": ("", False),
-                       "for-another-node": ("gpu9", False)}
+        got = {ref.name: (ref.slurmd, ref.slurmd_nodeset, ref.pool_pod, ref.deleting)
+               for ref in workload.pods}
+        assert got == {"gpu-gpu1": ("gpu1", uid, False, False),
+                       "impostor": ("", "", False, False),
+                       "for-another-node": ("gpu9", uid, False, False)}

@@ -1,12 +1,14 @@
 """Safety scenarios 1 and 8 against a real Slurm (docs/safety.md): an administrator's
 DOWN is never overwritten, sunkd removes its drains with UNDRAIN (never RESUME, which
-would return a DOWN node to service), an undrain refuses when the reason changed since
-the decision, and a `sunkd:` reason sunkd did not write is never lifted."""
+would return a DOWN node to service, but for the one DOWN sunkd's own slurmd pod left
+under sunkd's drain, once the new slurmd registered), an undrain refuses when the reason
+changed since the decision, and a `sunkd:` reason sunkd did not write is never lifted."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -188,3 +190,49 @@ async def test_i2_a_sunkd_reason_written_by_hand_is_never_lifted(
     finally:
         cluster.scontrol("update", "nodename=ss4", "state=resume", check=False)
     await wait_node(client, "ss4", lambda n: n.state == "IDLE" and not n.flags)
+
+
+async def test_a_node_down_only_because_sunkds_slurmd_was_away_returns_to_service(
+    cluster: SlurmCluster, client: SlurmRestClient, actuator: SlurmActuator
+) -> None:
+    """With slurmd in sunkd's pod, a lent node's slurmd is gone for good: Slurm makes the
+    drained node DOWN, keeping sunkd's reason. When the reclaim's new slurmd registers,
+    ReturnToService=1 does not bring it back (only a DOWN whose reason is "Not
+    responding"), and UNDRAIN would leave it DOWN: on the policy's word that its slurmd
+    registered, the resume returns exactly that DOWN to service, and still refuses a DOWN
+    someone set since (a new reason time) or a node Slurm does not hear."""
+    ours = "sunkd: lent to kubernetes [tx rts]"
+    assert await actuator.drain("ss3", "lent to kubernetes [tx rts]") is True
+    drained = await wait_node(client, "ss3", lambda n: n.is_drain)
+    cluster.kill_slurmd("ss3", sig=signal.SIGTERM)
+    try:
+        down = await wait_node(client, "ss3", lambda n: n.state == "DOWN", within=60)
+        assert down.reason == ours and down.reason_time == drained.reason_time
+        with pytest.raises(RefusedError, match="not hear"):  # its slurmd is away
+            await actuator.resume("ss3", expect_reason=ours,
+                                  expect_reason_time=drained.reason_time,
+                                  return_to_service=True)
+        cluster.start_slurmd("ss3", wait=False)
+        registered = await wait_node(client, "ss3", lambda n: "NOT_RESPONDING" not in n.flags,
+                                     within=60)
+        assert registered.state == "DOWN" and registered.is_drain, registered.display_state
+        assert await actuator.resume("ss3", expect_reason=ours,
+                                     expect_reason_time=drained.reason_time,
+                                     return_to_service=True) is True
+        # Right after RESUME slurmctld may show it IDLE* until its next ping.
+        await wait_node(client, "ss3", lambda n: n.state == "IDLE" and not n.flags, within=30)
+        # The same, but someone set the node DOWN with sunkd's text since: refused.
+        assert await actuator.drain("ss3", "lent to kubernetes [tx rts2]") is True
+        first = await wait_node(client, "ss3", lambda n: n.is_drain)
+        await asyncio.sleep(1.1)
+        mine = "sunkd: lent to kubernetes [tx rts2]"
+        cluster.scontrol("update", "nodename=ss3", "state=down", f"reason={mine}")
+        await wait_node(client, "ss3", lambda n: n.state == "DOWN")
+        with pytest.raises(RefusedError):
+            await actuator.resume("ss3", expect_reason=mine,
+                                  expect_reason_time=first.reason_time,
+                                  return_to_service=True)
+    finally:
+        cluster.start_slurmd("ss3", wait=False)
+        cluster.scontrol("update", "nodename=ss3", "state=resume", check=False)
+    await wait_node(client, "ss3", lambda n: n.state == "IDLE" and not n.flags, within=60)

@@ -1,6 +1,7 @@
 """The slurmd-pod actuator over HTTP, on both backends (the API emulator and the real
 kube-apiserver; tests/integration/kube_backends.py): idempotent create and delete, a create
-refused beside a foreign pod (an impostor wearing the labels too), a name clash with a pod
+refused beside a foreign pod (an impostor wearing the labels too) or on a Node without
+sunkd's owner taint, a name clash with a pod
 that is not sunkd's refused, a delete of another pod (uid) skipped and of a pod that is not
 sunkd's refused. No kubelet: the pods stay Pending, which is all these checks need."""
 
@@ -14,11 +15,13 @@ from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import SlurmdNodeset, pod_name
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.kubernetes import slurmd_actuator as act
+from sunkd.kubernetes.actuator import KubernetesActuator
 from sunkd.kubernetes.client import PODS, KubeApiError, KubeClient
 from sunkd.kubernetes.slurmd_pod import render
 
 from .kube_backends import Kube
-from .kube_helpers import create_node, install_crd, nodeset_body
+from .kube_helpers import create_node as create_bare_node
+from .kube_helpers import install_crd, nodeset_body
 
 SPEC = SlurmdSpec(image="localhost/sunkd-slurmd:22.05", image_pull_policy="Never",
                   termination_grace_seconds=5)
@@ -40,6 +43,12 @@ async def nodeset(client: KubeClient) -> SlurmdNodeset:
             raise
         obj = await client.get(rt, "pods", "default")
     return SlurmdNodeset("pods", "default", obj["metadata"]["uid"], SPEC)
+
+
+async def create_node(client: KubeClient, name: str) -> None:
+    """A Node as a Slurm-owned one is: with sunkd's owner taint (its `lock`)."""
+    await create_bare_node(client, name)
+    await KubernetesActuator(client).lock(name)
 
 
 async def create(client: KubeClient, ns: SlurmdNodeset, slurm_node: str, k8s: str) -> bool:
@@ -110,3 +119,19 @@ async def test_delete_only_the_decided_pod_of_sunkd_with_a_grace(kube: Kube) -> 
         assert obj["metadata"]["deletionTimestamp"]
         assert obj["metadata"]["deletionGracePeriodSeconds"] == 5
     assert await delete("gone", "u") is False
+
+
+async def test_create_is_refused_on_a_node_without_the_owner_taint(kube: Kube) -> None:
+    """The plan decided on a Node that carried the taint; someone removed it since (or
+    the decision is a watch event old): pool pods may land beside slurmd, so no create
+    until the taint is back."""
+    client = kube.client
+    ns = await nodeset(client)
+    await create_bare_node(client, "k7")
+    with pytest.raises(ActionError, match="owner taint") as raised:
+        await create(client, ns, "node7", "k7")
+    assert raised.value.retryable
+    names = {p["metadata"]["name"] for p in (await client.list(PODS, namespace="default"))[0]}
+    assert "pods-node7" not in names
+    await KubernetesActuator(client).lock("k7")
+    assert await create(client, ns, "node7", "k7") is True

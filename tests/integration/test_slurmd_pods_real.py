@@ -6,9 +6,9 @@ Real: the control plane and three kubelets with their containerds (sunkd_testbed
 the Nodeset CRD from manifests/, the Nodeset read back and parsed by sunkd's normalization,
 sunkd's KubeClient, KubernetesActuator (lock = the owner taint) and ActuatorExecutor
 (which asks slurmrestd again before a delete), slurmctld and slurmrestd of each generation.
-Not yet the daemon: the test drives `policy.slurmd.plan` and the executor itself, with
-each node's ownership phase given (SLURM, then TO_K8S for the lend), because the daemon's
-wiring of the plan is not built (docs/nodeset.md, "Not built yet").
+Not the daemon: the test drives `policy.slurmd.plan` and the executor itself, with each
+node's ownership phase given (SLURM, then TO_K8S for the lend), to look at the plan and
+the actuators alone; test_slurmd_daemon_real.py runs `sunkd run` on the same bed.
 """
 
 from __future__ import annotations

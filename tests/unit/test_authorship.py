@@ -136,6 +136,43 @@ def test_sunkds_own_mirror_drain_is_undrained_with_the_time_it_saw() -> None:
         "resume", MIRROR, "7")
 
 
+def test_a_drain_sunkd_just_undrained_read_before_the_undrain_is_not_foreign() -> None:
+    """The Slurm source polled the node before sunkd's undrain and appends it after the
+    undrain's success: that observation still shows sunkd's drain exactly (its text and
+    reason time). It is sunkd's drain being lifted, not someone else's: no hold, no
+    mirror, nothing undrained again on its word; the next poll shows the node undrained.
+    Any pool, any Slurm generation (seen on a real reclaim on 22.05)."""
+    log = _cluster(1)
+    _mirror_drain_by_sunkd(log, 5.0)
+    log.add(k8s_obs("n1", ready=True), 10.0)
+    decisions = _decide(log, 11.0)
+    _record(log, decisions, 11.0)
+    resume = next(d for d in decisions if isinstance(d, RequestAction))
+    assert resume.verb == "resume"
+    _succeed(log, resume, 11.5)
+    log.add(_drained("n1", MIRROR, 7.0), 12.0)  # type: ignore[arg-type]  # polled at 11.4
+    state = log.state()
+    assert not assess(state, state.nodes["n1"], 12.5).slurm_holds
+    after = _actions(_decide(log, 12.5))
+    assert ("n1", "kubernetes", "cordon") not in after
+    assert ("n1", "slurm", "resume") not in after
+    # Someone drains it again with the same text: a new reason time, foreign.
+    log.add(_drained("n1", MIRROR, 20.0), 21.0)  # type: ignore[arg-type]
+    state = log.state()
+    assert assess(state, state.nodes["n1"], 22.0).slurm_holds
+    # A drain shown again after the undrain was seen is foreign too, whatever its time.
+    log = _cluster(1)
+    _mirror_drain_by_sunkd(log, 5.0)
+    log.add(k8s_obs("n1", ready=True), 10.0)
+    decisions = _decide(log, 11.0)
+    _record(log, decisions, 11.0)
+    _succeed(log, next(d for d in decisions if isinstance(d, RequestAction)), 11.5)
+    log.add(slurm_obs("n1", reason=MIRROR), 12.0)
+    log.add(_drained("n1", MIRROR, 7.0), 13.0)  # type: ignore[arg-type]
+    state = log.state()
+    assert assess(state, state.nodes["n1"], 14.0).slurm_holds
+
+
 def test_a_drain_observed_before_its_success_is_logged_is_not_foreign() -> None:
     """The source can append the drained node before the executor appends the success:
     sunkd's drain in flight is neither foreign nor liftable."""
@@ -205,3 +242,24 @@ def test_a_snapshot_from_before_the_marks_infers_only_what_its_outcomes_support(
     assert restored.nodes["n2"].hold_mark is None  # not seen on the node: unproven
     assert restored.nodes["n3"].drain_mark is None
     assert ("n3", "slurm", "resume") not in _actions(decide(restored, [pool_spec()], T0))
+
+
+def test_slurms_not_responding_suffix_on_sunkds_reason_is_sunkds_only_out_of_contact() -> None:
+    """Slurm 24.11 and 26.05 append " : Not responding" to the reason of a drained node
+    that loses contact (reason set by slurm, a new reason time): with slurmd in sunkd's
+    pod that is every lent node. sunkd's drain still shows then, and only then: the same
+    text on a node in contact is not sunkd's."""
+    from sunkd.domain.authorship import DrainMark, drain_shows, follow_drain
+    reason = "sunkd: lent to kubernetes [tx t1]"
+    mark = DrainMark(reason, 100.0, True, 90.0)
+    suffixed = _drained("n1", f"{reason} : Not responding", 160.0,  # type: ignore[arg-type]
+                        flags=("DRAIN", "NOT_RESPONDING"), reason_set_by="slurm")
+    down = dataclasses.replace(suffixed, state="DOWN")  # type: ignore[type-var]
+    assert drain_shows(mark, suffixed) and drain_shows(mark, down)  # type: ignore[arg-type]
+    assert follow_drain(mark, down, 170.0) == mark  # type: ignore[arg-type]
+    in_contact = dataclasses.replace(suffixed, flags=("DRAIN",))  # type: ignore[type-var]
+    assert not drain_shows(mark, in_contact)  # type: ignore[arg-type]
+    other = dataclasses.replace(suffixed, reason=f"{reason} : bad DIMM")  # type: ignore[type-var]
+    assert not drain_shows(mark, other)  # type: ignore[arg-type]
+    earlier = dataclasses.replace(suffixed, reason_time=50.0)  # type: ignore[type-var]
+    assert not drain_shows(mark, earlier)  # type: ignore[arg-type]

@@ -94,3 +94,20 @@ def test_payloads_are_immutable() -> None:
     payload = SlurmNodeObserved(node="n1")
     with pytest.raises(dataclasses.FrozenInstanceError):
         payload.node = "n2"  # type: ignore[misc]
+
+
+def test_a_pods_slurmd_fields_are_written_only_when_set() -> None:
+    """Most pods are no slurmd pod: their references in every workload report carry none
+    of the slurmd fields (the log's size, and a reader from before them decodes every
+    other pod), and a slurmd pod's round-trips whole."""
+    from sunkd.domain.codec import decode_payload, encode_payload
+    from sunkd.domain.events import K8sWorkloadObserved, PodRef
+
+    plain = PodRef("ns", "p", "Running", "u")
+    slurmd = PodRef("ns", "gpu-n1", "Running", "u2", pool_pod=False, slurmd="n1",
+                    slurmd_nodeset="U", deleting=True, started_at=5.0)
+    body = encode_payload(K8sWorkloadObserved(node="n", pods=(plain, slurmd)))
+    assert set(body["pods"][0]) == {"namespace", "name", "phase", "uid", "pool_pod"}
+    assert body["pods"][1]["slurmd_nodeset"] == "U" and body["pods"][1]["started_at"] == 5.0
+    decoded = decode_payload(K8sWorkloadObserved.KIND, body)
+    assert isinstance(decoded, K8sWorkloadObserved) and decoded.pods == (plain, slurmd)

@@ -7,6 +7,7 @@ executor refusing a delete it cannot confirm with Slurm."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from sunkd.domain.events import (
 from sunkd.domain.ownership import no_pods, running_pod_count, running_pods
 from sunkd.domain.policy import VERB_UNLOCK, effective_pools
 from sunkd.domain.policy.slurmd import (
+    REGISTER_BOUND_SECONDS,
     VERB_SLURMD_DELETE,
     SlurmdNodeset,
     nodes_from_state,
@@ -29,9 +31,11 @@ from sunkd.domain.policy.slurmd import (
     revision,
 )
 from sunkd.domain.ports import ActionError
+from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import ClusterState, NodeState, OpenAction
 from sunkd.kubernetes.nodeset_status import build_nodeset_status
 from sunkd.kubernetes.normalize import slim_pod, slurmd_claim
+from sunkd.kubernetes.payloads import slurmd_node
 from sunkd.kubernetes.slurmd_pod import render
 from sunkd.runtime.executor import ActuatorExecutor
 from tests.unit.domain_world import POOL, POOL_LABEL, slurm_obs
@@ -92,7 +96,8 @@ def _plan(state: ClusterState) -> list[tuple[str, str]]:
 
 
 def test_from_the_fold_a_slurm_node_gets_its_pod_and_keeps_it_under_a_job() -> None:
-    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                 slurmd_nodeset="U")
     assert _plan(_folded(())) == [("slurmd-create", "hpc/gpu-n1")]
     assert _plan(_folded((own,))) == [("", "")]
     # Busy with its own slurmd pod running: no conflict hold, nothing to do.
@@ -103,7 +108,8 @@ def test_from_the_fold_a_slurm_node_gets_its_pod_and_keeps_it_under_a_job() -> N
 
 
 def test_from_the_fold_a_lent_drained_node_loses_its_pod() -> None:
-    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                 slurmd_nodeset="U")
     assert _plan(_folded((own,), lent=True)) == [("slurmd-delete", "hpc/gpu-n1")]
     assert _plan(_folded((), lent=True)) == [("", "")]
 
@@ -113,8 +119,10 @@ def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
     spec = SlurmdSpec(image="i")
     log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
                                partitions=("gpu",), slurmd=spec), 2.0)
-    own = PodRef("default", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1")
-    starting = PodRef("default", "gpu-n2", "Pending", uid="u2", pool_pod=False, slurmd="n2")
+    own = PodRef("default", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                 slurmd_nodeset="U")
+    starting = PodRef("default", "gpu-n2", "Pending", uid="u2", pool_pod=False, slurmd="n2",
+                      slurmd_nodeset="U")
     log.add(K8sWorkloadObserved(node="n1", pool="", pods=(own,)), 3.0)
     log.add(K8sWorkloadObserved(node="n2", pool="", pods=(starting,)), 3.0)
     state = log.state()
@@ -155,3 +163,88 @@ async def test_the_executor_refuses_an_unlock_it_cannot_confirm_with_slurm() -> 
     with pytest.raises(ActionError, match="no Slurm reader") as raised:
         await ActuatorExecutor(None, None, None).execute(action, None)
     assert raised.value.retryable
+
+
+# ------------------------------------------- whose slurmd pod: the owning Nodeset's uid
+
+
+def test_another_nodesets_slurmd_pod_for_the_same_node_is_not_this_nodesets() -> None:
+    """Two Nodesets can name the same Slurm node (a Nodeset replaced by another, or two
+    selecting one Node by mistake): the pod of the other is foreign to this one's plan,
+    never deleted by it and never taken for its registered pod."""
+    theirs = PodRef("hpc", "cpu-n1", "Running", uid="u7", pool_pod=False, slurmd="n1",
+                    slurmd_nodeset="OTHER")
+    ours = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                  slurmd_nodeset="U")
+    assert _plan(_folded((theirs,), lent=True)) == [("", "")]
+    assert _plan(_folded((theirs, ours), lent=True)) == [("slurmd-delete", "hpc/gpu-n1")]
+    nodeset = SlurmdNodeset("gpu", "hpc", "U", SlurmdSpec(image="i"))
+    state = _folded((theirs,))
+    (view,) = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
+    (step,) = plan(nodeset, [view], 10.0, sources_fresh=True)
+    assert step.verb == "" and "foreign pods" in step.reason and "hpc/cpu-n1" in step.reason
+
+
+def test_the_source_reports_the_owning_nodesets_uid() -> None:
+    facts = slim_pod(pod())
+    nodesets = {"hpc/gpu": K8sNodesetObserved(pool="hpc/gpu", uid="U",
+                                              slurmd=SlurmdSpec(image="i"))}
+    assert slurmd_node(facts, nodesets) == ("n1", "U")
+    stranger = {"hpc/gpu": K8sNodesetObserved(pool="hpc/gpu", uid="V",
+                                              slurmd=SlurmdSpec(image="i"))}
+    assert slurmd_node(facts, stranger) == ("", "")
+
+
+def test_a_snapshot_keeps_whose_slurmd_pod_it_is() -> None:
+    """A restart from a snapshot must not turn sunkd's own slurmd pods into foreign ones
+    (a reclaim would wait for them forever, a busy node would read as a conflict)."""
+    own = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                 slurmd_nodeset="U")
+    state = _folded((own,))
+    again = state_from_json(json.loads(json.dumps(state_to_json(state))))
+    assert again.nodes["n1"].pods == (own,)
+    going = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                   slurmd_nodeset="U", deleting=True, started_at=5.0)
+    state = _folded((going,))
+    again = state_from_json(json.loads(json.dumps(state_to_json(state))))
+    assert again.nodes["n1"].pods == (going,)
+    assert again.pod_reports == state.pod_reports
+
+
+# ------------------------------------------------ a pod's deletion and start, carried
+
+
+def test_the_source_reads_a_pods_deletion_and_when_it_turned_ready() -> None:
+    ready = {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:10Z"}]}
+    obj = pod(deletionTimestamp="2026-01-01T00:01:00Z")
+    obj["status"] = ready
+    facts = slim_pod(obj)
+    assert facts.deleting and facts.started_at == 1767225610.0
+    plain = slim_pod(pod())
+    assert not plain.deleting and plain.started_at is None
+
+
+def test_a_terminating_own_pod_is_neither_live_nor_deleted_again() -> None:
+    going = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                   slurmd_nodeset="U", deleting=True)
+    assert _plan(_folded((going,), lent=True)) == [("", "")]  # its delete was sent
+    nodeset = SlurmdNodeset("gpu", "hpc", "U", SlurmdSpec(image="i"))
+    state = _folded((going,))
+    (view,) = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
+    (step,) = plan(nodeset, [view], 10.0, sources_fresh=True)
+    assert step.verb == "" and "still terminating" in step.reason
+
+
+def test_a_pod_running_past_the_bound_without_slurm_hearing_it_is_reported() -> None:
+    running = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                     slurmd_nodeset="U", started_at=0.0)
+    nodeset = SlurmdNodeset("gpu", "hpc", "U", SlurmdSpec(image="i"))
+    log = _cluster(1)
+    log.add(K8sWorkloadObserved(node="n1", pool="", pods=(running,)), 2.0)
+    log.add(slurm_obs("n1", state="IDLE", flags=("NOT_RESPONDING",)), 3.0)
+    state = log.state()
+    now = REGISTER_BOUND_SECONDS + 1.0
+    (view,) = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
+    (step,) = plan(nodeset, [view], now, sources_fresh=True)
+    assert "unregistered" in step.reason, step

@@ -201,7 +201,7 @@ def _mark(d: NodeDraft, key: str, action: OpenAction | None, succeeded: bool,
             d.hold_mark = marks.hold_written(d.k8s, at)
     elif succeeded:  # an undrain or unhold (a failed one may have left the mark in place)
         if key == marks.UNDRAIN:
-            d.drain_mark = None
+            d.drain_mark = marks.drain_lifted(d.drain_mark, d.slurm, at)
         else:
             d.hold_mark = None
 

@@ -2,7 +2,12 @@
 
 A lend drains the node in Slurm (with our lend reason), waits until Slurm reports it
 drained, removes the owner taint, and completes; until the taint removal has started
-it can still be aborted (our drain is resumed, the taint kept). Adoption "as lent"
+it can still be aborted (our drain is resumed, the taint kept). In a pool whose Nodeset
+has `spec.slurmd`, the slurmd plan (`policy/slurmd.py`) deletes sunkd's slurmd pod once
+Slurm reports the node drained, idle and in contact, and the taint comes off only once
+the pod is gone: then Slurm no longer hears the node, which `slurmdgone.slurmd_gone`
+accepts for this one step (the unlock says so, and the executor still refuses any
+allocation Slurm shows). Adoption "as lent"
 reuses the same steps (`advance_to_kubernetes` with an `adopt` transition).
 """
 
@@ -23,6 +28,7 @@ from sunkd.domain.ownership import (
     slurm_drained,
 )
 from sunkd.domain.policy.model import (
+    SLURMD_GONE_ARG,
     VERB_DRAIN,
     VERB_RESUME,
     VERB_UNLOCK,
@@ -30,6 +36,7 @@ from sunkd.domain.policy.model import (
     lend_reason,
 )
 from sunkd.domain.policy.planner import OUTCOME_FAILED, Planner, expected_drain, may_resume
+from sunkd.domain.slurmdgone import slurmd_gone, slurmd_nodeset
 from sunkd.domain.state import NodeState, OpenTransition, Phase
 
 
@@ -95,7 +102,16 @@ def advance_to_kubernetes(
         if result == OUTCOME_FAILED:
             abort_lend(planner, node, transition, "the Slurm drain failed")
         return
-    if not slurm_drained(slurm):
+    gone = False
+    if slurmd_nodeset(planner.state, transition.pool) is not None:
+        if node.pods is None or any(pod.slurmd == node.name for pod in node.pods):
+            # A slurmd pod is still there (sunkd's: the plan deletes it once Slurm reports
+            # the node drained; another Nodeset's: not ours to take away): no untaint yet.
+            return
+        gone = not slurm_drained(slurm) and slurmd_gone(node)
+        if not (gone or slurm_drained(slurm)):
+            return
+    elif not slurm_drained(slurm):
         return  # jobs still running or completing: wait (drain_timeout is checked earlier)
     unlock_done = adopt or transition.did(wk.OWNER_KUBERNETES, VERB_UNLOCK)
     if has_owner_taint(k8s) or not unlock_done:
@@ -103,8 +119,9 @@ def advance_to_kubernetes(
             node,
             wk.OWNER_KUBERNETES,
             VERB_UNLOCK,
-            "Slurm reports the node drained: remove the owner taint",
-            (),
+            "sunkd's slurmd pod is gone from the drained node: remove the owner taint"
+            if gone else "Slurm reports the node drained: remove the owner taint",
+            (Label(SLURMD_GONE_ARG, "1"),) if gone else (),
             tx,
         )
         if result == OUTCOME_FAILED:

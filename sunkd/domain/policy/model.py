@@ -44,6 +44,12 @@ VERB_DRAIN = "drain"  # slurm; arg `reason`
 VERB_RESUME = "resume"  # slurm; arg `expect_reason` (the drain reason being removed)
 VERB_LOCK = "lock"  # kubernetes: add taint sunkd.io/owner=slurm:NoSchedule, label owner=slurm
 VERB_UNLOCK = "unlock"  # kubernetes: remove that taint, label sunkd.io/owner=kubernetes
+# An unlock's arg when sunkd's slurmd pod is gone (`slurmdgone.slurmd_gone`): the executor
+# then accepts Slurm not hearing the node, still never an allocation.
+SLURMD_GONE_ARG = "slurmd_gone"
+# A resume's arg when sunkd's slurmd pod registered on a node Slurm left DOWN under sunkd's
+# drain (`slurmdgone.slurmd_registered`): the actuator returns exactly that DOWN to service.
+RETURN_TO_SERVICE_ARG = "return_to_service"
 # sunkd's hold: its hold taint sunkd.io/slurm-hold and the reason annotation, args
 # `slurm_state`, `slurm_reason`; the release removes only that taint (a Kubernetes cordon,
 # spec.unschedulable, is always someone else's). The verbs keep their first names in the

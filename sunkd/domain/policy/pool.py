@@ -38,7 +38,10 @@ from sunkd.domain.policy.repair import (
     report_invalid_pin,
     report_unparsed,
 )
+from sunkd.domain.policy.slurmd import nodes_from_state, nodeset_of, slurmd_args
+from sunkd.domain.policy.slurmd import plan as slurmd_plan
 from sunkd.domain.policy.transitions import adopt_node, handle_transition
+from sunkd.domain.slurmdgone import slurmd_nodeset
 from sunkd.domain.state import OWNER_NONE, NodeState
 
 
@@ -48,6 +51,7 @@ def plan_pool(planner: Planner, pool: PoolSpec, members: list[NodeState]) -> Non
     demand = net_demand(planner.state, pool, census)
     surplus_lends = _surplus_lends(spec, census, demand)
     _step_nodes(planner, pool, census, surplus_lends)
+    _slurmd_pods(planner, pool, census)
     _start_moves(planner, pool, census, demand)
     for node in census.members:
         # Said only of a node nothing else this round is about (its Warning must not take
@@ -131,6 +135,29 @@ def _step_nodes(
             repair_settled(planner, node, assessment)
         elif assessment.held:
             repair_while_held(planner, node, assessment)
+
+
+def _slurmd_pods(planner: Planner, pool: PoolSpec, census: Census) -> None:
+    """A Nodeset with `spec.slurmd`: its slurmd pods follow ownership (`policy/slurmd.py`
+    decides; each create or delete is an action on the Kubernetes side, of the node's
+    open transition when it has one, so a move that ends takes its queued pod action
+    with it: `transitions.stale_action`)."""
+    observed = slurmd_nodeset(planner.state, pool.name)
+    nodeset = nodeset_of(observed) if observed is not None else None
+    if nodeset is None:
+        return
+    members = {node.name: node for node in census.members}
+    views = nodes_from_state(planner.state, nodeset, census.members, planner.now)
+    for step in slurmd_plan(nodeset, views, planner.now,
+                            sources_fresh=planner.state.sources_fresh()):
+        node = members.get(step.node)
+        if not step.verb or node is None:
+            continue
+        transition = node.transition
+        tx = (transition.transition_id if transition is not None
+              and transition.transition_id not in planner.ended else None)
+        planner.ensure(node, wk.OWNER_KUBERNETES, step.verb, step.reason,
+                       slurmd_args(step, nodeset), tx)
 
 
 def _move_budget(planner: Planner, spec: OwnershipSpec, census: Census) -> int:

@@ -2,16 +2,26 @@
 
 A reclaim adds the owner taint (no new pool pods land), lets pool pods finish within
 `reclaim_grace` of the taint and evicts the rest, resumes our Slurm drain, and completes
-once Slurm reports the node usable. Adoption for Slurm reuses the same steps
+once Slurm reports the node usable. In a pool whose Nodeset has `spec.slurmd`, the slurmd
+plan (`policy/slurmd.py`) creates sunkd's slurmd pod once the taint is on and no foreign
+pod is left, and the resume waits until Slurm hears the new slurmd
+(`slurmdgone.slurmd_registered`; ReturnToService=1 brings a node DOWN for not responding
+back when it registers). Adoption for Slurm reuses the same steps
 (`advance_to_slurm` with an `adopt` transition).
 """
 
 from __future__ import annotations
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import OwnershipSpec
+from sunkd.domain.events import Label, OwnershipSpec
 from sunkd.domain.ownership import Assessment, has_owner_taint, our_drain, slurm_usable
-from sunkd.domain.policy.model import VERB_EVICT, VERB_LOCK, VERB_RESUME, PoolSpec
+from sunkd.domain.policy.model import (
+    RETURN_TO_SERVICE_ARG,
+    VERB_EVICT,
+    VERB_LOCK,
+    VERB_RESUME,
+    PoolSpec,
+)
 from sunkd.domain.policy.planner import (
     OUTCOME_FAILED,
     Planner,
@@ -19,6 +29,7 @@ from sunkd.domain.policy.planner import (
     evict_args,
     expected_drain,
 )
+from sunkd.domain.slurmdgone import slurmd_nodeset, slurmd_registered
 from sunkd.domain.state import NodeState, OpenTransition, Phase
 
 
@@ -85,14 +96,20 @@ def advance_to_slurm(
             if result == OUTCOME_FAILED:
                 planner.abort(node, transition, "evicting pool pods failed")
         return
+    nodeset = slurmd_nodeset(planner.state, transition.pool)
+    if nodeset is not None and not slurmd_registered(node, nodeset.uid):
+        return  # the plan creates the pod; the undrain waits for its slurmd
     if "DRAIN" in slurm.flags:
         if our_drain(node):
+            down = nodeset is not None and slurm.state.upper() == "DOWN"
             result = planner.ensure(
                 node,
                 wk.OWNER_SLURM,
                 VERB_RESUME,
-                "no pool pods left: resume the node in Slurm",
-                expected_drain(slurm),
+                "sunkd's slurmd registered on the node Slurm left DOWN under sunkd's drain: "
+                "return it to service" if down else "no pool pods left: resume the node in Slurm",
+                (*expected_drain(slurm), Label(RETURN_TO_SERVICE_ARG, "1")) if down
+                else expected_drain(slurm),
                 tx,
             )
             if result == OUTCOME_FAILED:

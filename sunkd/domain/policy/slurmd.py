@@ -31,14 +31,15 @@ from typing import Any
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodesetObserved, Label, PodRef, SlurmdSpec, SlurmNodeObserved
 from sunkd.domain.ownership import assess, has_owner_taint
+from sunkd.domain.slurmdgone import REGISTER_BOUND_SECONDS as REGISTER_BOUND_SECONDS
+from sunkd.domain.slurmdgone import VERB_SLURMD_CREATE as VERB_SLURMD_CREATE
+from sunkd.domain.slurmdgone import VERB_SLURMD_DELETE as VERB_SLURMD_DELETE
 from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
 from sunkd.domain.state import ClusterState, NodeState, Phase
 
-VERB_SLURMD_CREATE = "slurmd-create"  # kubernetes; args below (`slurmd_args`)
-VERB_SLURMD_DELETE = "slurmd-delete"  # kubernetes; args `pod`, `pod_uid`, `grace_seconds`
-
-# A pod Running this long with Slurm not hearing its slurmd is reported unregistered.
-REGISTER_BOUND_SECONDS = 120.0
+# kubernetes side; create: args below (`slurmd_args`), delete: `pod`, `pod_uid`,
+# `grace_seconds`. A pod Running REGISTER_BOUND_SECONDS with Slurm not hearing its slurmd
+# is reported unregistered. Defined with the rest of the pods' ownership in slurmdgone.
 _DONE = frozenset({"Succeeded", "Failed"})
 _WANTED = frozenset({Phase.SLURM, Phase.TO_SLURM})
 _UNWANTED = frozenset({Phase.TO_K8S, Phase.KUBERNETES})
@@ -282,14 +283,16 @@ def nodeset_of(observed: K8sNodesetObserved) -> SlurmdNodeset | None:
 
 def _seen(ref: PodRef, nodeset: SlurmdNodeset) -> SeenPod:
     """A reported pod as the plan sees it. The source judged `ref.slurmd` (the controller
-    owner is a Nodeset it knows by uid, the labels name it); a pod it did not is foreign.
-    The report has no deletion time: a terminating pod counts as running (the actuators
-    see the deletion and skip)."""
-    if not ref.slurmd:
-        return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase)
-    return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, nodeset_label=nodeset.name,
-                   slurm_node=ref.slurmd, controller_kind=wk.NODESET_KIND,
-                   controller_uid=nodeset.uid)
+    owner is a Nodeset it knows by uid, the labels name it) and named that Nodeset's uid
+    (`ref.slurmd_nodeset`); a pod it did not judge so, or another Nodeset's, is foreign.
+    A terminating pod (`deleting`) is neither live nor deleted again; `started_at` is
+    when it turned Ready (the registration bound)."""
+    if not ref.slurmd or not nodeset.uid or ref.slurmd_nodeset != nodeset.uid:
+        return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, deleting=ref.deleting)
+    return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, deleting=ref.deleting,
+                   nodeset_label=nodeset.name, slurm_node=ref.slurmd,
+                   controller_kind=wk.NODESET_KIND, controller_uid=nodeset.uid,
+                   started_at=ref.started_at)
 
 
 def nodes_from_state(state: ClusterState, nodeset: SlurmdNodeset,

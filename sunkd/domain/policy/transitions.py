@@ -23,6 +23,7 @@ from sunkd.domain.policy.lend import abort_lend, advance_to_kubernetes, unlock_s
 from sunkd.domain.policy.model import MODE_KUBERNETES, MODE_SLURM, PoolSpec
 from sunkd.domain.policy.planner import Planner
 from sunkd.domain.policy.reclaim import advance_to_slurm, resume_started
+from sunkd.domain.slurmdgone import slurmd_gone
 from sunkd.domain.state import OWNER_NONE, NodeState, OpenAction
 
 
@@ -109,6 +110,7 @@ def handle_transition(
                 return
             if (
                 not slurm_drained(node.slurm)
+                and not slurmd_gone(node)
                 and now - transition.started_at >= spec.drain_timeout_seconds
             ):
                 abort_lend(

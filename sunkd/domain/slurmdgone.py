@@ -1,0 +1,131 @@
+"""When Slurm being out of contact with a node is sunkd's own doing: its slurmd pod is gone.
+
+With a Nodeset's `spec.slurmd`, slurmd runs in sunkd's pod, and a node lent to Kubernetes
+runs none. Once that pod is gone slurmctld stops hearing from the node: it reports it
+NOT_RESPONDING, then DOWN after `SlurmdTimeout` (slurm.conf(5)). Read as any other node
+that would be a Slurm-side hold (`ownership.assess`, after `UNHEALTHY_GRACE_SECONDS`) and
+a lend that can never finish (`slurmnode.slurm_drained` asks for contact). This module
+says, from sunkd's own log only, when out of contact is the expected state:
+
+- **gone**: sunkd's drain is on the node and still shows (its drain mark), nothing is
+  allocated or completing, the last slurmd-pod action sunkd took on the node was a delete
+  that succeeded, and the Node's pod report (known: unknown is never "gone") shows no
+  slurmd pod for the node, terminating ones included. The delete itself waited for Slurm
+  to report the node drained, idle and in contact (`policy/slurmd.py`, and the executor
+  asked Slurm again), and the job steps ran in the pod's cgroup, so nothing of Slurm's
+  runs there once the pod is gone;
+- **starting**: the node is moving to Slurm (a reclaim or an adoption) in a pool whose
+  Nodeset has `spec.slurmd`, nothing is allocated, and sunkd's pod is not yet created or
+  was created less than `REGISTER_BOUND_SECONDS` ago: the new slurmd has not registered
+  yet. Past the bound the node is held as any other.
+
+Slurm 24.11 and later append " : Not responding" to a node's reason when it loses contact
+(`set_node_down_ptr` in src/slurmctld/node_mgr.c keeps the old reason and adds the cause):
+sunkd's own drain still shows then, but only while the node is out of contact
+(`authorship.drain_shows`).
+
+Pure: `now` is an input.
+"""
+
+from __future__ import annotations
+
+from sunkd.domain import authorship as marks
+from sunkd.domain import wellknown as wk
+from sunkd.domain.events import K8sNodesetObserved, PodRef
+from sunkd.domain.slurmnode import in_contact, slurm_busy
+from sunkd.domain.state import ClusterState, NodeState
+
+VERB_SLURMD_CREATE = "slurmd-create"  # the verbs of policy/slurmd.py (re-exported there)
+VERB_SLURMD_DELETE = "slurmd-delete"
+CREATE = f"{wk.OWNER_KUBERNETES}/{VERB_SLURMD_CREATE}"
+DELETE = f"{wk.OWNER_KUBERNETES}/{VERB_SLURMD_DELETE}"
+# A slurmd pod Running this long with Slurm not hearing it is unregistered (no longer
+# "starting"); the plan reports it.
+REGISTER_BOUND_SECONDS = 120.0
+
+
+def slurmd_nodeset(state: ClusterState, pool: str | None) -> K8sNodesetObserved | None:
+    """The pool's Nodeset when it asks for slurmd pods (and sunkd knows its uid)."""
+    nodeset = state.nodesets.get(pool) if pool is not None else None
+    if nodeset is None or nodeset.deleted or nodeset.slurmd is None or not nodeset.uid:
+        return None
+    return nodeset
+
+
+def own_slurmd_pods(node: NodeState, nodeset_uid: str) -> list[PodRef]:
+    """sunkd's slurmd pods for the node of the Nodeset `nodeset_uid`, terminating or ended
+    ones included (as the source judged them, `PodRef.slurmd`)."""
+    return [pod for pod in node.pods or ()
+            if nodeset_uid and pod.slurmd == node.name and pod.slurmd_nodeset == nodeset_uid]
+
+
+def slurmd_deleted(node: NodeState) -> bool:
+    """The last slurmd-pod action sunkd took on the node was a delete that succeeded, and
+    the Node's pods are known and show no slurmd pod for it (any Nodeset's, any phase)."""
+    if node.pods is None or any(pod.slurmd == node.name for pod in node.pods):
+        return False
+    delete = node.outcomes.get(DELETE)
+    if delete is None or not delete.succeeded:
+        return False
+    create = node.outcomes.get(CREATE)
+    return create is None or create.seq < delete.seq
+
+
+def _ours_still(node: NodeState) -> bool:
+    """sunkd's drain is on the node and its mark shows it (or shows it on its way out: a
+    poll read before sunkd's own undrain, `authorship.drain_lifting`)."""
+    slurm = node.slurm
+    mark = node.drain_mark
+    return (slurm is not None and "DRAIN" in slurm.flags and mark is not None
+            and (marks.drain_shows(mark, slurm) or marks.drain_lifting(mark, slurm)))
+
+
+def slurmd_gone(node: NodeState) -> bool:
+    """Out of contact because sunkd deleted the node's slurmd pod under its own drain
+    (module docstring, "gone"): the one case a lend may finish without contact."""
+    slurm = node.slurm
+    return (slurm is not None and not in_contact(slurm) and not slurm_busy(slurm)
+            and _ours_still(node) and slurmd_deleted(node))
+
+
+def slurmd_starting(state: ClusterState, node: NodeState, now: float) -> bool:
+    """Out of contact because the node's slurmd pod is not there yet or has just been
+    created, on its way to Slurm (module docstring, "starting")."""
+    slurm = node.slurm
+    transition = node.transition
+    if (slurm is None or in_contact(slurm) or slurm_busy(slurm) or transition is None
+            or transition.to_owner != wk.OWNER_SLURM):
+        return False
+    nodeset = slurmd_nodeset(state, transition.pool)
+    if nodeset is None or node.pods is None:
+        return False
+    if "DRAIN" in slurm.flags and not _ours_still(node):
+        return False  # someone else's drain is a hold whatever sunkd's pod does
+    create = node.outcomes.get(CREATE)
+    created = (create is not None and create.succeeded
+               and create.transition_id == transition.transition_id)
+    if not created:
+        return True  # the plan has not created it yet: the reclaim waits for that
+    assert create is not None
+    return now - create.at < REGISTER_BOUND_SECONDS
+
+
+def expected_out_of_contact(state: ClusterState, node: NodeState, now: float) -> bool:
+    """Slurm not hearing from the node is what sunkd's slurmd pods make of it: gone, or
+    starting within its bound. Never a Slurm hold then."""
+    return slurmd_gone(node) or slurmd_starting(state, node, now)
+
+
+def slurmd_registered(node: NodeState, nodeset_uid: str) -> bool:
+    """sunkd's slurmd pod runs on the node (Running, not terminating) and Slurm hears
+    from its slurmd: in contact, or registered but left DOWN (no NOT_RESPONDING: with
+    ReturnToService=1 slurmctld returns a DOWN node to service on registration only
+    when its reason is "Not responding", `validate_node_specs` in
+    src/slurmctld/node_mgr.c; a node DOWN under sunkd's drain reason stays DOWN)."""
+    slurm = node.slurm
+    if slurm is None or not any(pod.phase == "Running" and not pod.deleting
+                                for pod in own_slurmd_pods(node, nodeset_uid)):
+        return False
+    if in_contact(slurm):
+        return True
+    return slurm.state.upper() == "DOWN" and "NOT_RESPONDING" not in slurm.flags

@@ -1,0 +1,321 @@
+"""`sunkd run` drives a Nodeset with spec.slurmd on real kubelet Nodes (Slurm 22.05, 24.11,
+26.05): the daemon's policy runs the slurmd-pod plan.
+
+Real: the control plane and three kubelets with their containerds, slurmctld and
+slurmrestd of each generation, PostgreSQL, and sunkd's daemon as its own process (`python
+-m sunkd run`), reading the Nodeset, the Nodes and their pods from the API server and the
+nodes from slurmrestd. The harness is test_slurmd_pods_real.py's. The cycle:
+
+- start: every node gets sunkd's slurmd pod, which registers: N nodes IDLE;
+- a job runs on node1, node1 is pinned to Kubernetes: the drain waits for the job; the
+  pod is deleted only once Slurm reports node1 drained, and the owner taint comes off only
+  once the pod is gone (never a slurmd pod deleted under a job, never a pool pod beside a
+  slurmd);
+- node1 stays lent while Slurm no longer hears it (DOWN), without sunkd's hold taint;
+- an idle node2 pinned to Kubernetes is lent (figure: pin -> lent);
+- node1 pinned back to Slurm: the taint comes back, the pod is created, its slurmd
+  registers, the drain is lifted: IDLE again (figure: reclaim -> resumed).
+
+The figures are printed (`-s`) and recorded in docs/nodeset.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sunkd.domain import wellknown as wk
+from sunkd.kubernetes.client import NODES, KubeApiError, KubeClient
+from sunkd_testbed.images import Image
+from sunkd_testbed.kubelet import KubeletNodes
+from sunkd_testbed.kubernetes import KubeControlPlane
+from sunkd_testbed.slurm import SlurmCluster
+from tests.integration import test_slurmd_pods_real as pods_real
+from tests.integration.test_e2e import migrated_database
+from tests.integration.test_slurmd_pods_real import (
+    NODES_N,
+    ROOT,
+    SLURM_NODES,
+    _nodeset,
+    _slurmd_started,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# The test bed of test_slurmd_pods_real.py: the control plane, three kubelet Nodes, and a
+# Slurm cluster of each generation with its slurmd image imported.
+plane = pods_real.plane
+bed = pods_real.bed
+generation = pods_real.generation
+
+
+def _config(path: Path, database_url: str, cluster: SlurmCluster, kubeconfig: Path) -> Path:
+    path.write_text(f"""
+database_url = "{database_url}"
+listen = "127.0.0.1:0"
+lease_seconds = 3
+[slurm]
+url = "{cluster.rest_url}"
+jwt_key_file = "{cluster.jwt_key_path}"
+poll_interval = 1
+[kubernetes]
+kubeconfig = "{kubeconfig}"
+namespace = "default"
+""")
+    return path
+
+
+class Daemon:
+    """`sunkd run` as its own process, its log beside the config."""
+
+    def __init__(self, config: Path, cluster: SlurmCluster) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.log = config.parent / "sunkd.log"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        env = {**os.environ, **self.cluster.env, "SUNKD_IDENTITY": "slurmd-e2e",
+               "SUNKD_LOG_FORMAT": "json"}
+        fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sunkd", "--config", str(self.config), "run",
+                env=env, stdout=asyncio.subprocess.DEVNULL, stderr=fd)
+        finally:
+            os.close(fd)
+
+    def alive(self) -> None:
+        if self.process is not None and self.process.returncode is not None:
+            raise AssertionError(f"sunkd exited {self.process.returncode}:\n{self.tail()}")
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def stop(self) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(30):
+                await self.process.wait()
+        except TimeoutError:
+            self.process.send_signal(signal.SIGINT)
+            await self.process.wait()
+
+
+class Watch:
+    """Reads both sides now; waits, failing with the daemon's log."""
+
+    def __init__(self, client: KubeClient, cluster: SlurmCluster, bed: KubeletNodes,
+                 daemon: Daemon) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.bed = bed
+        self.daemon = daemon
+        self.k8s = dict(zip(SLURM_NODES, bed.names, strict=True))
+
+    async def flags(self, node: str) -> str:
+        return await asyncio.to_thread(self.cluster.node_flags, node)
+
+    async def node(self, node: str) -> dict[str, Any]:
+        return await self.client.get(NODES, self.k8s[node])
+
+    async def tainted(self, node: str) -> bool:
+        taints = ((await self.node(node)).get("spec") or {}).get("taints") or []
+        return any(t.get("key") == wk.TAINT_OWNER for t in taints)
+
+    async def held(self, node: str) -> bool:
+        taints = ((await self.node(node)).get("spec") or {}).get("taints") or []
+        return any(t.get("key") == wk.TAINT_HOLD for t in taints)
+
+    def pod(self, node: str) -> str | None:
+        return self.bed.phase(f"pods-{node}")
+
+    async def pin(self, node: str, to: str) -> None:
+        await self.client.merge_patch(NODES, self.k8s[node], {
+            "metadata": {"annotations": {wk.ANNOTATION_PIN: to}}})
+
+    async def until(self, what: str, check: Callable[[], Awaitable[object] | object],
+                    within: float = 120.0) -> float:
+        started = time.monotonic()
+        while True:
+            self.daemon.alive()
+            value = check()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return round(time.monotonic() - started, 2)
+            if time.monotonic() - started > within:
+                state = {n: (await self.flags(n), self.pod(n), await self.tainted(n))
+                         for n in SLURM_NODES}
+                raise AssertionError(f"timed out ({within:g} s) waiting for {what}: "
+                                     f"{state}\n--- sunkd log ---\n{self.daemon.tail()}")
+            await asyncio.sleep(0.1)
+
+
+def _idle(flags: str) -> bool:
+    return flags == "IDLE"
+
+
+async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
+    bed: KubeletNodes, plane: KubeControlPlane, generation: tuple[SlurmCluster, Image],
+    tmp_path: Path,
+) -> None:
+    cluster, image = generation
+    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
+    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
+                  "--timeout=60s")
+    for slurm_node, k8s in zip(SLURM_NODES, bed.names, strict=True):
+        plane.kubectl("label", "node", k8s, "--overwrite", "pool=pods",
+                      f"{wk.LABEL_SLURM_NODE_NAME}={slurm_node}")
+        plane.kubectl("annotate", "node", k8s, f"{wk.ANNOTATION_PIN}-")
+    before = {n: _slurmd_started(cluster, n) for n in SLURM_NODES}
+    for name in SLURM_NODES:  # the host's slurmds go; sunkd's pods take over
+        cluster.kill_slurmd(name, sig=signal.SIGTERM)
+    await asyncio.sleep(1.1)  # a pod's slurmd starts in a later second than the host's
+    body = _nodeset(image, cluster)
+    body["spec"]["ownership"] = {"mode": "Auto", "dwellSeconds": 0, "maxInFlight": 3,
+                                 "reclaimGraceSeconds": 2, "drainTimeoutSeconds": 600}
+    plane.kubectl("apply", "-f", "-", input=json.dumps(body))
+    figures: dict[str, float] = {}
+    async with migrated_database() as database_url, \
+            await KubeClient.connect(str(plane.kubeconfig)) as client:
+        daemon = Daemon(_config(tmp_path / "sunkd.toml", database_url, cluster,
+                                plane.kubeconfig), cluster)
+        watch = Watch(client, cluster, bed, daemon)
+        started = time.monotonic()
+        await daemon.start()
+        try:
+            # --- start: N nodes IDLE through sunkd's slurmd pods
+            async def all_registered() -> bool:
+                for node in SLURM_NODES:
+                    if not (_slurmd_started(cluster, node) not in ("", before[node])
+                            and _idle(await watch.flags(node)) and watch.pod(node) == "Running"
+                            and await watch.tainted(node)):
+                        return False
+                return True
+
+            await watch.until(f"{NODES_N} nodes IDLE through sunkd's slurmd pods",
+                              all_registered, within=180)
+            figures["start"] = round(time.monotonic() - started, 2)
+
+            # --- a job on node1, node1 pinned to Kubernetes: the drain waits for it
+            job = cluster.sbatch(nodelist="node1", wrap="sleep 12")
+            await watch.until("node1 busy", lambda: _busy(watch, "node1"), within=30)
+            await watch.pin("node1", "kubernetes")
+            await watch.until("node1 draining under its job",
+                              lambda: _has(watch, "node1", "DRAIN"), within=30)
+            while "DRAIN" in (flags := await watch.flags("node1")) and _allocated(flags):
+                assert watch.pod("node1") == "Running", "slurmd pod deleted under a job"
+                assert await watch.tainted("node1"), "untainted under a job"
+                daemon.alive()
+                await asyncio.sleep(0.1)
+            job_end = time.monotonic()
+            assert not _job_running(cluster, job)
+            # The pod goes first, then the taint: never untainted while a slurmd pod is on it.
+            pod_gone_at = untainted_at = None
+            deadline = time.monotonic() + 120
+            while untainted_at is None:
+                daemon.alive()
+                assert time.monotonic() < deadline, daemon.tail()
+                phase = watch.pod("node1")
+                tainted = await watch.tainted("node1")
+                now = time.monotonic()
+                if phase is None and pod_gone_at is None:
+                    pod_gone_at = now
+                if not tainted:
+                    assert phase is None, f"untainted with its slurmd pod {phase}"
+                    untainted_at = now
+                await asyncio.sleep(0.05)
+            assert pod_gone_at is not None
+            figures["job_end_to_untainted"] = round(untainted_at - job_end, 2)
+            figures["job_end_to_pod_gone"] = round(pod_gone_at - job_end, 2)
+
+            # --- an idle node2 pinned: pin -> lent (untainted, its pod gone)
+            pinned = time.monotonic()
+            await watch.pin("node2", "kubernetes")
+
+            async def node2_lent() -> bool:
+                return watch.pod("node2") is None and not await watch.tainted("node2")
+
+            await watch.until("node2 lent", node2_lent, within=120)
+            figures["pin_to_lent"] = round(time.monotonic() - pinned, 2)
+
+            # --- lent node1: Slurm no longer hears it, and that is no hold
+            await watch.until("Slurm reports node1 DOWN (its slurmd is gone)",
+                              lambda: _has(watch, "node1", "DOWN"), within=120)
+            await asyncio.sleep(35)  # past ownership.UNHEALTHY_GRACE_SECONDS
+            assert not await watch.held("node1"), daemon.tail()
+            assert not await watch.tainted("node1")
+
+            # --- reclaim node1: taint, pod, registered, undrained
+            reclaimed = time.monotonic()
+            await watch.pin("node1", "slurm")
+
+            async def node1_undrained() -> bool:
+                words = set((await watch.flags("node1")).split("+"))
+                return not words & {"DRAIN", "DOWN"}
+
+            await watch.until("node1 undrained", node1_undrained, within=180)
+            figures["reclaim_to_undrained"] = round(time.monotonic() - reclaimed, 2)
+            async def node1_back() -> bool:
+                return (_idle(await watch.flags("node1")) and watch.pod("node1") == "Running"
+                        and await watch.tainted("node1"))
+
+            await watch.until("node1 back in Slurm through a new slurmd pod", node1_back,
+                              within=180)
+            figures["reclaim_to_resumed"] = round(time.monotonic() - reclaimed, 2)
+            ran = cluster.sbatch(nodelist="node1", wrap="true")
+            await watch.until("a job runs on the reclaimed node1",
+                              lambda: not _job_running(cluster, ran), within=60)
+            # Never a hold on any node: the lent nodes' lost contact, Slurm's suffix on
+            # sunkd's reason and polls read before sunkd's own undrain are all sunkd's.
+            assert '"verb": "cordon"' not in daemon.log.read_text(), daemon.tail()
+        finally:
+            await daemon.stop()
+            for node in SLURM_NODES:
+                try:
+                    await client.merge_patch(NODES, watch.k8s[node], {
+                        "metadata": {"annotations": {wk.ANNOTATION_PIN: None}}})
+                except KubeApiError:
+                    pass
+            plane.kubectl("delete", "nodeset", "pods", "--wait=true", "--timeout=60s",
+                          check=False)
+            bed.wait("the Nodeset's pods gone",
+                     lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
+    print(f"\nsunkd run, Nodeset spec.slurmd, Slurm {cluster.slurm_version}: "
+          f"start -> {NODES_N} IDLE {figures['start']} s; job end -> pod gone "
+          f"{figures['job_end_to_pod_gone']} s, -> untainted "
+          f"{figures['job_end_to_untainted']} s; pin -> lent {figures['pin_to_lent']} s; "
+          f"reclaim -> undrained {figures['reclaim_to_undrained']} s, -> IDLE in contact "
+          f"{figures['reclaim_to_resumed']} s")
+
+
+async def _has(watch: Watch, node: str, word: str) -> bool:
+    return word in (await watch.flags(node)).split("+")
+
+
+async def _busy(watch: Watch, node: str) -> bool:
+    return _allocated(await watch.flags(node))
+
+
+def _allocated(flags: str) -> bool:
+    return bool({"ALLOCATED", "MIXED", "COMPLETING"} & set(flags.split("+")))
+
+
+def _job_running(cluster: SlurmCluster, job: int) -> bool:
+    out = cluster.run("squeue", "-h", "-j", str(job), "-o", "%T", check=False)
+    return bool(re.search(r"RUNNING|PENDING|COMPLETING|CONFIGURING", out))
