@@ -14,7 +14,7 @@ the fold keeps per node:
 A mark is *seen* once an observation shows it (Slurm 24.11 and later append " : Not
 responding" to the reason of a drained node that loses contact: that shows it too, only
 while the node is out of contact). From then on every observation must show
-it unchanged (the same text, the same reason time within a second; the one hold taint),
+it unchanged (the same text, the same whole second of reason time; the one hold taint),
 or the mark is dropped for good: someone undrained, re-drained or edited it, and what is
 there now is theirs even when the text is sunkd's. Until it is seen, an observation that
 does not show it is ignored for `CATCHUP_SECONDS` (a poll or a watch event read before the
@@ -50,8 +50,11 @@ from sunkd.domain.slurmnode import in_contact
 # A poll or watch event read before a write and appended after its success is this
 # late at most (the policy's own wait for an action's observation, OBSERVATION_CATCHUP).
 CATCHUP_SECONDS = 60.0
-# Slurm reports reason times in whole seconds.
-REASON_TIME_TOLERANCE = 1.0
+# Slurm keeps a reason time as a time_t (`reason_time` in src/slurmctld/slurmctld.h): whole
+# seconds. Two reads of one reason show the same second; a reason set again, even one
+# second later, shows another. Half a second absorbs only the rounding of a time carried
+# as text (the planner's `expect_reason_time`).
+REASON_TIME_TOLERANCE = 0.5
 # What Slurm 24.11 and later append to a drained node's reason when it stops responding
 # (`set_node_down_ptr` in src/slurmctld/node_mgr.c keeps the reason and adds the cause).
 NOT_RESPONDING_SUFFIX = " : Not responding"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 import structlog
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.authorship import written_reason
+from sunkd.domain.authorship import REASON_TIME_TOLERANCE, written_reason
 from sunkd.domain.ownership import is_ours
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.domain.slurmnode import slurm_unhealthy
@@ -144,7 +144,7 @@ class SlurmActuator:
         if (
             expect_reason_time is not None
             and current.reason_time is not None
-            and abs(current.reason_time - expect_reason_time) > 1.0
+            and abs(current.reason_time - expect_reason_time) > REASON_TIME_TOLERANCE
         ):
             raise RefusedError(
                 f"{node}'s drain reason was set again since the decision (at "
