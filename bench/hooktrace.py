@@ -28,8 +28,8 @@ STEPS = ("prolog", "hook", "sent", "received", "read", "append", "locked", "comm
          "executed", "done")
 LABELS = {
     "prolog": "PrologSlurmctld/EpilogSlurmctld starts (wrapper script)",
-    "hook": "hook's interpreter up, site script ran (the benchmark's moment)",
-    "sent": "hook sends its POST",
+    "hook": "site script ran (the benchmark's moment; chained: in the hook, interpreter up)",
+    "sent": "hook sends its POST (separate lines: after slurmctld started it)",
     "received": "sunkd's receiver has the hook",
     "read": "slurmrestd answered the read that showed the change (GET /nodes)",
     "append": "its append starts (diff done)",

@@ -6,7 +6,8 @@ one-line wrapper per hook and a token file SlurmUser can read. This makes the sa
 `SlurmCluster` (pass `conf_lines` as its `extra_conf`): the wrappers run a copy of the
 hook (`sunkd/slurm/hook.py`, standard library only, so one file is all of it) with the
 system python3, or a root's when slurmctld runs in a Debian root (`directory` then lies
-in the cluster's directory, which the root sees at the same path), settings in
+in the cluster's directory, which the root sees at the same path; `for_slurm` picks the
+form for a generation, for tests and bench/hooks.py alike), settings in
 `hook.conf` so that the daemon's URL can be filled in once it listens, and "site"
 scripts chained with `--chain`: the prolog records each job's nodes and start time
 (`marks/start.JOBID`, Slurm's moment of the start, for benchmarks) and exits with
@@ -25,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import sunkd
+from sunkd_testbed.slurm import in_root, root_user
 
 REPO = Path(sunkd.__file__).resolve().parent.parent
 PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
@@ -45,6 +47,7 @@ class HookScripts:
         need); without it slurm.conf lists the site's scripts and the hook's on lines of
         their own (24.05 and later)."""
         self.chain = chain
+        self.python = python
         if directory is None:
             self.dir = Path(tempfile.mkdtemp(prefix="sunkd-hooks-"))
         else:
@@ -59,7 +62,7 @@ class HookScripts:
         self.token_file.write_text(secrets.token_hex(24) + "\n")
         self.token_file.chmod(0o600)
         os.chown(self.token_file, *owner)
-        hook = self.dir / "hook.py"
+        hook = self.hook = self.dir / "hook.py"
         shutil.copyfile(HOOK, hook)
         hook.chmod(0o644)
         self.config = self.dir / "hook.conf"
@@ -89,6 +92,22 @@ class HookScripts:
                 f" --config {self.config}{extra}\n")
             script.chmod(0o755)
         self.configure("http://127.0.0.1:9")
+
+    @classmethod
+    def for_slurm(cls, version: str | None, base_dir: Path, *,
+                  chain: bool | None = None) -> HookScripts:
+        """The hooks as a `SlurmCluster(version=version, base_dir=base_dir)` runs them. The
+        host's generation (`version` None or the host's): SlurmUser's, the system python3,
+        in a directory of their own, chained (one line, as 22.05-23.11 take). A
+        generation run from a Debian root: in `base_dir/hooks` (the root sees the
+        cluster's directory at the same path), owned by the root's SlurmUser, run with
+        the root's python3, on lines of their own (the form 24.05 and later take).
+        `chain` overrides the form."""
+        if version is None or not in_root(version):
+            return cls(chain=True if chain is None else chain)
+        return cls(directory=base_dir / "hooks", python="/usr/bin/python3",
+                   owner=root_user(version, "slurm") or (0, 0),
+                   chain=False if chain is None else chain)
 
     @property
     def conf_lines(self) -> list[str]:

@@ -209,6 +209,12 @@ def resolve_runtime(version: str | None = None) -> SlurmRuntime:
     return SlurmRuntime(version, release, root, suite)
 
 
+def in_root(version: str | None) -> bool:
+    """Does a cluster of Slurm `version` (None: the host's) run from a Debian root, i.e. is
+    it not the generation of the host's packages? (`resolve_runtime`'s choice.)"""
+    return version is not None and _generation(host_release()) != version
+
+
 def available(version: str | None = None) -> tuple[bool, str]:
     """Can a cluster of `version` (None: the host's packages) start here?"""
     try:

@@ -20,7 +20,7 @@ import pytest
 
 from sunkd.domain.events import SlurmHookReceived
 from sunkd_testbed.hooks import HookScripts as Hooks
-from sunkd_testbed.slurm import SlurmCluster, root_user
+from sunkd_testbed.slurm import SlurmCluster
 from tests.integration.slurm_helpers import start_cluster
 from tests.integration.test_e2e import migrated_database, read_all, reset_slurm
 from tests.integration.test_slurm_hooks import (
@@ -42,9 +42,9 @@ def hooked_cluster(request: pytest.FixtureRequest) -> Iterator[tuple[SlurmCluste
     version: str = request.param
     base = Path(tempfile.mkdtemp(prefix="sunkd-slurm-"))
     try:
-        # The hooks live in the cluster's directory: the root sees it at the same path.
-        hooks = Hooks(directory=base / "hooks", python="/usr/bin/python3",
-                      owner=root_user(version, "slurm") or (0, 0), chain=False)
+        # In the cluster's directory (the root sees it at the same path), run with the
+        # root's python3 as its SlurmUser, on slurm.conf lines of their own.
+        hooks = Hooks.for_slurm(version, base, chain=False)
         for cluster in start_cluster(NODES, partitions={"gpu": NODES}, version=version,
                                      base_dir=base, extra_conf=hooks.conf_lines):
             yield cluster, hooks
