@@ -191,7 +191,7 @@ def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
         return True
     slurm = node.slurm
     assert slurm is not None
-    if not drain_requested(slurm):
+    if "DRAIN" not in slurm.flags:
         if not (found.kind in (MISSING, TERMINATING) and slurms_own_down(slurm)):
             if not foreign_word(slurm, node.drain_mark):
                 planner.ensure(
@@ -199,6 +199,8 @@ def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
                     f"repair: {found.why}: drain the node first",
                     (Label("reason", f"{wk.REASON_SLURMD_REPAIR} ({found.kind})"),))
             return True  # a DOWN that is someone's word: nothing (module docstring)
+    elif not drain_requested(slurm):
+        return True  # an UNDRAIN is pending: whose and why is not sunkd's to guess
     if slurm_busy(slurm):
         return True  # job steps may still run in the pod's cgroup
     if found.kind in (ENDED, UNREGISTERED):
