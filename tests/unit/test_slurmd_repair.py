@@ -151,7 +151,7 @@ def test_a_failed_or_unregistered_pod_is_drained_deleted_and_recreated(trouble: 
     else:  # slurmd lost Slurm: Running, Slurm not hearing it past the bound
         log.add(slurm_obs("n1", flags=("NOT_RESPONDING",)), 10.0)
         assert verbs(step(log, 20.0)) == []  # within the bound: starting, nothing yet
-        now = 4.0 + 121.0
+        now = 10.0 + 121.0  # the pod and Slurm not hearing it, both past the bound
     reason = repair_drain(log, now)
     log.add(slurm_obs("n1", state="DOWN", flags=("DRAIN", "NOT_RESPONDING"), reason=reason),
             now + 1)
@@ -167,16 +167,28 @@ def test_a_failed_or_unregistered_pod_is_drained_deleted_and_recreated(trouble: 
     registered_and_undrained(log, reason, now + 5)
 
 
+def test_a_long_running_pod_that_slurm_briefly_misses_is_left_alone() -> None:
+    """A slurmctld restart or a short loss of contact: the pod has run for long, but Slurm
+    has not missed it for the bound yet."""
+    log = brought_up()
+    log.add(slurm_obs("n1", flags=("NOT_RESPONDING",)), 1000.0)
+    assert verbs(step(log, 1100.0)) == []
+    log.add(slurm_obs("n1"), 1101.0)
+    assert verbs(step(log, 1300.0)) == []
+    log.add(slurm_obs("n1", flags=("NOT_RESPONDING",)), 1301.0)
+    assert verbs(step(log, 1430.0)) == [VERB_DRAIN]
+
+
 def test_a_job_still_allocated_keeps_the_delete_waiting() -> None:
     log = brought_up()
     log.add(slurm_obs("n1", state="MIXED", flags=("NOT_RESPONDING",), alloc_cpus=4), 10.0)
-    reason = repair_drain(log, 130.0)
+    reason = repair_drain(log, 135.0)
     log.add(slurm_obs("n1", state="MIXED", flags=("DRAIN", "NOT_RESPONDING"), reason=reason,
-                      alloc_cpus=4), 131.0)
-    assert verbs(step(log, 132.0)) == []
+                      alloc_cpus=4), 136.0)
+    assert verbs(step(log, 137.0)) == []
     log.add(slurm_obs("n1", state="DOWN", flags=("DRAIN", "NOT_RESPONDING"), reason=reason),
-            133.0)
-    assert verbs(step(log, 134.0)) == [VERB_SLURMD_DELETE]
+            138.0)
+    assert verbs(step(log, 139.0)) == [VERB_SLURMD_DELETE]
 
 
 def test_a_foreign_drain_is_left_alone_and_the_pod_still_recreated() -> None:

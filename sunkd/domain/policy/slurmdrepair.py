@@ -4,9 +4,9 @@ With a Nodeset's `spec.slurmd`, a settled Slurm-owned node must run sunkd's slur
 Slurm must hear its slurmd. Three things break that: the pod is **missing** (someone
 deleted it, the node lost it), it **ended** (Failed or Succeeded: slurmd exited), or it
 runs **unregistered** (Running, or never Running, `REGISTER_BOUND_SECONDS` after it
-started or was created, and Slurm does not hear it). slurmctld keeps scheduling on a node
-until it misses its slurmd (NOT_RESPONDING, then DOWN after `SlurmdTimeout`,
-slurm.conf(5)), and a job sent there fails. So, in this order:
+started or was created, and Slurm has not heard the node for as long). slurmctld keeps
+scheduling on a node until it misses its slurmd (NOT_RESPONDING, then DOWN after
+`SlurmdTimeout`, slurm.conf(5)), and a job sent there fails. So, in this order:
 
 1. **drain first** with sunkd's reason (`wk.REASON_SLURMD_REPAIR`): no job lands while
    it repairs. Never over someone else's word (`ownership.foreign_word`): a node
@@ -144,7 +144,11 @@ def trouble(node: NodeState, nodeset_uid: str, now: float) -> Trouble | None:
         create = node.outcomes.get(CREATE)
         since = pod.started_at if pod.started_at is not None else (
             create.at if create is not None and create.succeeded else None)
-        if since is not None and now - since > REGISTER_BOUND_SECONDS:
+        # Slurm not hearing it for the bound too: a slurmctld restart or a short loss
+        # of contact with a pod that has run for long is no reason to repair anything.
+        unheard = node.slurm_unhealthy_since
+        if (since is not None and now - since > REGISTER_BOUND_SECONDS
+                and unheard is not None and now - unheard > REGISTER_BOUND_SECONDS):
             return Trouble(UNREGISTERED, f"slurmd pod {pod.namespace}/{pod.name} "
                            f"{pod.phase} {now - since:.0f} s and Slurm does not hear it", pod)
         return None
