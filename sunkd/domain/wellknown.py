@@ -87,3 +87,9 @@ NODESET_KIND = "Nodeset"  # kind in the slurmd pods' owner reference
 REASON_PREFIX = "sunkd:"  # any drain reason sunkd wrote
 REASON_LEND = "sunkd: lent to kubernetes"  # drain for a lend, followed by " [tx ID]"
 REASON_MIRROR = "sunkd: k8s "  # drain mirroring Kubernetes (NotReady, cordon), + the why
+# drain while sunkd repairs a Slurm-owned node's slurmd pod, + " (<what is wrong>)"
+REASON_SLURMD_REPAIR = "sunkd: slurmd pod repair"
+# The reason slurmctld gives a node it sets DOWN for not hearing its slurmd past
+# SlurmdTimeout (`node_not_resp`/`set_node_down` in src/slurmctld/node_mgr.c); the one
+# DOWN that ReturnToService=1 lifts on registration.
+SLURM_REASON_NOT_RESPONDING = "Not responding"

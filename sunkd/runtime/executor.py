@@ -15,6 +15,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.policy import (
     RETURN_TO_SERVICE_ARG,
     SLURMD_GONE_ARG,
+    SLURMD_REPAIR_ARG,
     VERB_DRAIN,
     VERB_EVICT,
     VERB_HOLD,
@@ -89,8 +90,12 @@ class ActuatorExecutor:
                     action.node, out_of_contact=_arg(action, SLURMD_GONE_ARG) == "1")
             if action.verb == VERB_SLURMD_DELETE:
                 # Killing slurmd under a job leaves the node busy until SlurmdTimeout: ask
-                # Slurm right before.
-                await self._check_drained(action.node, "delete the slurmd pod of")
+                # Slurm right before. A repair's delete (a Failed or unregistered pod:
+                # Slurm does not hear that slurmd) accepts the node out of contact, never
+                # without DRAIN or with an allocation.
+                await self._check_drained(
+                    action.node, "delete the slurmd pod of",
+                    out_of_contact=_arg(action, SLURMD_REPAIR_ARG) == "1")
             return await self._kubernetes(action, k8s_name)
         raise ActionError(f"unknown side {action.side!r}", retryable=False)
 

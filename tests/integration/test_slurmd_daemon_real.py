@@ -14,7 +14,10 @@ nodes from slurmrestd. The harness is test_slurmd_pods_real.py's. The cycle:
 - node1 stays lent while Slurm no longer hears it (DOWN), without sunkd's hold taint;
 - an idle node2 pinned to Kubernetes is lent (figure: pin -> lent);
 - node1 pinned back to Slurm: the taint comes back, the pod is created, its slurmd
-  registers, the drain is lifted: IDLE again (figure: reclaim -> resumed).
+  registers, the drain is lifted: IDLE again (figure: reclaim -> resumed);
+- (22.05) someone deletes Slurm-owned node3's slurmd pod: sunkd drains node3, creates the
+  pod again, and lifts its drain once the new slurmd registered: IDLE, a job runs there
+  (figure: pod deleted -> IDLE through a new one).
 
 The figures are printed (`-s`) and recorded in docs/nodeset.md.
 """
@@ -284,6 +287,13 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
             # Never a hold on any node: the lent nodes' lost contact, Slurm's suffix on
             # sunkd's reason and polls read before sunkd's own undrain are all sunkd's.
             assert '"verb": "cordon"' not in daemon.log.read_text(), daemon.tail()
+
+            # --- someone deletes Slurm-owned node3's slurmd pod (22.05: the repair is the
+            # same policy on every generation, and real kubelets are heavy): sunkd drains
+            # node3 first, creates the pod again, and lifts its drain once the new slurmd
+            # registered: IDLE again, in contact, tainted.
+            if (cluster.slurm_version or "").startswith("22.05"):
+                figures["repair"] = await _repair(cluster, plane, watch)
         finally:
             await daemon.stop()
             for node in SLURM_NODES:
@@ -301,7 +311,41 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
           f"{figures['job_end_to_pod_gone']} s, -> untainted "
           f"{figures['job_end_to_untainted']} s; pin -> lent {figures['pin_to_lent']} s; "
           f"reclaim -> undrained {figures['reclaim_to_undrained']} s, -> IDLE in contact "
-          f"{figures['reclaim_to_resumed']} s")
+          f"{figures['reclaim_to_resumed']} s"
+          + (f"; node3's pod deleted -> IDLE through a new one {figures['repair']} s"
+             if "repair" in figures else ""))
+
+
+async def _repair(cluster: SlurmCluster, plane: KubeControlPlane, watch: Watch) -> float:
+    """Delete node3's slurmd pod as someone else would; wait until node3 is IDLE through a
+    new slurmd of a new pod, having seen sunkd's drain on it before that pod registered."""
+    before = _slurmd_started(cluster, "node3")
+    assert _idle(await watch.flags("node3")) and watch.pod("node3") == "Running"
+    deleted = time.monotonic()
+    plane.kubectl("delete", "pod", "pods-node3", "--wait=false")
+    drained = False
+    while True:
+        watch.daemon.alive()
+        flags = await watch.flags("node3")
+        started = _slurmd_started(cluster, "node3")
+        if "DRAIN" in flags.split("+"):
+            drained = True
+            reason = cluster.scontrol("show", "node", "node3")
+            assert wk.REASON_SLURMD_REPAIR in reason, reason
+        if started not in ("", before):
+            assert drained, f"a new slurmd registered on node3 before sunkd's drain: {flags}"
+        if (started not in ("", before) and _idle(flags) and watch.pod("node3") == "Running"
+                and await watch.tainted("node3")):
+            break
+        assert time.monotonic() - deleted < 180, (
+            f"node3 not repaired in 180 s: {flags}\n{watch.daemon.tail()}")
+        await asyncio.sleep(0.1)
+    took = round(time.monotonic() - deleted, 2)
+    ran = cluster.sbatch(nodelist="node3", wrap="true")
+    await watch.until("a job runs on the repaired node3",
+                      lambda: not _job_running(cluster, ran), within=60)
+    assert not await watch.held("node3"), watch.daemon.tail()
+    return took
 
 
 async def _has(watch: Watch, node: str, word: str) -> bool:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from sunkd.domain.authorship import drain_shows
 from sunkd.domain.events import (
+    ActionFailed,
     ActionSucceeded,
     K8sNodesetObserved,
     K8sWorkloadObserved,
@@ -26,7 +27,7 @@ from sunkd.domain.events import (
     PodRef,
     SlurmdSpec,
 )
-from sunkd.domain.ownership import assess
+from sunkd.domain.ownership import assess, foreign_word, has_owner_taint, our_drain
 from sunkd.domain.policy import (
     VERB_DRAIN,
     VERB_HOLD,
@@ -36,6 +37,7 @@ from sunkd.domain.policy import (
     CompleteTransition,
     Decision,
     RequestAction,
+    StartTransition,
     decide,
     decision_to_event,
     effective_pools,
@@ -45,9 +47,10 @@ from sunkd.domain.policy.slurmd import (
     VERB_SLURMD_CREATE,
     VERB_SLURMD_DELETE,
 )
+from sunkd.domain.policy.slurmdrepair import slurms_own_down, trouble
 from sunkd.domain.ports import ActionError
 from sunkd.domain.slurmdgone import expected_out_of_contact, slurmd_gone
-from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
+from sunkd.domain.slurmnode import drain_requested, in_contact, slurm_busy, slurm_drained
 from sunkd.domain.state import OpenAction, Phase
 from sunkd.runtime.executor import ActuatorExecutor
 from sunkd.slurm.model import SlurmNode
@@ -426,3 +429,112 @@ def test_out_of_contact_is_sunkds_doing_only_without_allocation_or_foreign_word(
     if slurm.reason is not None and slurm.reason.endswith(" : Not responding") \
             and in_contact(slurm):
         assert node.drain_mark is None or not drain_shows(node.drain_mark, slurm)
+
+
+# ------------------------------------- the repair of a Slurm-owned node's slurmd pod
+
+
+def slurm_owned_with_pod() -> Log:
+    """n1 Slurm-owned; sunkd created its slurmd pod and the pod runs."""
+    log = _cluster(1)
+    log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(POOL_LABEL,),
+                               partitions=("gpu",), slurmd=SlurmdSpec(image="i")), 2.0)
+    create = step(log, 3.0)
+    assert verbs(create) == [VERB_SLURMD_CREATE], create
+    succeed(log, create, 3.1)
+    log.add(K8sWorkloadObserved(node="n1", pods=(own(started_at=4.0),)), 4.0)
+    return log
+
+
+REPAIR_PODS = st.sampled_from((
+    (), (), (own("Failed"),), (own(started_at=4.0),), (own(deleting=True),),
+    (own("Pending"),)))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_repair_never_writes_over_a_word_nor_touches_a_pod_under_a_job(
+    data: st.DataObject,
+) -> None:
+    """Rounds of the daemon over a Slurm-owned node whose pod comes and goes, with any
+    Slurm state, reason (sunkd's repair drain, an administrator's, Slurm's own "Not
+    responding", a copy of sunkd's words), allocation, pods (foreign, impostors, unknown)
+    and Node (NotReady, untainted, pinned to Kubernetes), and actions that succeed or
+    fail: a drain only where no one else's word is; a pod deleted or created only under
+    DRAIN (or Slurm's own DOWN for a create) with nothing allocated, on known pods, with
+    the owner taint and no foreign pod; a resume only of a drain sunkd's log proves; no
+    lend of a node whose pod is wrong."""
+    log = slurm_owned_with_pod()
+    now, drained_with = 10.0, ""
+    for _ in range(data.draw(st.integers(1, 6))):
+        kind = data.draw(st.sampled_from(("ours", "ours", "slurms-down", "any", "any")))
+        if kind == "ours" and drained_with:  # sunkd's repair drain shows, maybe registered
+            log.add(slurm_obs("n1", state=data.draw(st.sampled_from(("IDLE", "DOWN"))),
+                              flags=("DRAIN", *data.draw(st.sampled_from(
+                                  ((), ("NOT_RESPONDING",))))),
+                              reason=drained_with,
+                              alloc_cpus=data.draw(st.sampled_from((0, 0, 0, 4)))), now)
+        elif kind == "slurms-down":  # slurmctld's own DOWN for not hearing slurmd
+            log.add(slurm_obs("n1", state="DOWN", flags=("NOT_RESPONDING",),
+                              reason="Not responding"), now)
+        else:
+            reason = data.draw(st.sampled_from((
+                None, "bad DIMM", "Not responding", "sunkd: copied by hand",
+                drained_with or None)))
+            flags = set(data.draw(st.sets(st.sampled_from(FLAGS))))
+            log.add(slurm_obs("n1", state=data.draw(st.sampled_from(("IDLE", "DOWN", *STATES))),
+                              flags=tuple(sorted(flags)), reason=reason,
+                              alloc_cpus=data.draw(st.sampled_from((0, 0, 0, 4)))), now)
+        if data.draw(st.integers(0, 4)) == 0:
+            log.add(k8s_obs("n1", ready=data.draw(st.sampled_from((True, True, False))),
+                            tainted=data.draw(st.sampled_from((True, True, False))),
+                            pin=data.draw(st.sampled_from((None, None, "kubernetes")))), now)
+        pods = data.draw(REPAIR_PODS | REPAIR_PODS | pods_seen())
+        log.add(K8sWorkloadObserved(node="n1", pods=pods,
+                                    complete=data.draw(st.sampled_from((True, True, False)))),
+                now)
+        now += data.draw(st.sampled_from((0.5, 1.0, 40.0, 130.0, 700.0)))
+        state = log.state()
+        node = state.nodes["n1"]
+        slurm = node.slurm
+        assert slurm is not None
+        wrong = trouble(node, UID, now)
+        decisions = step(log, now)
+        event(f"verbs={sorted(verbs(decisions))}")
+        for decision in decisions:
+            if isinstance(decision, StartTransition):
+                assert not (decision.to_owner == "kubernetes" and wrong is not None)
+        for action in requests(decisions):
+            args = {label.key: label.value for label in action.args}
+            if action.verb == VERB_DRAIN:
+                assert "DRAIN" not in slurm.flags and not foreign_word(slurm, node.drain_mark)
+                assert args["reason"].startswith("sunkd:")
+                drained_with = args["reason"]
+            if action.verb == VERB_RESUME:
+                assert our_drain(node)
+            if action.verb in (VERB_SLURMD_CREATE, VERB_SLURMD_DELETE) \
+                    and node.transition is None:
+                assert node.pods is not None and not slurm_busy(slurm)
+                assert not assess(state, node, now).k8s_holds
+                if action.verb == VERB_SLURMD_DELETE:
+                    assert drain_requested(slurm)
+                    assert any(p.uid == args["pod_uid"] and p.slurmd == "n1"
+                               and p.slurmd_nodeset == UID for p in node.pods)
+                else:
+                    assert drain_requested(slurm) or slurms_own_down(slurm)
+                    assert has_owner_taint(node.k8s)
+                    assert not any(p.phase not in ("Succeeded", "Failed")
+                                   for p in node.pods)  # none of sunkd's, none foreign
+        for action in requests(decisions):
+            if data.draw(st.integers(0, 3)):
+                log.add(ActionSucceeded(action_id=action.action_id,
+                                        transition_id=action.transition_id, side=action.side,
+                                        verb=action.verb, node=action.node,
+                                        attempt=action.attempt), now + 0.1)
+            else:
+                log.add(ActionFailed(action_id=action.action_id,
+                                     transition_id=action.transition_id, side=action.side,
+                                     verb=action.verb, node=action.node,
+                                     attempt=action.attempt, error="adversary",
+                                     retryable=data.draw(st.booleans())), now + 0.1)
+        now += 0.5

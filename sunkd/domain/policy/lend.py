@@ -142,6 +142,7 @@ def can_lend(planner: Planner, node: NodeState, assessment: Assessment) -> bool:
         assessment.phase == Phase.SLURM
         and node.transition is None
         and node.name not in planner.touched
+        and node.name not in planner.repairing  # its slurmd pod is being repaired
         and not node.open_actions
         and slurm is not None
         and k8s is not None

@@ -47,6 +47,10 @@ VERB_UNLOCK = "unlock"  # kubernetes: remove that taint, label sunkd.io/owner=ku
 # An unlock's arg when sunkd's slurmd pod is gone (`slurmdgone.slurmd_gone`): the executor
 # then accepts Slurm not hearing the node, still never an allocation.
 SLURMD_GONE_ARG = "slurmd_gone"
+# A slurmd-delete's arg when it repairs a Slurm-owned node's failed or unregistered pod
+# (`policy/slurmdrepair.py`): Slurm does not hear that slurmd, so the executor accepts the
+# node out of contact, still only under DRAIN and never with an allocation.
+SLURMD_REPAIR_ARG = "slurmd_repair"
 # A resume's arg when sunkd's slurmd pod registered on a node Slurm left DOWN under sunkd's
 # drain (`slurmdgone.slurmd_registered`): the actuator returns exactly that DOWN to service.
 RETURN_TO_SERVICE_ARG = "return_to_service"

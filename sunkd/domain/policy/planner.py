@@ -79,6 +79,7 @@ class Planner:
         self.ended: set[str] = set()  # transition ids completed or aborted this round
         self.aborted: set[str] = set()  # the aborted ones among them
         self.busy_sides: set[tuple[str, str]] = set()
+        self.repairing: set[str] = set()  # nodes whose slurmd pod is being repaired: no lend
 
     # ids: unique per log position, identical on replay
     def _transition_id(self) -> str:
@@ -97,9 +98,12 @@ class Planner:
         reason: str,
         args: tuple[Label, ...] = (),
         transition_id: str | None = None,
+        min_attempt: int = 1,
     ) -> str:
         """Request `verb` unless it is open, just succeeded (awaiting its observation)
-        or in backoff. The caller has already checked the world is not as wanted."""
+        or in backoff. The caller has already checked the world is not as wanted.
+        `min_attempt`: the attempt number the caller counts (a slurmd pod's repair counts
+        its recreates, `policy/slurmdrepair.py`); the log keeps it with the outcome."""
         if (node.name, side) in self.busy_sides or node.open_action_on(side) is not None:
             return _WAITING
         attempt = 1
@@ -124,6 +128,7 @@ class Planner:
                 attempt = outcome.attempt + 1
                 if self.now < outcome.at + REFUSED_RETRY_SECONDS:
                     return _WAITING
+        attempt = max(attempt, min_attempt)
         if side == wk.OWNER_KUBERNETES:
             args = (Label("k8s_node", node.k8s_name or node.name), *args)
         self.decisions.append(

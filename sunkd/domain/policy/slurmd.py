@@ -208,7 +208,7 @@ def _node_steps(nodeset: SlurmdNodeset, node: SlurmdNode, now: float) -> list[Sl
     ended = [p for p in own if p.phase in _DONE]
     if ended:
         return _wait(node, f"slurmd pod {ended[0].key} {ended[0].phase}: "
-                     "repair is not built yet")
+                     "left to the repair (policy/slurmdrepair.py)")
     if not node.owner_taint:
         return _wait(node, "waiting for the owner taint before creating the slurmd pod")
     foreign = foreign_pods(node.pods, nodeset, node.name)
@@ -237,7 +237,7 @@ def _running_reason(pod: SeenPod, slurm: SlurmNodeObserved | None, now: float) -
     if pod.phase == "Running" and pod.started_at is not None \
             and now - pod.started_at > REGISTER_BOUND_SECONDS:
         return (f"slurmd pod {pod.key} unregistered {now - pod.started_at:.0f} s after it "
-                f"started ({_state(slurm)}): repair is not built yet")
+                f"started ({_state(slurm)}): left to the repair (policy/slurmdrepair.py)")
     return f"slurmd pod {pod.key} starting ({_state(slurm)})"
 
 

@@ -1,0 +1,261 @@
+"""Repair of a Slurm-owned node's slurmd pod: drain, delete, recreate with backoff, undrain.
+
+With a Nodeset's `spec.slurmd`, a settled Slurm-owned node must run sunkd's slurmd pod and
+Slurm must hear its slurmd. Three things break that: the pod is **missing** (someone
+deleted it, the node lost it), it **ended** (Failed or Succeeded: slurmd exited), or it
+runs **unregistered** (Running, or never Running, `REGISTER_BOUND_SECONDS` after it
+started or was created, and Slurm has not heard the node for as long). slurmctld keeps
+scheduling on a node until it misses its slurmd (NOT_RESPONDING, then DOWN after
+`SlurmdTimeout`, slurm.conf(5)), and a job sent there fails. So, in this order:
+
+1. **drain first** with sunkd's reason (`wk.REASON_SLURMD_REPAIR`): no job lands while
+   it repairs. Never over someone else's word (`ownership.foreign_word`): a node
+   someone else drained is already kept free of jobs (DRAIN survives a registration
+   under every ReturnToService, slurm.conf(5)), so the repair goes on without writing
+   to Slurm; a DOWN someone else set without DRAIN is left alone altogether (under
+   ReturnToService=2 a registering slurmd returns any DOWN node to service, so a new pod
+   would undo an administrator's DOWN). One DOWN without DRAIN is not anyone's word:
+   slurmctld's own for not hearing the slurmd (reason `Not responding`, the node
+   NOT_RESPONDING), which is what a returning slurmd is meant to lift; no job lands on a
+   DOWN node, and a missing pod is recreated there without a drain (sunkd could not
+   write one: its actuator never writes over a reason that is not sunkd's).
+2. **delete** an ended or unregistered pod, only under DRAIN and with nothing allocated
+   (a slurmd out of contact may still have job steps in its cgroup: slurmctld's
+   allocation says so until it gives up on the node). The delete carries
+   `SLURMD_REPAIR_ARG`: the executor asks Slurm again right before and accepts the node
+   out of contact, never without DRAIN or with an allocation.
+3. **recreate** once no pod of sunkd's is left (a terminating one is waited for), with
+   the owner taint on and no foreign pod running (the slurmd actuator checks both again),
+   and with exponential backoff: a create less than `REPAIR_RESET_SECONDS` after the
+   node's previous one is attempt `previous + 1`, sent `repair_delay(attempt)` after it.
+   The count is the create's attempt in the log (`ActionOutcome.attempt`), so a
+   restarted sunkd backs off the same.
+4. **undrain** sunkd's repair drain once the new slurmd registered
+   (`slurmdgone.slurmd_registered`), with `RETURN_TO_SERVICE_ARG` when Slurm left the
+   node DOWN under it (it registers as DOWN+DRAIN: ReturnToService=1 lifts only a
+   `Not responding` DOWN, `validate_node_specs` in src/slurmctld/node_mgr.c).
+
+Out of contact past `UNHEALTHY_GRACE_SECONDS`, the node is HELD meanwhile (the hold is
+mirrored as usual); the repair still runs then, as long as nothing else holds it: no
+Kubernetes hold (NotReady, a cordon, a foreign hold taint), no conflict, no GRES problem,
+both sources fresh and the pods known (unknown is never "no pod"). A node whose pod is
+under repair is never lent (`Planner.repairing`, `lend.can_lend`).
+
+A node that never had a pod of sunkd's (no slurmd-create in its log) gets its first one
+from the plan (`policy/slurmd.py`) as before, without a drain.
+
+Pure: no I/O; `planner.now` is the time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sunkd.domain import wellknown as wk
+from sunkd.domain.events import Label, PodRef, SlurmNodeObserved
+from sunkd.domain.ownership import Assessment, foreign_word, has_owner_taint, no_pods, our_drain
+from sunkd.domain.policy.model import (
+    RETURN_TO_SERVICE_ARG,
+    SLURMD_REPAIR_ARG,
+    VERB_DRAIN,
+    VERB_RESUME,
+)
+from sunkd.domain.policy.planner import Planner, expected_drain
+from sunkd.domain.policy.slurmd import (
+    VERB_SLURMD_CREATE,
+    VERB_SLURMD_DELETE,
+    SlurmdNodeset,
+    SlurmdStep,
+    pod_name,
+    slurmd_args,
+)
+from sunkd.domain.slurmdgone import (
+    CREATE,
+    REGISTER_BOUND_SECONDS,
+    own_slurmd_pods,
+    slurmd_registered,
+)
+from sunkd.domain.slurmnode import drain_requested, slurm_busy
+from sunkd.domain.state import NodeState
+
+# The second create of a row waits this long after the first, each next one twice as
+# long, up to REPAIR_BACKOFF_MAX_SECONDS. The base is the policy's wait for an
+# observation after a success (model.OBSERVATION_CATCHUP_SECONDS), which holds back any
+# sooner second create anyway.
+REPAIR_BACKOFF_BASE_SECONDS = 60.0
+REPAIR_BACKOFF_MAX_SECONDS = 960.0
+# A create this long after the node's previous one starts the count again (the pod lived).
+REPAIR_RESET_SECONDS = 1800.0
+
+_DONE = frozenset({"Succeeded", "Failed"})
+MISSING = "missing"
+TERMINATING = "terminating"
+ENDED = "ended"
+UNREGISTERED = "unregistered"
+
+
+@dataclass(frozen=True, slots=True)
+class Trouble:
+    """What is wrong with the node's slurmd pod; `pod` is the one to delete."""
+
+    kind: str  # MISSING, TERMINATING, ENDED, UNREGISTERED
+    why: str
+    pod: PodRef | None = None
+
+
+def repair_delay(attempt: int) -> float:
+    """Seconds between the previous create and attempt number `attempt` (1: none)."""
+    if attempt <= 1:
+        return 0.0
+    return float(min(REPAIR_BACKOFF_BASE_SECONDS * 2.0 ** (attempt - 2),
+                     REPAIR_BACKOFF_MAX_SECONDS))
+
+
+def repair_attempt(node: NodeState, now: float) -> int:
+    """This create's number in the node's row of recent creates, from the log alone."""
+    last = node.outcomes.get(CREATE)
+    if last is None or now - last.at >= REPAIR_RESET_SECONDS:
+        return 1
+    return last.attempt + 1
+
+
+def is_repair_drain(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(wk.REASON_SLURMD_REPAIR)
+
+
+def slurms_own_down(slurm: SlurmNodeObserved) -> bool:
+    """DOWN because slurmctld stopped hearing the node's slurmd, nobody's word: its own
+    reason, NOT_RESPONDING, no DRAIN (module docstring, step 1)."""
+    return (slurm.state.upper() == "DOWN" and "NOT_RESPONDING" in slurm.flags
+            and "DRAIN" not in slurm.flags and slurm.reason == wk.SLURM_REASON_NOT_RESPONDING)
+
+
+def trouble(node: NodeState, nodeset_uid: str, now: float) -> Trouble | None:
+    """What is wrong with the node's slurmd pod of the Nodeset `nodeset_uid` (None:
+    nothing the repair mends; two live pods are the plan's to report)."""
+    pods = own_slurmd_pods(node, nodeset_uid)
+    live = [p for p in pods if not p.deleting and p.phase not in _DONE]
+    if len(live) > 1:
+        return None
+    if live:
+        pod = live[0]
+        if slurmd_registered(node, nodeset_uid):
+            return None
+        create = node.outcomes.get(CREATE)
+        since = pod.started_at if pod.started_at is not None else (
+            create.at if create is not None and create.succeeded else None)
+        # Slurm not hearing it for the bound too: a slurmctld restart or a short loss
+        # of contact with a pod that has run for long is no reason to repair anything.
+        unheard = node.slurm_unhealthy_since
+        if (since is not None and now - since > REGISTER_BOUND_SECONDS
+                and unheard is not None and now - unheard > REGISTER_BOUND_SECONDS):
+            return Trouble(UNREGISTERED, f"slurmd pod {pod.namespace}/{pod.name} "
+                           f"{pod.phase} {now - since:.0f} s and Slurm does not hear it", pod)
+        return None
+    ended = [p for p in pods if not p.deleting and p.phase in _DONE]
+    if ended:
+        pod = ended[0]
+        return Trouble(ENDED, f"slurmd pod {pod.namespace}/{pod.name} {pod.phase}", pod)
+    if node.outcomes.get(CREATE) is None and not _repair_drain_shows(node):
+        return None  # never had one: the plan creates the first (no repair)
+    if any(p.deleting for p in pods):
+        return Trouble(TERMINATING, "slurmd pod terminating (not deleted by a lend)")
+    return Trouble(MISSING, "slurmd pod missing")
+
+
+def _repair_drain_shows(node: NodeState) -> bool:
+    slurm = node.slurm
+    return slurm is not None and is_repair_drain(slurm.reason) and our_drain(node)
+
+
+def _may_repair(node: NodeState, assessment: Assessment) -> bool:
+    """Nothing but Slurm not hearing the node (or someone's drain) holds it, and what runs
+    there is known."""
+    return (assessment.actionable and not assessment.k8s_holds and not assessment.conflicts
+            and assessment.gres_problem is None and node.slurm is not None
+            and node.k8s is not None and node.pods is not None)
+
+
+def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
+                assessment: Assessment) -> bool:
+    """One round of the repair on a node of the Nodeset's pool. True when the node's
+    slurmd pod is the repair's this round (the plan leaves the node alone)."""
+    if node.owner != wk.OWNER_SLURM or node.transition is not None:
+        return False
+    found = trouble(node, nodeset.uid, planner.now)
+    if found is None:
+        if _repair_drain_shows(node):
+            if _may_repair(node, assessment):
+                _undrain(planner, node, nodeset)
+            planner.repairing.add(node.name)
+            return True
+        return False
+    planner.repairing.add(node.name)
+    if not _may_repair(node, assessment):
+        return True
+    slurm = node.slurm
+    assert slurm is not None
+    if "DRAIN" not in slurm.flags:
+        if not (found.kind in (MISSING, TERMINATING) and slurms_own_down(slurm)):
+            if not foreign_word(slurm, node.drain_mark):
+                planner.ensure(
+                    node, wk.OWNER_SLURM, VERB_DRAIN,
+                    f"repair: {found.why}: drain the node first",
+                    (Label("reason", f"{wk.REASON_SLURMD_REPAIR} ({found.kind})"),))
+            return True  # a DOWN that is someone's word: nothing (module docstring)
+    elif not drain_requested(slurm):
+        return True  # an UNDRAIN is pending: whose and why is not sunkd's to guess
+    if slurm_busy(slurm):
+        return True  # job steps may still run in the pod's cgroup
+    if found.kind in (ENDED, UNREGISTERED):
+        if drain_requested(slurm):
+            _delete(planner, node, nodeset, found)
+        return True
+    if found.kind == MISSING:
+        _create(planner, node, nodeset, found)
+    return True
+
+
+def _delete(planner: Planner, node: NodeState, nodeset: SlurmdNodeset, found: Trouble) -> None:
+    pod = found.pod
+    assert pod is not None
+    step = SlurmdStep(node.name, VERB_SLURMD_DELETE, f"repair: {found.why}: delete it",
+                      node.k8s_name or node.name, f"{pod.namespace}/{pod.name}", pod.uid)
+    planner.ensure(node, wk.OWNER_KUBERNETES, VERB_SLURMD_DELETE, step.reason,
+                   (*slurmd_args(step, nodeset), Label(SLURMD_REPAIR_ARG, "1")))
+
+
+def _create(planner: Planner, node: NodeState, nodeset: SlurmdNodeset, found: Trouble) -> None:
+    pods = node.pods or ()
+    foreign = [p for p in pods if p.phase not in _DONE
+               and not (p.slurmd == node.name and p.slurmd_nodeset == nodeset.uid)]
+    if not has_owner_taint(node.k8s) or foreign:
+        return  # the owner taint first, foreign pods gone (as for the plan's create)
+    attempt = repair_attempt(node, planner.now)
+    last = node.outcomes.get(CREATE)
+    if (last is not None and last.succeeded
+            and planner.now < last.at + repair_delay(attempt)):
+        return  # backing off
+    step = SlurmdStep(node.name, VERB_SLURMD_CREATE,
+                      f"repair: {found.why}: create it again (attempt {attempt})",
+                      node.k8s_name or node.name,
+                      f"{nodeset.namespace}/{pod_name(nodeset.name, node.name)}")
+    planner.ensure(node, wk.OWNER_KUBERNETES, VERB_SLURMD_CREATE, step.reason,
+                   slurmd_args(step, nodeset), min_attempt=attempt)
+
+
+def _undrain(planner: Planner, node: NodeState, nodeset: SlurmdNodeset) -> None:
+    """sunkd's repair drain goes once the new slurmd registered, the owner taint is on and
+    no pod runs beside it (as a reclaim's resume)."""
+    slurm = node.slurm
+    assert slurm is not None
+    if (slurm_busy(slurm) or not slurmd_registered(node, nodeset.uid)
+            or not has_owner_taint(node.k8s) or not no_pods(node)):
+        return
+    down = slurm.state.upper() == "DOWN"
+    planner.ensure(
+        node, wk.OWNER_SLURM, VERB_RESUME,
+        "repair: the new slurmd registered; Slurm left the node DOWN under sunkd's drain: "
+        "return it to service" if down else "repair: the new slurmd registered: undrain",
+        (*expected_drain(slurm), Label(RETURN_TO_SERVICE_ARG, "1")) if down
+        else expected_drain(slurm))
