@@ -11,6 +11,7 @@ ok; `nodeset_facts` and `render` are pure.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,20 +90,20 @@ async def read_slurm(nodes: list[str] | None, nodes_error: str | None = None,
     """`scontrol show config` and `scontrol show partition -o`; `nodes` as slurmrestd gave
     them to the doctor (None, with `nodes_error`, when that read failed)."""
     errors = [nodes_error] if nodes is None and nodes_error else []
-    config: dict[str, str] | None = None
-    partitions: dict[str, Partition] | None = None
-    try:
-        config = parse_show_config(await run_scontrol(
-            scontrol, ["show", "config"], what="read slurmctld's configuration", env=env,
-            limit=15))
-    except ActionError as error:
-        errors.append(str(error))
-    try:
-        partitions = parse_show_partitions(await run_scontrol(
-            scontrol, ["show", "partition", "-o"], what="read slurmctld's partitions",
-            env=env, limit=15))
-    except ActionError as error:
-        errors.append(str(error))
+
+    async def read(args: list[str], what: str) -> str | None:
+        try:
+            return await run_scontrol(scontrol, args, what=what, env=env, limit=15)
+        except ActionError as error:
+            errors.append(str(error))
+            return None
+
+    # Both at once: with slurmctld down each waits out scontrol's own retries.
+    shown, listed = await asyncio.gather(
+        read(["show", "config"], "read slurmctld's configuration"),
+        read(["show", "partition", "-o"], "read slurmctld's partitions"))
+    config = None if shown is None else parse_show_config(shown)
+    partitions = None if listed is None else parse_show_partitions(listed)
     return SlurmReads(config, partitions, nodes, tuple(errors))
 
 
