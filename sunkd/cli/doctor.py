@@ -3,9 +3,11 @@
 The first thing an operator does after configuring sunkd is to ask "does it see my
 cluster the way Slurm does?". This answers with the Slurm release, the negotiated REST
 version, the auth mode, whether node updates go through REST or the scontrol fallback,
-and a table of normalized nodes (the same model the daemon decides on). It exits
-non-zero with a precise message (auth hint, unreachable URL, malformed field) when
-something is wrong.
+and a table of normalized nodes (the same model the daemon decides on). For every
+Nodeset that runs slurmd pods (`spec.slurmd`) it checks what slurm.conf must hold and
+prints the lines to add (`cli/doctor_nodesets.py`). It exits non-zero with a precise
+message (auth hint, unreachable URL, malformed field, a missing or unknown slurm.conf
+line for such a Nodeset) when something is wrong.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from sunkd.cli.doctor_nodesets import SlurmReads, nodesets_report, read_slurm, render
 from sunkd.cli.text import printable
 from sunkd.domain.ports import ActionError
 from sunkd.runtime.config import Settings
@@ -38,6 +41,7 @@ class SlurmReport:
     nodes: list[SlurmNode]
     # Every node slurmctld has, whatever `slurm.partitions` shows (MaxNodeCount counts all).
     slurm_nodes: int = 0
+    slurm_node_names: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,7 +87,7 @@ async def slurm_report(settings: Settings) -> SlurmReport:
     client = SlurmRestClient.from_settings(settings.slurm)
     try:
         await client.negotiate()
-        nodes = await client.get_nodes()
+        nodes = every_node = await client.get_nodes()
         every = len(nodes)
         partitions = settings.slurm.partitions
         if partitions:
@@ -96,6 +100,7 @@ async def slurm_report(settings: Settings) -> SlurmReport:
             node_updates=_update_path(client),
             nodes=nodes,
             slurm_nodes=every,
+            slurm_node_names=tuple(n.name for n in every_node),
         )
     finally:
         await client.close()
@@ -151,10 +156,21 @@ def _table(nodes: list[SlurmNode]) -> list[str]:
     ]
 
 
-async def kubernetes_report(settings: Settings) -> dict[str, Any]:
+@dataclass
+class KubeRead:
+    """The API server's answers the doctor reports (`report`) and the objects the Nodeset
+    checks read (`nodesets` None: the CRD is not installed)."""
+
+    report: dict[str, Any]
+    nodes: list[dict[str, Any]]
+    nodesets: list[dict[str, Any]] | None
+
+
+async def kubernetes_report(settings: Settings) -> KubeRead:
     """Reach the API server with sunkd's own credentials (loaded by kubernetes-asyncio, as
     the daemon loads them): its version, how sunkd authenticates, the nodes sunkd would
-    watch, and whether the Nodeset CRD is installed."""
+    watch, and whether the Nodeset CRD is installed; the Nodes and Nodesets themselves
+    for the Nodeset checks."""
     from sunkd.kubernetes.client import NODES, NODESETS, KubeApiError, KubeClient
 
     kubeconfig = settings.kubernetes.kubeconfig
@@ -164,16 +180,27 @@ async def kubernetes_report(settings: Settings) -> dict[str, Any]:
         version = await client.request("GET", "/version")
         nodes, _ = await client.list(NODES)
         try:
-            nodesets: int | None = len((await client.list(NODESETS))[0])
+            nodesets: list[dict[str, Any]] | None = list((await client.list(NODESETS))[0])
         except KubeApiError as error:
             if error.status != 404:
                 raise
             nodesets = None
-        return {"server": client.host, "version": (version or {}).get("gitVersion"),
-                "auth": client.endpoint.credentials.source,
-                "nodes": len(nodes), "nodesets": nodesets}
+        return KubeRead(
+            {"server": client.host, "version": (version or {}).get("gitVersion"),
+             "auth": client.endpoint.credentials.source,
+             "nodes": len(nodes), "nodesets": None if nodesets is None else len(nodesets)},
+            list(nodes), nodesets)
     finally:
         await client.close()
+
+
+async def _nodesets(read: KubeRead, slurm_names: list[str] | None,
+                    slurm_error: str | None) -> dict[str, Any]:
+    """The checks of every Nodeset with `spec.slurmd` (none: nothing read from Slurm)."""
+    if not any((n.get("spec") or {}).get("slurmd") is not None for n in read.nodesets or ()):
+        return nodesets_report([], read.nodes, SlurmReads(None, None, None))
+    slurm = await read_slurm(slurm_names, slurm_error)
+    return nodesets_report(read.nodesets or [], read.nodes, slurm)
 
 
 async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
@@ -182,6 +209,9 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
     result: dict[str, Any] = {}
     failed = False
     lines: list[str] = []
+    # What slurmrestd said of the nodes, for the Nodeset checks (None: not read, and why).
+    slurm_names: list[str] | None = None
+    slurm_error: str | None = "slurm.url is not set"
     if not settings.slurm.url:
         message = "slurm.url is not set: nothing to check (http://host:port or unix:/path)"
         result["slurm"] = {"ok": False, "error": message}
@@ -205,10 +235,12 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
             if isinstance(error, RecursionError):
                 message = "slurmrestd answered JSON nested too deeply to decode"
             failed = True
+            slurm_error = f"slurmrestd: {message}"
             result["slurm"] = {"ok": False, "cause": kind, "error": message}
             lines.append(f"slurm: FAILED ({kind}): {message}\n")
         else:
             result["slurm"] = report.as_dict()
+            slurm_names, slurm_error = list(report.slurm_node_names), None
             lines.append(
                 f"slurm: OK\n"
                 f"  url:            {report.url}\n"
@@ -225,12 +257,13 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
             lines.extend(line + "\n" for line in _slurmd_lines(slurmd))
     if settings.kubernetes.enabled:
         try:
-            kube = await kubernetes_report(settings)
+            read = await kubernetes_report(settings)
         except Exception as error:  # config, TLS, auth, network: all are findings here
             failed = True
             result["kubernetes"] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
             lines.append(f"\nkubernetes: FAILED: {type(error).__name__}: {error}\n")
         else:
+            kube = read.report
             result["kubernetes"] = kube
             crd = (f"{kube['nodesets']}" if kube["nodesets"] is not None else
                    "the Nodeset CRD is not installed (kubectl apply -f manifests/crds/)")
@@ -239,6 +272,12 @@ async def doctor(settings: Settings, *, as_json: bool, out: TextIO) -> int:
                          f"  auth:           {kube['auth']}\n"
                          f"  nodes:          {kube['nodes']}\n"
                          f"  nodesets:       {crd}\n")
+            if read.nodesets is not None:
+                checked = await _nodesets(read, slurm_names, slurm_error)
+                result["nodesets"] = checked
+                failed = failed or not checked["ok"]
+                lines.append("\n")
+                lines.extend(line + "\n" for line in render(checked))
     configured = bool(settings.slurm.url) or settings.kubernetes.enabled
     if as_json:
         out.write(json.dumps({"ok": configured and not failed and bool(settings.slurm.url),

@@ -615,6 +615,14 @@ def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
     )
 
 
+def slurm_node_name(name: str, labels: Mapping[str, Any], node_name_label: str | None
+                    ) -> str:
+    """The Slurm name of Kubernetes Node `name`: its Nodeset's `nodeNameLabel` when set
+    and present, else sunkd's `sunkd.io/slurm-node-name` label, else the Node's name."""
+    named = str(labels.get(node_name_label) or "") if node_name_label else ""
+    return named or str(labels.get(wk.LABEL_SLURM_NODE_NAME) or "") or name
+
+
 def workload_selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
     """metav1.LabelSelector (matchLabels + matchExpressions) or a plain label map.
 

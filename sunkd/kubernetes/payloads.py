@@ -30,7 +30,13 @@ from sunkd.domain.gres import expected_gres
 from sunkd.kubernetes.client import JSON
 from sunkd.kubernetes.listwatch import ListWatch
 from sunkd.kubernetes.nodesetview import NodesetView
-from sunkd.kubernetes.normalize import GPU_RESOURCE, PodFacts, clean_text, node_quantity
+from sunkd.kubernetes.normalize import (
+    GPU_RESOURCE,
+    PodFacts,
+    clean_text,
+    node_quantity,
+    slurm_node_name,
+)
 from sunkd.kubernetes.podindex import PodIndex
 
 log = structlog.get_logger("sunkd.kubernetes.source")
@@ -71,10 +77,7 @@ class Payloads:
             if condition.get("type") == "Ready":
                 ready = {"True": True, "False": False}.get(str(condition.get("status")))
         pool = self.view.pool_of(labels, nodesets)
-        slurm_node = ""
-        if pool is not None and pool.node_name_label:
-            slurm_node = str(labels.get(pool.node_name_label) or "")
-        slurm_node = slurm_node or str(labels.get(wk.LABEL_SLURM_NODE_NAME) or "") or name
+        slurm_node = slurm_node_name(name, labels, pool.node_name_label if pool else None)
         allocatable = status.get("allocatable") or {}
         taints = tuple(
             sorted(

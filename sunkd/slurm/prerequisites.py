@@ -45,18 +45,26 @@ def parse_show_config(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One prerequisite: met or not, what slurmctld reports, and the line to add."""
+    """One prerequisite: met or not, what slurmctld reports, and the line to add. `ok`
+    None: unknown (what it depends on could not be read), which is never ok."""
 
     check: str
-    ok: bool
+    ok: bool | None
     found: str
     why: str
     add: str | None = None
     only_for: Registration | None = None
 
+    @property
+    def status(self) -> Literal["ok", "missing", "unknown"]:
+        return "unknown" if self.ok is None else "ok" if self.ok else "missing"
+
     def as_dict(self) -> dict[str, object]:
-        return {"check": self.check, "ok": self.ok, "found": self.found, "why": self.why,
-                "add": self.add, "only_for": self.only_for}
+        return {"check": self.check, "ok": self.ok, "status": self.status,
+                "found": self.found, "why": self.why,
+                # The line to add; nothing when the setting is already there.
+                "add": None if self.ok else self.add,
+                "only_for": self.only_for}
 
 
 def _release(config: Mapping[str, str]) -> tuple[int, int]:
