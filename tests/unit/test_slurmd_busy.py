@@ -230,3 +230,22 @@ async def test_the_executor_asks_slurm_again_before_an_unlabel() -> None:
     assert await ActuatorExecutor(None, kube, None).execute(  # type: ignore[arg-type]
         _action("1"), None) is True
     assert [verb for verb, _ in kube.calls] == [VERB_SLURMD_LABEL, VERB_SLURMD_LABEL]
+
+
+def test_a_snapshot_keeps_the_busy_label() -> None:
+    """A sunkd restarted from a snapshot decides as one that replayed the log: the pod's
+    busy label survives the snapshot."""
+    import json
+
+    from sunkd.domain.events import PodRef
+    from sunkd.domain.snapshot import state_from_json, state_to_json
+
+    log = ownership.world()
+    labelled = PodRef("default", "gpu-n1", "Running", uid="p1", pool_pod=False,
+                      slurmd="n1", slurmd_nodeset=ownership.UID, started_at=2.0,
+                      slurmd_busy=True)
+    log.add(K8sWorkloadObserved(node="n1", pods=(labelled,)), 3.0)
+    state = log.state()
+    again = state_from_json(json.loads(json.dumps(state_to_json(state))))
+    assert again.nodes["n1"].pods == (labelled,)
+    assert again.pod_reports == state.pod_reports
