@@ -81,8 +81,8 @@ ANNOTATION_SLURMD_NODE = "sunkd.io/slurmd-node"  # on slurmd pods: the exact Slu
 ANNOTATION_SLURMD_REVISION = "sunkd.io/slurmd-revision"  # on slurmd pods: hash of spec.slurmd
 NODESET_KIND = "Nodeset"  # kind in the slurmd pods' owner reference
 # On sunkd's own slurmd pods while Slurm reports the node busy (ALLOCATED, MIXED,
-# COMPLETING): the one PodDisruptionBudget per Nodeset (`maxUnavailable: 0`) selects the
-# Nodeset's pods with this label, so an eviction (`kubectl drain`) of a busy slurmd pod is
+# COMPLETING): the one PodDisruptionBudget per Nodeset (no disruption allowed) selects
+# the Nodeset's pods with this label, so an eviction (`kubectl drain`) of a busy slurmd pod is
 # refused (429) by the API server. Removed once Slurm reports the node idle and in contact.
 LABEL_SLURMD_BUSY = "sunkd.io/slurmd-busy"
 SLURMD_BUSY_VALUE = "true"  # value of LABEL_SLURMD_BUSY

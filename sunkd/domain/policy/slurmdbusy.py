@@ -2,13 +2,14 @@
 
 `kubectl drain` and every other eviction go through the Eviction API, which refuses (429)
 while a PodDisruptionBudget selecting the pod allows no disruption (Kubernetes "API-
-initiated eviction"). sunkd keeps one PDB per Nodeset with `spec.slurmd`,
-`maxUnavailable: 0`, selecting the Nodeset's slurmd pods that carry
-`wellknown.LABEL_SLURMD_BUSY` (`kubernetes/slurmd_actuator.py`), and labels exactly the
+initiated eviction"). sunkd keeps one PDB per Nodeset with `spec.slurmd` that allows no
+disruption of the Nodeset's slurmd pods carrying `wellknown.LABEL_SLURMD_BUSY`
+(`kubernetes/slurmd_actuator.py` `pdb_body`), and labels exactly the
 pods whose node Slurm reports busy: evicting one would kill slurmd under a running job,
 which leaves the node busy until `SlurmdTimeout` and the job's steps without their
 slurmd (slurmd(8)). The protection Slinky's slurm-operator gives its NodeSet pods the
-same way (a busy label under a PDB with `maxUnavailable: 0`).
+same way (a busy label under a PDB with `maxUnavailable: 0`; sunkd's budget is an
+integer `minAvailable` instead, which needs no scale of the pods' controller).
 
 The decision, per own live pod (sunkd's by labels *and* controller owner reference:
 an impostor is never labelled, `policy/slurmd.py` `is_own`):
