@@ -18,7 +18,7 @@ nodes from slurmrestd. The harness is test_slurmd_pods_real.py's. The cycle:
 - (22.05) someone deletes Slurm-owned node3's slurmd pod: sunkd drains node3, creates the
   pod again, and lifts its drain once the new slurmd registered: IDLE, a job runs there
   (figure: pod deleted -> IDLE through a new one);
-- (22.05) a job on node1: sunkd labels its slurmd pod busy under the Nodeset's
+- a job on node1: sunkd labels its slurmd pod busy under the Nodeset's
   PodDisruptionBudget (its status computed by the real disruption controller), and
   `kubectl drain` of node1 is refused (the API server answers 429 to the eviction): the
   pod and the job survive; once the job ends the label goes and a dry-run eviction
@@ -299,7 +299,8 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
             # registered: IDLE again, in contact, tainted.
             if (cluster.slurm_version or "").startswith("22.05"):
                 figures["repair"] = await _repair(cluster, plane, watch)
-                figures.update(await _drain_refused(cluster, plane, watch))
+            # --- a job on node1: `kubectl drain` of node1 is refused, pod and job survive.
+            figures.update(await _drain_refused(cluster, plane, watch))
         finally:
             await daemon.stop()
             for node in SLURM_NODES:
