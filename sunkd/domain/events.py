@@ -97,7 +97,7 @@ class PodRef:
     # Written to the log only when not at their default (`codec`): most pods are no slurmd
     # pod, and every workload report lists every pod of its Node.
     OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = (
-        "slurmd", "slurmd_nodeset", "deleting", "started_at")
+        "slurmd", "slurmd_nodeset", "deleting", "started_at", "slurmd_busy")
 
     namespace: str
     name: str
@@ -116,6 +116,9 @@ class PodRef:
     # When the pod turned Ready (its Ready condition's lastTransitionTime), for slurmd pods
     # only (the plan's registration bound); None otherwise.
     started_at: float | None = None
+    # sunkd's busy label (wellknown.LABEL_SLURMD_BUSY) is on it; slurmd pods only (with
+    # `slurmd`): the label the PodDisruptionBudget selects (policy/slurmdbusy.py).
+    slurmd_busy: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,13 @@ LABEL_SLURMD_NODE = "sunkd.io/slurmd-node"  # on slurmd pods: the Slurm node nam
 ANNOTATION_SLURMD_NODE = "sunkd.io/slurmd-node"  # on slurmd pods: the exact Slurm node name
 ANNOTATION_SLURMD_REVISION = "sunkd.io/slurmd-revision"  # on slurmd pods: hash of spec.slurmd
 NODESET_KIND = "Nodeset"  # kind in the slurmd pods' owner reference
+# On sunkd's own slurmd pods while Slurm reports the node busy (ALLOCATED, MIXED,
+# COMPLETING): the one PodDisruptionBudget per Nodeset (no disruption allowed) selects
+# the Nodeset's pods with this label, so an eviction (`kubectl drain`) of a busy slurmd pod is
+# refused (429) by the API server. Removed once Slurm reports the node idle and in contact.
+LABEL_SLURMD_BUSY = "sunkd.io/slurmd-busy"
+SLURMD_BUSY_VALUE = "true"  # value of LABEL_SLURMD_BUSY
+PDB_SLURMD_BUSY_SUFFIX = "-slurmd-busy"  # the PDB's name: <nodeset> + this suffix
 
 # --- Slurm reasons --------------------------------------------------------------------
 # Every reason sunkd writes starts with REASON_PREFIX; a reason that does not is foreign, and

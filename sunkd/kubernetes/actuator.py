@@ -91,6 +91,13 @@ API_CALLS: tuple[ApiCall, ...] = (
 SLURMD_API_CALLS: tuple[ApiCall, ...] = (
     ApiCall("create", "", "pods", "actuator: a Nodeset's slurmd pod (spec.slurmd)"),
     ApiCall("delete", "", "pods", "actuator: a Nodeset's slurmd pod, once Slurm drained it"),
+    ApiCall("patch", "", "pods", "actuator: the busy label on a Nodeset's slurmd pod"),
+    ApiCall("get", "policy", "poddisruptionbudgets",
+            "actuator: the Nodeset's PDB over its busy slurmd pods"),
+    ApiCall("create", "policy", "poddisruptionbudgets",
+            "actuator: the Nodeset's PDB over its busy slurmd pods"),
+    ApiCall("patch", "policy", "poddisruptionbudgets",
+            "actuator: the Nodeset's PDB put back when someone changed it"),
 )
 
 

@@ -151,6 +151,8 @@ class Payloads:
                     slurmd_nodeset=owner,
                     deleting=pod.deleting,
                     started_at=pod.started_at if slurmd else None,
+                    slurmd_busy=bool(slurmd) and pod.labels.get(wk.LABEL_SLURMD_BUSY)
+                    == wk.SLURMD_BUSY_VALUE,
                 )
             )
         return K8sWorkloadObserved(

@@ -106,4 +106,5 @@ def seen_pod(obj: Mapping[str, Any]) -> SeenPod:
         controller_kind=controller.get("kind") if controller else None,
         controller_uid=controller.get("uid") if controller else None,
         started_at=ready_since(status),
+        busy=(meta.get("labels") or {}).get(wk.LABEL_SLURMD_BUSY) == wk.SLURMD_BUSY_VALUE,
     )

@@ -26,7 +26,9 @@ from sunkd.domain.policy import (
     VERB_WARN,
 )
 from sunkd.domain.policy.slurmd import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE
+from sunkd.domain.policy.slurmdbusy import BUSY_ARG, VERB_SLURMD_LABEL
 from sunkd.domain.ports import ActionError
+from sunkd.domain.slurmnode import in_contact
 from sunkd.domain.state import NodeState, OpenAction
 from sunkd.slurm.model import SlurmNode
 
@@ -96,6 +98,8 @@ class ActuatorExecutor:
                 await self._check_drained(
                     action.node, "delete the slurmd pod of",
                     out_of_contact=_arg(action, SLURMD_REPAIR_ARG) == "1")
+            if action.verb == VERB_SLURMD_LABEL and _arg(action, BUSY_ARG) != "1":
+                await self._check_idle(action.node)
             return await self._kubernetes(action, k8s_name)
         raise ActionError(f"unknown side {action.side!r}", retryable=False)
 
@@ -123,6 +127,24 @@ class ActuatorExecutor:
             state = current.display_state if current is not None else "missing"
             raise ActionError(f"refusing to {what} {node}: Slurm now reports it {state}, "
                               "not drained", retryable=True)
+
+    async def _check_idle(self, node: str) -> None:
+        """Before the busy label comes off a slurmd pod (the PDB then lets an eviction
+        through): Slurm must report the node, in contact, with nothing allocated or
+        completing, now. Without a Slurm reader it cannot ask, so it refuses."""
+        what = f"refusing to unlabel the slurmd pod of {node}"
+        if self.slurm_reader is None:
+            raise ActionError(f"{what}: no Slurm reader to confirm it is idle",
+                              retryable=True)
+        try:
+            nodes = await self.slurm_reader.get_nodes()
+        except Exception as error:
+            raise ActionError(f"cannot confirm {node} is idle in Slurm: {error}",
+                              retryable=True) from error
+        current = next((item for item in nodes if item.name == node), None)
+        if current is None or current.is_busy or not in_contact(current.to_observed()):
+            state = current.display_state if current is not None else "missing"
+            raise ActionError(f"{what}: Slurm now reports it {state}", retryable=True)
 
     async def _slurm(self, action: OpenAction) -> bool:
         if self.slurm is None:
@@ -178,7 +200,7 @@ class ActuatorExecutor:
                 changed = await actuator.evict(
                     namespace, name, uid=uids.get(pod) or None, node=node) or changed
             return changed
-        if action.verb in (VERB_SLURMD_CREATE, VERB_SLURMD_DELETE):
+        if action.verb in (VERB_SLURMD_CREATE, VERB_SLURMD_DELETE, VERB_SLURMD_LABEL):
             args = {label.key: label.value for label in action.args}
             return await actuator.slurmd(action.verb, action.node, node, args)
         raise ActionError(f"unknown Kubernetes verb {action.verb!r}", retryable=False)

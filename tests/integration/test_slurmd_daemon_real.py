@@ -17,7 +17,12 @@ nodes from slurmrestd. The harness is test_slurmd_pods_real.py's. The cycle:
   registers, the drain is lifted: IDLE again (figure: reclaim -> resumed);
 - (22.05) someone deletes Slurm-owned node3's slurmd pod: sunkd drains node3, creates the
   pod again, and lifts its drain once the new slurmd registered: IDLE, a job runs there
-  (figure: pod deleted -> IDLE through a new one).
+  (figure: pod deleted -> IDLE through a new one);
+- a job on node1: sunkd labels its slurmd pod busy under the Nodeset's
+  PodDisruptionBudget (its status computed by the real disruption controller), and
+  `kubectl drain` of node1 is refused (the API server answers 429 to the eviction): the
+  pod and the job survive; once the job ends the label goes and a dry-run eviction
+  passes (figures: job start -> labelled, job end -> unlabelled).
 
 The figures are printed (`-s`) and recorded in docs/nodeset.md.
 """
@@ -38,7 +43,7 @@ from typing import Any
 import pytest
 
 from sunkd.domain import wellknown as wk
-from sunkd.kubernetes.client import NODES, KubeApiError, KubeClient
+from sunkd.kubernetes.client import NODES, PDBS, PODS, KubeApiError, KubeClient
 from sunkd_testbed.images import Image
 from sunkd_testbed.kubelet import KubeletNodes
 from sunkd_testbed.kubernetes import KubeControlPlane
@@ -294,6 +299,8 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
             # registered: IDLE again, in contact, tainted.
             if (cluster.slurm_version or "").startswith("22.05"):
                 figures["repair"] = await _repair(cluster, plane, watch)
+            # --- a job on node1: `kubectl drain` of node1 is refused, pod and job survive.
+            figures.update(await _drain_refused(cluster, plane, watch))
         finally:
             await daemon.stop()
             for node in SLURM_NODES:
@@ -313,7 +320,9 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
           f"reclaim -> undrained {figures['reclaim_to_undrained']} s, -> IDLE in contact "
           f"{figures['reclaim_to_resumed']} s"
           + (f"; node3's pod deleted -> IDLE through a new one {figures['repair']} s"
-             if "repair" in figures else ""))
+             if "repair" in figures else "")
+          + (f"; job start -> pod labelled busy {figures['labelled']} s, job end -> "
+             f"unlabelled {figures['unlabelled']} s" if "labelled" in figures else ""))
 
 
 async def _repair(cluster: SlurmCluster, plane: KubeControlPlane, watch: Watch) -> float:
@@ -346,6 +355,75 @@ async def _repair(cluster: SlurmCluster, plane: KubeControlPlane, watch: Watch) 
                       lambda: not _job_running(cluster, ran), within=60)
     assert not await watch.held("node3"), watch.daemon.tail()
     return took
+
+
+async def _busy_label(watch: Watch, pod: str) -> str | None:
+    try:
+        obj = await watch.client.get(PODS, pod, "default")
+    except KubeApiError as error:
+        if error.status == 404:
+            return None
+        raise
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(wk.LABEL_SLURMD_BUSY)
+
+
+async def _drain_refused(cluster: SlurmCluster, plane: KubeControlPlane,
+                         watch: Watch) -> dict[str, float]:
+    """A job on node1: its pod labelled busy, `kubectl drain` refused, pod and job alive;
+    the job ends: the label goes and an eviction (dry run) would pass."""
+    k8s, pod = watch.k8s["node1"], "pods-node1"
+    assert _idle(await watch.flags("node1")) and watch.pod("node1") == "Running"
+    uid = (await watch.client.get(PODS, pod, "default"))["metadata"]["uid"]
+    job = cluster.sbatch(nodelist="node1", wrap="sleep 30")
+    await watch.until("node1 busy", lambda: _busy(watch, "node1"), within=30)
+
+    async def labelled() -> bool:
+        return await _busy_label(watch, pod) == wk.SLURMD_BUSY_VALUE
+
+    labelled_in = await watch.until("node1's slurmd pod labelled busy", labelled, within=30)
+    name = f"pods{wk.PDB_SLURMD_BUSY_SUFFIX}"
+
+    async def budget_counted() -> bool:
+        # The real disruption controller (kube-controller-manager) computed the status
+        # of the PDB's current generation, with the busy pod in it.
+        obj = await watch.client.get(PDBS, name, "default")
+        status = obj.get("status") or {}
+        return (status.get("observedGeneration") == obj["metadata"].get("generation")
+                and status.get("expectedPods") == 1 and status.get("currentHealthy") == 1
+                and status.get("disruptionsAllowed") == 0)
+
+    await watch.until("the PDB's status counts the busy pod", budget_counted, within=60)
+    drained = await asyncio.to_thread(
+        plane.kubectl, "drain", k8s, "--ignore-daemonsets", "--delete-emptydir-data",
+        "--timeout=8s", check=False)
+    await asyncio.to_thread(plane.kubectl, "uncordon", k8s)
+    assert drained.returncode != 0, drained.stdout + drained.stderr
+    assert "disruption budget" in drained.stderr, drained.stderr
+    assert watch.pod("node1") == "Running", "the busy slurmd pod was evicted"
+    assert (await watch.client.get(PODS, pod, "default"))["metadata"]["uid"] == uid
+    assert _job_running(cluster, job), "the job did not survive the drain"
+    await watch.until("the job on node1 ends", lambda: not _job_running(cluster, job),
+                      within=90)
+    job_end = time.monotonic()
+
+    async def unlabelled() -> bool:
+        return await _busy_label(watch, pod) is None and not await _busy(watch, "node1")
+
+    await watch.until("node1's slurmd pod unlabelled", unlabelled, within=60)
+    unlabelled_in = round(time.monotonic() - job_end, 2)
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": "default"},
+                "deleteOptions": {"dryRun": ["All"]}}
+    await watch.client.create(PODS, eviction, "default", name=pod, subresource="eviction")
+    assert watch.pod("node1") == "Running"
+    # sunkd lifts the drain it mirrored from kubectl drain's cordon: node1 IDLE again.
+    await watch.until("node1 IDLE after the uncordon",
+                      lambda: _idle_now(watch, "node1"), within=120)
+    return {"labelled": labelled_in, "unlabelled": unlabelled_in}
+
+
+async def _idle_now(watch: Watch, node: str) -> bool:
+    return _idle(await watch.flags(node))
 
 
 async def _has(watch: Watch, node: str, word: str) -> bool:

@@ -182,6 +182,9 @@ def test_a_long_running_pod_that_slurm_briefly_misses_is_left_alone() -> None:
 def test_a_job_still_allocated_keeps_the_delete_waiting() -> None:
     log = brought_up()
     log.add(slurm_obs("n1", state="MIXED", flags=("NOT_RESPONDING",), alloc_cpus=4), 10.0)
+    # The busy label sunkd set when the job started (policy/slurmdbusy.py).
+    log.add(K8sWorkloadObserved(node="n1", pods=(own(started_at=4.0, slurmd_busy=True),)),
+            10.0)
     reason = repair_drain(log, 135.0)
     log.add(slurm_obs("n1", state="MIXED", flags=("DRAIN", "NOT_RESPONDING"), reason=reason,
                       alloc_cpus=4), 136.0)

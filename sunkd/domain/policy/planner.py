@@ -99,11 +99,17 @@ class Planner:
         args: tuple[Label, ...] = (),
         transition_id: str | None = None,
         min_attempt: int = 1,
+        await_observation: bool = True,
     ) -> str:
         """Request `verb` unless it is open, just succeeded (awaiting its observation)
         or in backoff. The caller has already checked the world is not as wanted.
         `min_attempt`: the attempt number the caller counts (a slurmd pod's repair counts
-        its recreates, `policy/slurmdrepair.py`); the log keeps it with the outcome."""
+        its recreates, `policy/slurmdrepair.py`); the log keeps it with the outcome.
+        `await_observation=False`: the caller's observation is not the side's node
+        observation (a pod's label is in the pods report, which moves no `k8s_seq`), and
+        the verb is idempotent and may flip back at once (a slurmd pod's busy label:
+        a job starting seconds after the label came off must not wait for the catch-up),
+        so a just-succeeded one does not hold it back; a failure's backoff still does."""
         if (node.name, side) in self.busy_sides or node.open_action_on(side) is not None:
             return _WAITING
         attempt = 1
@@ -112,7 +118,8 @@ class Planner:
             if outcome.succeeded:
                 observed_seq = node.slurm_seq if side == wk.OWNER_SLURM else node.k8s_seq
                 if (
-                    observed_seq < outcome.seq
+                    await_observation
+                    and observed_seq < outcome.seq
                     and self.now - outcome.at < OBSERVATION_CATCHUP_SECONDS
                 ):
                     return _WAITING

@@ -40,6 +40,7 @@ from sunkd.domain.policy.repair import (
 )
 from sunkd.domain.policy.slurmd import nodes_from_state, nodeset_of, slurmd_args
 from sunkd.domain.policy.slurmd import plan as slurmd_plan
+from sunkd.domain.policy.slurmdbusy import VERB_SLURMD_LABEL, label_args, label_steps
 from sunkd.domain.policy.slurmdrepair import repair_node
 from sunkd.domain.policy.transitions import adopt_node, handle_transition
 from sunkd.domain.slurmdgone import slurmd_nodeset
@@ -163,6 +164,14 @@ def _slurmd_pods(planner: Planner, pool: PoolSpec, census: Census) -> None:
               and transition.transition_id not in planner.ended else None)
         planner.ensure(node, wk.OWNER_KUBERNETES, step.verb, step.reason,
                        slurmd_args(step, nodeset), tx)
+    # The busy label under the Nodeset's PDB (`policy/slurmdbusy.py`): after the pod steps
+    # (a create or delete this round takes the node's Kubernetes side first), of no
+    # transition (it protects whatever the node's owner: a lend waits for its job too).
+    for label in label_steps(nodeset, views, sources_fresh=planner.state.sources_fresh()):
+        node = members.get(label.node)
+        if node is not None:
+            planner.ensure(node, wk.OWNER_KUBERNETES, VERB_SLURMD_LABEL, label.reason,
+                           label_args(label, nodeset), await_observation=False)
 
 
 def _move_budget(planner: Planner, spec: OwnershipSpec, census: Census) -> int:

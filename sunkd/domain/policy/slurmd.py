@@ -59,6 +59,7 @@ class SeenPod:
     controller_kind: str | None = None  # the controller owner reference
     controller_uid: str | None = None
     started_at: float | None = None  # when it turned Running
+    busy: bool = False  # label LABEL_SLURMD_BUSY is on it
 
     @property
     def key(self) -> str:
@@ -292,7 +293,7 @@ def _seen(ref: PodRef, nodeset: SlurmdNodeset) -> SeenPod:
     return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, deleting=ref.deleting,
                    nodeset_label=nodeset.name, slurm_node=ref.slurmd,
                    controller_kind=wk.NODESET_KIND, controller_uid=nodeset.uid,
-                   started_at=ref.started_at)
+                   started_at=ref.started_at, busy=ref.slurmd_busy)
 
 
 def nodes_from_state(state: ClusterState, nodeset: SlurmdNodeset,

@@ -916,6 +916,9 @@ class Store:
         pod_rt = self.lookup("", "v1", "pods")
         pod = self.get(pod_rt, namespace, name)
         options = body.get("deleteOptions") or {}
+        # A dry run asked in the Eviction's deleteOptions counts as one asked in the query
+        # (`propagateDryRun` in pkg/registry/core/pod/storage/eviction.go).
+        dry_run = dry_run or "All" in (options.get("dryRun") or [])
         success: JSON = {"kind": "Status", "apiVersion": "v1", "metadata": {},
                          "status": "Success", "code": 201}
         phase = (pod.get("status") or {}).get("phase")
