@@ -97,7 +97,7 @@ class PodRef:
     # Written to the log only when not at their default (`codec`): most pods are no slurmd
     # pod, and every workload report lists every pod of its Node.
     OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = (
-        "slurmd", "slurmd_nodeset", "deleting", "started_at")
+        "slurmd", "slurmd_nodeset", "deleting", "started_at", "slurmd_revision")
 
     namespace: str
     name: str
@@ -116,6 +116,11 @@ class PodRef:
     # When the pod turned Ready (its Ready condition's lastTransitionTime), for slurmd pods
     # only (the plan's registration bound); None otherwise.
     started_at: float | None = None
+    # A slurmd pod's `sunkd.io/slurmd-revision` annotation (the hash of the spec it was
+    # created from, `policy/slurmd.py` `revision`), for slurmd pods only; "" otherwise or
+    # when the pod carries none. An outdated pod is replaced by the rolling update
+    # (`policy/slurmdupdate.py`).
+    slurmd_revision: str = ""
 
 
 @dataclass(frozen=True, slots=True)

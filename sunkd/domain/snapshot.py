@@ -141,12 +141,13 @@ def _pods_to_json(pods: tuple[PodRef, ...]) -> list[list[Any]]:
     # A slurmd pod's identity only when it has one: most pods keep the short form.
     return [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod]
             + ([pod.slurmd, pod.slurmd_nodeset, pod.deleting, pod.started_at]
-               if pod.slurmd or pod.deleting else []) for pod in pods]
+               if pod.slurmd or pod.deleting or pod.slurmd_revision else [])
+            + ([pod.slurmd_revision] if pod.slurmd_revision else []) for pod in pods]
 
 
 def _pods_from_json(raw: list[list[Any]]) -> tuple[PodRef, ...]:
     # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase]; before
-    # slurmd pods, five.
+    # slurmd pods, five; before slurmd revisions, nine at most.
     return tuple(PodRef(*pod) for pod in raw)
 
 

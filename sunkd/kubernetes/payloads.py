@@ -151,6 +151,7 @@ class Payloads:
                     slurmd_nodeset=owner,
                     deleting=pod.deleting,
                     started_at=pod.started_at if slurmd else None,
+                    slurmd_revision=pod.slurmd_revision if slurmd else "",
                 )
             )
         return K8sWorkloadObserved(
