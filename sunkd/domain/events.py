@@ -175,7 +175,9 @@ class SlurmdSpec:
     privileged: bool = True  # slurmd manages cgroups for job steps
     priority_class_name: str = "system-node-critical"
     termination_grace_seconds: int = 60  # at least Slurm's KillWait (30 s by default)
-    update_strategy: str = "RollingUpdate"  # RollingUpdate | OnDelete (not acted on yet)
+    # RollingUpdate: outdated pods replaced under a drain, `max_unavailable` nodes at a
+    # time (policy/slurmdupdate.py); OnDelete: only a pod that is gone comes back new.
+    update_strategy: str = "RollingUpdate"
     max_unavailable: str = "1"  # an integer or a percentage ("25%")
     max_concurrent_startup: int | None = None  # None: no bound
 

@@ -106,4 +106,5 @@ def seen_pod(obj: Mapping[str, Any]) -> SeenPod:
         controller_kind=controller.get("kind") if controller else None,
         controller_uid=controller.get("uid") if controller else None,
         started_at=ready_since(status),
+        revision=str((meta.get("annotations") or {}).get(wk.ANNOTATION_SLURMD_REVISION) or ""),
     )

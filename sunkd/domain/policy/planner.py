@@ -99,23 +99,29 @@ class Planner:
         args: tuple[Label, ...] = (),
         transition_id: str | None = None,
         min_attempt: int = 1,
+        caught_up: bool = False,
     ) -> str:
         """Request `verb` unless it is open, just succeeded (awaiting its observation)
         or in backoff. The caller has already checked the world is not as wanted.
         `min_attempt`: the attempt number the caller counts (a slurmd pod's repair counts
-        its recreates, `policy/slurmdrepair.py`); the log keeps it with the outcome."""
+        its recreates, `policy/slurmdrepair.py`); the log keeps it with the outcome.
+        `caught_up`: the caller knows the last success's effect was observed in a way
+        the node's observation sequence does not show (a pod it created seen and since
+        deleted), so no wait for it."""
         if (node.name, side) in self.busy_sides or node.open_action_on(side) is not None:
             return _WAITING
         attempt = 1
         outcome = node.outcomes.get(f"{side}/{verb}")
         if outcome is not None:
-            if outcome.succeeded:
+            if outcome.succeeded and not caught_up:
                 observed_seq = node.slurm_seq if side == wk.OWNER_SLURM else node.k8s_seq
                 if (
                     observed_seq < outcome.seq
                     and self.now - outcome.at < OBSERVATION_CATCHUP_SECONDS
                 ):
                     return _WAITING
+            elif outcome.succeeded:
+                pass
             elif transition_id is not None and outcome.transition_id != transition_id:
                 pass  # a failure of an earlier transition does not hold back a new one
             elif outcome.retryable:
