@@ -369,8 +369,11 @@ async def test_sunkd_run_rolls_slurmd_pods_busy_node_last(
                               lambda: all_up(None), within=180)
             job = cluster.sbatch(nodelist="node1", wrap="sleep 15")
             await watch.until("node1 busy", lambda: _busy(watch, "node1"), within=30)
+            await asyncio.sleep(3)  # sunkd's Slurm poll (1 s) has seen the job too
             figures["busy"] = await _roll(cluster, client, watch, body, "1", busy=job)
-            # Every node idle: the rolling update alone.
+            # Every node idle: the rolling update alone (once sunkd's Slurm poll has seen
+            # the last undrain: a node still showing DRAIN to it is no candidate yet).
+            await asyncio.sleep(3)
             figures["idle"] = await _roll(cluster, client, watch, body, "2", busy=None)
             assert '"verb": "cordon"' not in daemon.log.read_text(), daemon.tail()
             for node in SLURM_NODES:
