@@ -97,7 +97,8 @@ class PodRef:
     # Written to the log only when not at their default (`codec`): most pods are no slurmd
     # pod, and every workload report lists every pod of its Node.
     OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = (
-        "slurmd", "slurmd_nodeset", "deleting", "started_at", "slurmd_busy")
+        "slurmd", "slurmd_nodeset", "deleting", "started_at", "slurmd_busy",
+        "slurmd_revision")
 
     namespace: str
     name: str
@@ -119,6 +120,11 @@ class PodRef:
     # sunkd's busy label (wellknown.LABEL_SLURMD_BUSY) is on it; slurmd pods only (with
     # `slurmd`): the label the PodDisruptionBudget selects (policy/slurmdbusy.py).
     slurmd_busy: bool = False
+    # A slurmd pod's `sunkd.io/slurmd-revision` annotation (the hash of the spec it was
+    # created from, `policy/slurmd.py` `revision`), for slurmd pods only; "" otherwise or
+    # when the pod carries none. An outdated pod is replaced by the rolling update
+    # (`policy/slurmdupdate.py`).
+    slurmd_revision: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +179,9 @@ class SlurmdSpec:
     privileged: bool = True  # slurmd manages cgroups for job steps
     priority_class_name: str = "system-node-critical"
     termination_grace_seconds: int = 60  # at least Slurm's KillWait (30 s by default)
-    update_strategy: str = "RollingUpdate"  # RollingUpdate | OnDelete (not acted on yet)
+    # RollingUpdate: outdated pods replaced under a drain, `max_unavailable` nodes at a
+    # time (policy/slurmdupdate.py); OnDelete: only a pod that is gone comes back new.
+    update_strategy: str = "RollingUpdate"
     max_unavailable: str = "1"  # an integer or a percentage ("25%")
     max_concurrent_startup: int | None = None  # None: no bound
 

@@ -139,16 +139,20 @@ def _float_or_none(raw: Any) -> float | None:
 
 def _pods_to_json(pods: tuple[PodRef, ...]) -> list[list[Any]]:
     # A slurmd pod's identity only when it has one: most pods keep the short form.
-    # The busy label (a tenth field) only when it is on.
+    # The busy label (a tenth field) only when it is on or a revision (the eleventh) follows.
     return [[pod.namespace, pod.name, pod.phase, pod.uid, pod.pool_pod]
             + ([pod.slurmd, pod.slurmd_nodeset, pod.deleting, pod.started_at]
-               if pod.slurmd or pod.deleting or pod.slurmd_busy else [])
-            + ([True] if pod.slurmd_busy else []) for pod in pods]
+               if pod.slurmd or pod.deleting or pod.slurmd_busy or pod.slurmd_revision
+               else [])
+            + ([pod.slurmd_busy, pod.slurmd_revision] if pod.slurmd_revision
+               else [True] if pod.slurmd_busy else [])
+            for pod in pods]
 
 
 def _pods_from_json(raw: list[list[Any]]) -> tuple[PodRef, ...]:
     # Snapshots before uid/pool_pod carried three fields: [namespace, name, phase]; before
-    # slurmd pods, five; before the busy label, at most nine.
+    # slurmd pods, five; before the busy label, at most nine; before slurmd revisions, at
+    # most ten.
     return tuple(PodRef(*pod) for pod in raw)
 
 

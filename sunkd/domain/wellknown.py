@@ -96,6 +96,8 @@ REASON_LEND = "sunkd: lent to kubernetes"  # drain for a lend, followed by " [tx
 REASON_MIRROR = "sunkd: k8s "  # drain mirroring Kubernetes (NotReady, cordon), + the why
 # drain while sunkd repairs a Slurm-owned node's slurmd pod, + " (<what is wrong>)"
 REASON_SLURMD_REPAIR = "sunkd: slurmd pod repair"
+# drain while sunkd replaces a Slurm-owned node's outdated slurmd pod (rolling update)
+REASON_SLURMD_UPDATE = "sunkd: slurmd pod update"
 # The reason slurmctld gives a node it sets DOWN for not hearing its slurmd past
 # SlurmdTimeout (`node_not_resp`/`set_node_down` in src/slurmctld/node_mgr.c); the one
 # DOWN that ReturnToService=1 lifts on registration.

@@ -233,6 +233,7 @@ class PodFacts:
     slurmd_claim: tuple[str, str, str] | None = None
     deleting: bool = False  # metadata.deletionTimestamp set
     started_at: float | None = None  # Ready since (`ready_since`), slurmd claimants only
+    slurmd_revision: str = ""  # annotation ANNOTATION_SLURMD_REVISION, slurmd claimants only
 
 
 # Label maps are shared between pods that carry the same labels (a Deployment's replicas):
@@ -321,6 +322,7 @@ def slim_pod(obj: JSON) -> PodFacts:
         slurmd_claim=claim,
         deleting=bool(meta.get("deletionTimestamp")),
         started_at=None if claim is None else ready_since(status),
+        slurmd_revision="" if claim is None else slurmd_revision(meta),
     )
 
 
@@ -359,6 +361,15 @@ def slurmd_claim(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
                 and owner.get("name") == nodeset and type(owner.get("uid")) is str:
             return (sys.intern(owner["uid"]), sys.intern(nodeset), sys.intern(node))
     return None
+
+
+def slurmd_revision(meta: Mapping[str, Any]) -> str:
+    """A slurmd pod's revision annotation (the hash of the spec it was made from); "" when
+    it carries none or not a string (such a pod is never taken for up to date)."""
+    annotations = meta.get("annotations")
+    value = annotations.get(wk.ANNOTATION_SLURMD_REVISION) if isinstance(
+        annotations, Mapping) else None
+    return sys.intern(value) if type(value) is str else ""
 
 
 def pod_version(pod: PodFacts) -> str:

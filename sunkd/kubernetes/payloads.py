@@ -153,6 +153,7 @@ class Payloads:
                     started_at=pod.started_at if slurmd else None,
                     slurmd_busy=bool(slurmd) and pod.labels.get(wk.LABEL_SLURMD_BUSY)
                     == wk.SLURMD_BUSY_VALUE,
+                    slurmd_revision=pod.slurmd_revision if slurmd else "",
                 )
             )
         return K8sWorkloadObserved(

@@ -107,4 +107,5 @@ def seen_pod(obj: Mapping[str, Any]) -> SeenPod:
         controller_uid=controller.get("uid") if controller else None,
         started_at=ready_since(status),
         busy=(meta.get("labels") or {}).get(wk.LABEL_SLURMD_BUSY) == wk.SLURMD_BUSY_VALUE,
+        revision=str((meta.get("annotations") or {}).get(wk.ANNOTATION_SLURMD_REVISION) or ""),
     )

@@ -24,6 +24,13 @@ nodes from slurmrestd. The harness is test_slurmd_pods_real.py's. The cycle:
   pod and the job survive; once the job ends the label goes and a dry-run eviction
   passes (figures: job start -> labelled, job end -> unlabelled).
 
+The rolling update (its own test, a fresh Nodeset): `spec.slurmd` changes (an env var)
+with a job on node1; every pod is replaced one at a time (maxUnavailable 1), the idle
+nodes first, node1 last and only after its job ended; no slurmd pod deleted while Slurm
+reports its node allocated; every node IDLE again through a pod at the new revision, no
+hold taint (figures: spec change -> all pods new and registered, with the busy node, and
+again with every node idle).
+
 The figures are printed (`-s`) and recorded in docs/nodeset.md.
 """
 
@@ -43,7 +50,9 @@ from typing import Any
 import pytest
 
 from sunkd.domain import wellknown as wk
-from sunkd.kubernetes.client import NODES, PDBS, PODS, KubeApiError, KubeClient
+from sunkd.domain.policy.slurmd import revision
+from sunkd.kubernetes.client import NODES, NODESETS, PDBS, PODS, KubeApiError, KubeClient
+from sunkd.kubernetes.normalize import parse_nodeset, slim_nodeset
 from sunkd_testbed.images import Image
 from sunkd_testbed.kubelet import KubeletNodes
 from sunkd_testbed.kubernetes import KubeControlPlane
@@ -323,6 +332,150 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
              if "repair" in figures else "")
           + (f"; job start -> pod labelled busy {figures['labelled']} s, job end -> "
              f"unlabelled {figures['unlabelled']} s" if "labelled" in figures else ""))
+
+
+async def test_sunkd_run_rolls_slurmd_pods_busy_node_last(
+    bed: KubeletNodes, plane: KubeControlPlane, generation: tuple[SlurmCluster, Image],
+    tmp_path: Path,
+) -> None:
+    cluster, image = generation
+    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
+    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
+                  "--timeout=60s")
+    for slurm_node, k8s in zip(SLURM_NODES, bed.names, strict=True):
+        plane.kubectl("label", "node", k8s, "--overwrite", "pool=pods",
+                      f"{wk.LABEL_SLURM_NODE_NAME}={slurm_node}")
+        plane.kubectl("annotate", "node", k8s, f"{wk.ANNOTATION_PIN}-")
+    before = {n: _slurmd_started(cluster, n) for n in SLURM_NODES}
+    for name in SLURM_NODES:
+        cluster.kill_slurmd(name, sig=signal.SIGTERM)
+    await asyncio.sleep(1.1)
+    body = _nodeset(image, cluster)
+    body["spec"]["ownership"] = {"mode": "Slurm", "dwellSeconds": 0, "maxInFlight": 3}
+    plane.kubectl("apply", "-f", "-", input=json.dumps(body))
+    figures: dict[str, float] = {}
+    async with migrated_database() as database_url, \
+            await KubeClient.connect(str(plane.kubeconfig)) as client:
+        daemon = Daemon(_config(tmp_path / "sunkd.toml", database_url, cluster,
+                                plane.kubeconfig), cluster)
+        watch = Watch(client, cluster, bed, daemon)
+        await daemon.start()
+        try:
+            async def all_up(rev: str | None) -> bool:
+                for node in SLURM_NODES:
+                    pod = bed.pod(f"pods-{node}") or {}
+                    meta = pod.get("metadata") or {}
+                    if not (_slurmd_started(cluster, node) not in ("", before[node])
+                            and _idle(await watch.flags(node))
+                            and (pod.get("status") or {}).get("phase") == "Running"
+                            and not meta.get("deletionTimestamp")
+                            and (rev is None or (meta.get("annotations") or {}).get(
+                                wk.ANNOTATION_SLURMD_REVISION) == rev)):
+                        return False
+                return True
+
+            await watch.until("3 nodes IDLE through sunkd's slurmd pods",
+                              lambda: all_up(None), within=180)
+            job = cluster.sbatch(nodelist="node1", wrap="sleep 15")
+            await watch.until("node1 busy", lambda: _busy(watch, "node1"), within=30)
+            await asyncio.sleep(3)  # sunkd's Slurm poll (1 s) has seen the job too
+            figures["busy"] = await _roll(cluster, client, watch, body, "1", busy=job)
+            # Every node idle: the rolling update alone (once sunkd's Slurm poll has seen
+            # the last undrain: a node still showing DRAIN to it is no candidate yet).
+            await asyncio.sleep(3)
+            figures["idle"] = await _roll(cluster, client, watch, body, "2", busy=None)
+            assert '"verb": "cordon"' not in daemon.log.read_text(), daemon.tail()
+            for node in SLURM_NODES:
+                assert not await watch.held(node) and await watch.tainted(node)
+
+            async def status_updated() -> bool:
+                obj = await client.get(NODESETS, "pods", "default")
+                return ((obj.get("status") or {}).get("slurmd") or {}).get("updated") == 3
+
+            await watch.until("status.slurmd.updated = 3", status_updated, within=60)
+        finally:
+            await daemon.stop()
+            plane.kubectl("delete", "nodeset", "pods", "--wait=true", "--timeout=60s",
+                          check=False)
+            bed.wait("the Nodeset's pods gone",
+                     lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
+    print(f"\nsunkd run, rolling update of {NODES_N} slurmd pods, Slurm "
+          f"{cluster.slurm_version}: spec change -> all new and registered "
+          f"{figures['busy']} s with a 15 s job on node1 (started before the change), "
+          f"{figures['idle']} s with every node idle")
+
+
+async def _roll(cluster: SlurmCluster, client: KubeClient, watch: Watch,
+                body: dict[str, Any], value: str, *, busy: int | None) -> float:
+    """Change spec.slurmd (an env var) and watch every pod be replaced: one node at a
+    time, idle ones first, the busy node1 last and only once its job ended; no pod
+    deleted while Slurm reports its node allocated, never two nodes in update at once.
+    Seconds from the change to every pod at the new revision, Running, its node IDLE
+    through a new slurmd."""
+    bed = watch.bed
+    old = {}
+    for node in SLURM_NODES:
+        pod = bed.pod(f"pods-{node}") or {}
+        old[node] = (pod.get("metadata") or {}).get("uid")
+        assert old[node], f"no slurmd pod on {node}"
+    slurmd = body["spec"]["slurmd"]
+    env = [e for e in slurmd["env"] if e["name"] != "SUNKD_ROLL"]
+    slurmd["env"] = [*env, {"name": "SUNKD_ROLL", "value": value}]
+    started_before = {n: _slurmd_started(cluster, n) for n in SLURM_NODES}
+    changed = time.monotonic()
+    await client.merge_patch(NODESETS, "pods", {"spec": {"slurmd": {"env": slurmd["env"]}}},
+                             "default")
+    observed = parse_nodeset(slim_nodeset(await client.get(NODESETS, "pods", "default")))
+    assert observed.slurmd is not None
+    rev = revision(observed.slurmd)
+    replaced: dict[str, float] = {}  # node -> when its old pod was first seen going
+    job_done_at: float | None = None
+    while True:
+        watch.daemon.alive()
+        now = time.monotonic()
+        assert now - changed < 240, (f"not rolled in 240 s: replaced {replaced}\n"
+                                     f"{watch.daemon.tail()}")
+        if busy is not None and job_done_at is None and not _job_running(cluster, busy):
+            job_done_at = now
+        going, idle = [], 0
+        for node in SLURM_NODES:
+            pod = bed.pod(f"pods-{node}") or {}
+            meta = pod.get("metadata") or {}
+            gone = meta.get("uid") != old[node] or bool(meta.get("deletionTimestamp"))
+            flags = await watch.flags(node)
+            if gone and node not in replaced:
+                # Polled after the pod: an allocation now was there at its deletion too
+                # (the node is drained: no job starts there until sunkd undrains it).
+                assert not _allocated(flags), f"{node}'s slurmd pod deleted while {flags}"
+                if busy is not None and node == "node1":
+                    assert not _job_running(cluster, busy), "node1's pod deleted under its job"
+                    job_done_at = job_done_at or now
+                replaced[node] = now
+            # Through: a new pod at the new revision, its slurmd registered (a new start
+            # time), sunkd's drain lifted. (Slurm may show it NOT_RESPONDING for a while
+            # after: slurmctld pings a node it had missed only at its next ping.)
+            through = (meta.get("uid") != old[node] and not meta.get("deletionTimestamp")
+                       and (meta.get("annotations") or {}).get(
+                           wk.ANNOTATION_SLURMD_REVISION) == rev
+                       and (pod.get("status") or {}).get("phase") == "Running"
+                       and _slurmd_started(cluster, node) not in ("", started_before[node])
+                       and "DRAIN" not in flags.split("+"))
+            if node in replaced and not through:
+                going.append(node)
+            idle += through and _idle(flags)
+        assert len(going) <= 1, f"more than maxUnavailable=1 nodes in update: {going}"
+        if len(replaced) == NODES_N and idle == NODES_N:
+            break
+        await asyncio.sleep(0.1)
+    took = round(time.monotonic() - changed, 2)
+    order = sorted(replaced, key=replaced.__getitem__)
+    if busy is not None:
+        assert order[-1] == "node1", f"the busy node is not last: {order}"
+        assert order[:2] == ["node2", "node3"], order
+        assert job_done_at is not None and replaced["node1"] >= job_done_at - 0.2
+    else:
+        assert order == SLURM_NODES, order
+    return took
 
 
 async def _repair(cluster: SlurmCluster, plane: KubeControlPlane, watch: Watch) -> float:

@@ -105,9 +105,11 @@ def test_a_pods_slurmd_fields_are_written_only_when_set() -> None:
 
     plain = PodRef("ns", "p", "Running", "u")
     slurmd = PodRef("ns", "gpu-n1", "Running", "u2", pool_pod=False, slurmd="n1",
-                    slurmd_nodeset="U", deleting=True, started_at=5.0)
+                    slurmd_nodeset="U", deleting=True, started_at=5.0,
+                    slurmd_revision="abc123")
     body = encode_payload(K8sWorkloadObserved(node="n", pods=(plain, slurmd)))
     assert set(body["pods"][0]) == {"namespace", "name", "phase", "uid", "pool_pod"}
     assert body["pods"][1]["slurmd_nodeset"] == "U" and body["pods"][1]["started_at"] == 5.0
+    assert body["pods"][1]["slurmd_revision"] == "abc123"
     decoded = decode_payload(K8sWorkloadObserved.KIND, body)
     assert isinstance(decoded, K8sWorkloadObserved) and decoded.pods == (plain, slurmd)

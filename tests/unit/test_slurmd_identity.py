@@ -35,7 +35,7 @@ from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import ClusterState, NodeState, OpenAction
 from sunkd.kubernetes.nodeset_status import build_nodeset_status
 from sunkd.kubernetes.normalize import slim_pod, slurmd_claim
-from sunkd.kubernetes.payloads import slurmd_node
+from sunkd.kubernetes.payloads import Payloads, slurmd_node
 from sunkd.kubernetes.slurmd_pod import render
 from sunkd.runtime.executor import ActuatorExecutor
 from tests.unit.domain_world import POOL, POOL_LABEL, slurm_obs
@@ -248,3 +248,52 @@ def test_a_pod_running_past_the_bound_without_slurm_hearing_it_is_reported() -> 
     (view,) = nodes_from_state(state, nodeset, [state.nodes["n1"]], 10.0)
     (step,) = plan(nodeset, [view], now, sources_fresh=True)
     assert "unregistered" in step.reason, step
+
+
+# ------------------------------------------------ a slurmd pod's revision, carried
+
+
+def test_the_source_reports_a_slurmd_pods_revision_and_no_other_pods() -> None:
+    """The rolling update compares each pod's revision annotation with the spec's: the
+    source reads it for slurmd pods (claim and owner agree) and for no other pod."""
+    facts = slim_pod(pod())
+    assert facts.slurmd_revision == revision(SlurmdSpec(image="i"))
+    nodesets = {"hpc/gpu": K8sNodesetObserved(pool="hpc/gpu", uid="U",
+                                              slurmd=SlurmdSpec(image="i"))}
+    unannotated = pod()
+    del unannotated["metadata"]["annotations"][wk.ANNOTATION_SLURMD_REVISION]
+    assert slim_pod(unannotated).slurmd_revision == ""
+    odd = pod()
+    odd["metadata"]["annotations"][wk.ANNOTATION_SLURMD_REVISION] = 7
+    assert slim_pod(odd).slurmd_revision == ""
+    other = pod(ownerReferences=[])  # no claim: not read at all
+    assert slim_pod(other).slurmd_revision == ""
+
+    class Pods:  # the pod watch's cache and index, as the source keeps them
+        cache = {"hpc/gpu-n1": facts, "hpc/impostor": slim_pod(pod(
+            name="impostor", uid="p2", ownerReferences=[{
+                "apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset", "name": "gpu",
+                "uid": "V", "controller": True}]))}
+
+        def on(self, node: str) -> list[str]:
+            return list(self.cache)
+
+    class View:
+        def pool_of(self, labels: object, nodesets: object) -> None:
+            return None
+
+    report = Payloads(Pods(), Pods(), View()).workload(  # type: ignore[arg-type]
+        "k1", {}, nodesets)
+    assert {p.name: p.slurmd_revision for p in report.pods} == {
+        "gpu-n1": revision(SlurmdSpec(image="i")), "impostor": ""}
+
+
+def test_a_snapshot_keeps_a_slurmd_pods_revision() -> None:
+    rev = PodRef("hpc", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
+                 slurmd_nodeset="U", started_at=5.0, slurmd_revision="abc123")
+    plain = PodRef("hpc", "web", "Running", uid="u2")
+    state = _folded((rev, plain))
+    body = state_to_json(state)
+    again = state_from_json(json.loads(json.dumps(body)))
+    assert again.nodes["n1"].pods == (rev, plain)
+    assert again.pod_reports == state.pod_reports

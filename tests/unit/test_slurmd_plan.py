@@ -152,12 +152,25 @@ def test_pod_names_are_dns_names_and_distinct() -> None:
 
 
 def test_counts() -> None:
-    nodes = [node(Phase.SLURM, (own("n1"),)),
-             node(Phase.SLURM, (own("n2", phase="Pending"),), name="n2",
+    nodes = [node(Phase.SLURM, (own("n1", revision=revision(NODESET.spec)),)),
+             node(Phase.SLURM, (own("n2", phase="Pending", revision="old"),), name="n2",
                   slurm=observed("DOWN", ("NOT_RESPONDING",))),
              node(Phase.KUBERNETES, (), name="n3")]
-    got = counts(NODESET, nodes, {"slurm/gpu-n1": revision(NODESET.spec)})
+    got = counts(NODESET, nodes)
     assert got == {"desired": 2, "current": 2, "ready": 1, "registered": 1, "updated": 1}
+    unknown = [*nodes, node(Phase.SLURM, (own("n4"),), name="n4")]  # no revision reported
+    assert "updated" not in counts(NODESET, unknown)
+
+
+def test_the_revision_ignores_how_pods_are_rolled_out() -> None:
+    """A DaemonSet's updateStrategy is not part of its template's hash: changing
+    maxUnavailable (or the strategy, or maxConcurrentStartup) replaces no pod."""
+    import dataclasses
+    spec = NODESET.spec
+    for change in ({"max_unavailable": "50%"}, {"update_strategy": "OnDelete"},
+                   {"max_concurrent_startup": 2}):
+        assert revision(dataclasses.replace(spec, **change)) == revision(spec)  # type: ignore[arg-type]
+    assert revision(dataclasses.replace(spec, env=(Label("A", "1"),))) != revision(spec)
 
 
 # ----------------------------------------------------------------------- adversaries

@@ -100,6 +100,7 @@ class Planner:
         transition_id: str | None = None,
         min_attempt: int = 1,
         await_observation: bool = True,
+        caught_up: bool = False,
     ) -> str:
         """Request `verb` unless it is open, just succeeded (awaiting its observation)
         or in backoff. The caller has already checked the world is not as wanted.
@@ -109,13 +110,16 @@ class Planner:
         observation (a pod's label is in the pods report, which moves no `k8s_seq`), and
         the verb is idempotent and may flip back at once (a slurmd pod's busy label:
         a job starting seconds after the label came off must not wait for the catch-up),
-        so a just-succeeded one does not hold it back; a failure's backoff still does."""
+        so a just-succeeded one does not hold it back; a failure's backoff still does.
+        `caught_up`: the caller knows the last success's effect was observed in a way
+        the node's observation sequence does not show (a pod it created seen and since
+        deleted), so no wait for it."""
         if (node.name, side) in self.busy_sides or node.open_action_on(side) is not None:
             return _WAITING
         attempt = 1
         outcome = node.outcomes.get(f"{side}/{verb}")
         if outcome is not None:
-            if outcome.succeeded:
+            if outcome.succeeded and not caught_up:
                 observed_seq = node.slurm_seq if side == wk.OWNER_SLURM else node.k8s_seq
                 if (
                     await_observation
@@ -123,6 +127,8 @@ class Planner:
                     and self.now - outcome.at < OBSERVATION_CATCHUP_SECONDS
                 ):
                     return _WAITING
+            elif outcome.succeeded:
+                pass
             elif transition_id is not None and outcome.transition_id != transition_id:
                 pass  # a failure of an earlier transition does not hold back a new one
             elif outcome.retryable:

@@ -41,7 +41,7 @@ from sunkd.domain.policy.repair import (
 from sunkd.domain.policy.slurmd import nodes_from_state, nodeset_of, slurmd_args
 from sunkd.domain.policy.slurmd import plan as slurmd_plan
 from sunkd.domain.policy.slurmdbusy import VERB_SLURMD_LABEL, label_args, label_steps
-from sunkd.domain.policy.slurmdrepair import repair_node
+from sunkd.domain.policy.slurmdupdate import repair_and_update
 from sunkd.domain.policy.transitions import adopt_node, handle_transition
 from sunkd.domain.slurmdgone import slurmd_nodeset
 from sunkd.domain.state import OWNER_NONE, NodeState
@@ -145,14 +145,14 @@ def _slurmd_pods(planner: Planner, pool: PoolSpec, census: Census) -> None:
     open transition when it has one, so a move that ends takes its queued pod action
     with it: `transitions.stale_action`). A settled Slurm-owned node whose pod is
     missing, ended or unregistered is the repair's (`policy/slurmdrepair.py`: drain,
-    delete, recreate with backoff, undrain), not the plan's."""
+    delete, recreate with backoff, undrain), not the plan's; so is one whose pod is
+    outdated, when the rolling update chose it (`policy/slurmdupdate.py`)."""
     observed = slurmd_nodeset(planner.state, pool.name)
     nodeset = nodeset_of(observed) if observed is not None else None
     if nodeset is None:
         return
     members = {node.name: node for node in census.members}
-    repaired = {node.name for node in census.members
-                if repair_node(planner, node, nodeset, census.assessments[node.name])}
+    repaired = repair_and_update(planner, pool, nodeset, census.members, census.assessments)
     views = nodes_from_state(planner.state, nodeset, census.members, planner.now)
     for step in slurmd_plan(nodeset, views, planner.now,
                             sources_fresh=planner.state.sources_fresh()):

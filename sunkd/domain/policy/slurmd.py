@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,7 @@ class SeenPod:
     controller_uid: str | None = None
     started_at: float | None = None  # when it turned Running
     busy: bool = False  # label LABEL_SLURMD_BUSY is on it
+    revision: str = ""  # annotation ANNOTATION_SLURMD_REVISION ("": not reported)
 
     @property
     def key(self) -> str:
@@ -135,8 +136,15 @@ def spec_from_json(text: str) -> SlurmdSpec:
 
 
 def revision(spec: SlurmdSpec) -> str:
-    """The pod template's revision: changes exactly when the spec does."""
-    return hashlib.sha256(spec_json(spec).encode()).hexdigest()[:10]
+    """The pod template's revision: changes exactly when what the pod runs does. How the
+    pods are rolled out (the update strategy, maxUnavailable, maxConcurrentStartup) is
+    left out at its default, so a change of it replaces no pod (a DaemonSet's
+    updateStrategy is not part of its pod template's hash either)."""
+    default = SlurmdSpec()
+    template = dataclasses.replace(
+        spec, update_strategy=default.update_strategy, max_unavailable=default.max_unavailable,
+        max_concurrent_startup=default.max_concurrent_startup)
+    return hashlib.sha256(spec_json(template).encode()).hexdigest()[:10]
 
 
 def slurmd_args(step: SlurmdStep, nodeset: SlurmdNodeset) -> tuple[Label, ...]:
@@ -249,15 +257,14 @@ def _state(slurm: SlurmNodeObserved | None) -> str:
     return "Slurm: " + "+".join([slurm.state.upper(), *slurm.flags]) + busy
 
 
-def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode],
-           current: Mapping[str, str] | None = None) -> dict[str, int]:
+def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode]) -> dict[str, int]:
     """status.slurmd: desired (Slurm-owned nodes), current (own live pods), ready
-    (Running), registered (Running and Slurm in contact), updated (of this revision;
-    `current` maps pod key -> its revision annotation; left out without it)."""
+    (Running), registered (Running and Slurm in contact), updated (own live pods at the
+    spec's revision; left out while a live pod's revision is not reported: unknown is no
+    number)."""
     rev = revision(nodeset.spec)
     out = {"desired": 0, "current": 0, "ready": 0, "registered": 0, "updated": 0}
-    if current is None:  # pod revisions not known: say nothing rather than 0
-        del out["updated"]
+    known = True
     for node in nodes:
         out["desired"] += node.phase in _WANTED
         for pod in node.pods or ():
@@ -266,8 +273,10 @@ def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode],
             out["current"] += 1
             out["ready"] += pod.phase == "Running"
             out["registered"] += pod.phase == "Running" and in_contact(node.slurm)
-            if current is not None:
-                out["updated"] += current.get(pod.key) == rev
+            out["updated"] += pod.revision == rev
+            known = known and bool(pod.revision)
+    if not known:
+        del out["updated"]
     return out
 
 
@@ -293,7 +302,8 @@ def _seen(ref: PodRef, nodeset: SlurmdNodeset) -> SeenPod:
     return SeenPod(ref.namespace, ref.name, ref.uid, ref.phase, deleting=ref.deleting,
                    nodeset_label=nodeset.name, slurm_node=ref.slurmd,
                    controller_kind=wk.NODESET_KIND, controller_uid=nodeset.uid,
-                   started_at=ref.started_at, busy=ref.slurmd_busy)
+                   started_at=ref.started_at, busy=ref.slurmd_busy,
+                   revision=ref.slurmd_revision)
 
 
 def nodes_from_state(state: ClusterState, nodeset: SlurmdNodeset,

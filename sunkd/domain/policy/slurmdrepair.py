@@ -44,6 +44,15 @@ under repair is never lent (`Planner.repairing`, `lend.can_lend`).
 A node that never had a pod of sunkd's (no slurmd-create in its log) gets its first one
 from the plan (`policy/slurmd.py`) as before, without a drain.
 
+The rolling update (`policy/slurmdupdate.py`) runs the same steps on a node whose own
+registered pod is **outdated** (its revision is not the spec's), for the nodes it chose
+within `maxUnavailable`: drain with `wk.REASON_SLURMD_UPDATE`, wait for DRAIN with
+nothing allocated, delete (the node is in contact: the executor asks Slurm for drained,
+idle and in contact, as for a lend), then the pod is missing under sunkd's update drain
+and the steps above create it at the spec's revision (the first create after that drain
+is attempt 1: the pod it replaces had lived) and lift the drain once it registered. An
+outdated pod is never deleted under a drain that is not sunkd's update drain.
+
 Pure: no I/O; `planner.now` is the time.
 """
 
@@ -67,15 +76,17 @@ from sunkd.domain.policy.slurmd import (
     SlurmdNodeset,
     SlurmdStep,
     pod_name,
+    revision,
     slurmd_args,
 )
 from sunkd.domain.slurmdgone import (
     CREATE,
+    DELETE,
     REGISTER_BOUND_SECONDS,
     own_slurmd_pods,
     slurmd_registered,
 )
-from sunkd.domain.slurmnode import drain_requested, slurm_busy
+from sunkd.domain.slurmnode import drain_requested, slurm_busy, slurm_drained
 from sunkd.domain.state import NodeState
 
 # The second create of a row waits this long after the first, each next one twice as
@@ -92,13 +103,15 @@ MISSING = "missing"
 TERMINATING = "terminating"
 ENDED = "ended"
 UNREGISTERED = "unregistered"
+OUTDATED = "outdated"  # the rolling update's (policy/slurmdupdate.py)
+ROLLING_UPDATE = "RollingUpdate"
 
 
 @dataclass(frozen=True, slots=True)
 class Trouble:
     """What is wrong with the node's slurmd pod; `pod` is the one to delete."""
 
-    kind: str  # MISSING, TERMINATING, ENDED, UNREGISTERED
+    kind: str  # MISSING, TERMINATING, ENDED, UNREGISTERED, OUTDATED
     why: str
     pod: PodRef | None = None
 
@@ -116,11 +129,35 @@ def repair_attempt(node: NodeState, now: float) -> int:
     last = node.outcomes.get(CREATE)
     if last is None or now - last.at >= REPAIR_RESET_SECONDS:
         return 1
+    mark = node.drain_mark
+    if (mark is not None and mark.lifted is None and is_update_drain(mark.reason)
+            and mark.at > last.at):
+        return 1  # the rolling update's replacement: the pod it deleted had lived
     return last.attempt + 1
 
 
 def is_repair_drain(reason: str | None) -> bool:
     return reason is not None and reason.startswith(wk.REASON_SLURMD_REPAIR)
+
+
+def is_update_drain(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(wk.REASON_SLURMD_UPDATE)
+
+
+def outdated_pod(node: NodeState, nodeset: SlurmdNodeset) -> PodRef | None:
+    """Under `RollingUpdate`, the node's one slurmd pod of sunkd's when it runs, its
+    slurmd registered, and its revision is reported and is not the spec's. A revision not
+    reported ("") is unknown, never outdated."""
+    if nodeset.spec.update_strategy != ROLLING_UPDATE:
+        return None
+    pods = own_slurmd_pods(node, nodeset.uid)
+    if len(pods) != 1 or pods[0].deleting or pods[0].phase != "Running" \
+            or not slurmd_registered(node, nodeset.uid):
+        return None
+    pod = pods[0]
+    if not pod.slurmd_revision or pod.slurmd_revision == revision(nodeset.spec):
+        return None
+    return pod
 
 
 def slurms_own_down(slurm: SlurmNodeObserved) -> bool:
@@ -156,16 +193,18 @@ def trouble(node: NodeState, nodeset_uid: str, now: float) -> Trouble | None:
     if ended:
         pod = ended[0]
         return Trouble(ENDED, f"slurmd pod {pod.namespace}/{pod.name} {pod.phase}", pod)
-    if node.outcomes.get(CREATE) is None and not _repair_drain_shows(node):
+    if node.outcomes.get(CREATE) is None and not _own_drain_shows(node):
         return None  # never had one: the plan creates the first (no repair)
     if any(p.deleting for p in pods):
         return Trouble(TERMINATING, "slurmd pod terminating (not deleted by a lend)")
     return Trouble(MISSING, "slurmd pod missing")
 
 
-def _repair_drain_shows(node: NodeState) -> bool:
+def _own_drain_shows(node: NodeState) -> bool:
+    """sunkd's repair or update drain is on the node, as its log proves."""
     slurm = node.slurm
-    return slurm is not None and is_repair_drain(slurm.reason) and our_drain(node)
+    return (slurm is not None and (is_repair_drain(slurm.reason)
+                                   or is_update_drain(slurm.reason)) and our_drain(node))
 
 
 def _may_repair(node: NodeState, assessment: Assessment) -> bool:
@@ -177,15 +216,26 @@ def _may_repair(node: NodeState, assessment: Assessment) -> bool:
 
 
 def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
-                assessment: Assessment) -> bool:
+                assessment: Assessment, *, update: bool = False) -> bool:
     """One round of the repair on a node of the Nodeset's pool. True when the node's
-    slurmd pod is the repair's this round (the plan leaves the node alone)."""
+    slurmd pod is the repair's this round (the plan leaves the node alone). `update`: the
+    rolling update chose the node (`policy/slurmdupdate.py`): an outdated pod is replaced
+    by the same steps."""
     if node.owner != wk.OWNER_SLURM or node.transition is not None:
         return False
     found = trouble(node, nodeset.uid, planner.now)
+    if found is None and update:
+        pod = outdated_pod(node, nodeset)
+        if pod is not None:
+            found = Trouble(OUTDATED, f"slurmd pod {pod.namespace}/{pod.name} at revision "
+                            f"{pod.slurmd_revision}, the spec's is {revision(nodeset.spec)}",
+                            pod)
     if found is None:
-        if _repair_drain_shows(node):
-            if _may_repair(node, assessment):
+        if _own_drain_shows(node):
+            slurm = node.slurm
+            assert slurm is not None
+            if _may_repair(node, assessment) and not (
+                    is_update_drain(slurm.reason) and outdated_pod(node, nodeset) is not None):
                 _undrain(planner, node, nodeset)
             planner.repairing.add(node.name)
             return True
@@ -200,13 +250,20 @@ def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
             if not foreign_word(slurm, node.drain_mark):
                 planner.ensure(
                     node, wk.OWNER_SLURM, VERB_DRAIN,
-                    f"repair: {found.why}: drain the node first",
-                    (Label("reason", f"{wk.REASON_SLURMD_REPAIR} ({found.kind})"),))
+                    f"{_what(found)}: {found.why}: drain the node first",
+                    (Label("reason", wk.REASON_SLURMD_UPDATE if found.kind == OUTDATED
+                           else f"{wk.REASON_SLURMD_REPAIR} ({found.kind})"),))
             return True  # a DOWN that is someone's word: nothing (module docstring)
     elif not drain_requested(slurm):
         return True  # an UNDRAIN is pending: whose and why is not sunkd's to guess
     if slurm_busy(slurm):
         return True  # job steps may still run in the pod's cgroup
+    if found.kind == OUTDATED:
+        # Only under sunkd's own update drain, with Slurm reporting the node drained,
+        # idle and in contact (the executor asks again right before the delete).
+        if is_update_drain(slurm.reason) and our_drain(node) and slurm_drained(slurm):
+            _delete(planner, node, nodeset, found)
+        return True
     if found.kind in (ENDED, UNREGISTERED):
         if drain_requested(slurm):
             _delete(planner, node, nodeset, found)
@@ -216,13 +273,24 @@ def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
     return True
 
 
+def _what(found: Trouble) -> str:
+    return "update" if found.kind == OUTDATED else "repair"
+
+
 def _delete(planner: Planner, node: NodeState, nodeset: SlurmdNodeset, found: Trouble) -> None:
     pod = found.pod
     assert pod is not None
-    step = SlurmdStep(node.name, VERB_SLURMD_DELETE, f"repair: {found.why}: delete it",
+    step = SlurmdStep(node.name, VERB_SLURMD_DELETE, f"{_what(found)}: {found.why}: delete it",
                       node.k8s_name or node.name, f"{pod.namespace}/{pod.name}", pod.uid)
+    # A repair's pod may be out of contact (the executor accepts that, never without DRAIN
+    # or with an allocation); an outdated one is registered: drained, idle and in contact.
+    extra = () if found.kind == OUTDATED else (Label(SLURMD_REPAIR_ARG, "1"),)
+    # The previous delete's pod went and a create succeeded since: no wait for it.
+    last, create = node.outcomes.get(DELETE), node.outcomes.get(CREATE)
     planner.ensure(node, wk.OWNER_KUBERNETES, VERB_SLURMD_DELETE, step.reason,
-                   (*slurmd_args(step, nodeset), Label(SLURMD_REPAIR_ARG, "1")))
+                   (*slurmd_args(step, nodeset), *extra),
+                   caught_up=(last is not None and create is not None and create.succeeded
+                              and create.seq > last.seq))
 
 
 def _create(planner: Planner, node: NodeState, nodeset: SlurmdNodeset, found: Trouble) -> None:
@@ -240,22 +308,28 @@ def _create(planner: Planner, node: NodeState, nodeset: SlurmdNodeset, found: Tr
                       f"repair: {found.why}: create it again (attempt {attempt})",
                       node.k8s_name or node.name,
                       f"{nodeset.namespace}/{pod_name(nodeset.name, node.name)}")
+    # The previous create's pod was seen and deleted since (a delete that succeeded
+    # after it): its observation is no reason to wait.
+    delete = node.outcomes.get(DELETE)
     planner.ensure(node, wk.OWNER_KUBERNETES, VERB_SLURMD_CREATE, step.reason,
-                   slurmd_args(step, nodeset), min_attempt=attempt)
+                   slurmd_args(step, nodeset), min_attempt=attempt,
+                   caught_up=(last is not None and delete is not None and delete.succeeded
+                              and delete.seq > last.seq))
 
 
 def _undrain(planner: Planner, node: NodeState, nodeset: SlurmdNodeset) -> None:
-    """sunkd's repair drain goes once the new slurmd registered, the owner taint is on and
-    no pod runs beside it (as a reclaim's resume)."""
+    """sunkd's repair (or update) drain goes once the new slurmd registered, the owner
+    taint is on and no pod runs beside it (as a reclaim's resume)."""
     slurm = node.slurm
     assert slurm is not None
     if (slurm_busy(slurm) or not slurmd_registered(node, nodeset.uid)
             or not has_owner_taint(node.k8s) or not no_pods(node)):
         return
     down = slurm.state.upper() == "DOWN"
+    what = "update" if is_update_drain(slurm.reason) else "repair"
     planner.ensure(
         node, wk.OWNER_SLURM, VERB_RESUME,
-        "repair: the new slurmd registered; Slurm left the node DOWN under sunkd's drain: "
-        "return it to service" if down else "repair: the new slurmd registered: undrain",
+        f"{what}: the new slurmd registered; Slurm left the node DOWN under sunkd's drain: "
+        "return it to service" if down else f"{what}: the new slurmd registered: undrain",
         (*expected_drain(slurm), Label(RETURN_TO_SERVICE_ARG, "1")) if down
         else expected_drain(slurm))
