@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_ARGS ?= --duration 120
 
-.PHONY: all venv system-deps kube-binaries slurm-roots test lint bench-smoke unit demo bench clean
+.PHONY: all venv system-deps kube-binaries slurm-roots test lint bench-smoke unit demo demo-pods-deps bench clean
 
 all: test
 
@@ -58,7 +58,14 @@ test: venv system-deps kube-binaries slurm-roots lint bench-smoke
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
 
-demo: venv system-deps
+# `make demo DEMO_ARGS=--slurmd-pods` (as root): also the control plane and kubelet
+# binaries and Slurm 22.05's Debian root for the slurmd image (cached; instant warm).
+DEMO_DEPS := $(if $(findstring --slurmd-pods,$(DEMO_ARGS)),demo-pods-deps)
+
+demo-pods-deps: system-deps kube-binaries
+	scripts/prepare-slurm-root.sh bookworm
+
+demo: venv system-deps $(DEMO_DEPS)
 	$(BIN)/sunkd demo $(DEMO_ARGS)
 
 bench: bench-smoke

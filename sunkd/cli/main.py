@@ -206,11 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
                "run the whole system locally: real Slurm, the Kubernetes emulator, SQLite")
     database(demo)
     demo.add_argument("--duration", type=float, help="seconds; run until Ctrl-C without it")
-    demo.add_argument("--nodes", type=int, default=4)
+    demo.add_argument("--nodes", type=int,
+                      help="Slurm nodes (default 4; with --slurmd-pods 3 kubelet Nodes)")
     demo.add_argument("--summary-json", type=Path)
     demo.add_argument("--phase-seconds", type=float, default=30.0,
                       help="how long each demand phase lasts (default 30)")
     demo.add_argument("--listen", metavar="HOST:PORT")
+    demo.add_argument("--slurmd-pods", action="store_true",
+                      help="as root: the real control plane, real kubelet Nodes and a "
+                           "Nodeset whose slurmd pods follow ownership (docs/nodeset.md)")
 
     from sunkd.cli.simulate import add_arguments as simulate_arguments
 

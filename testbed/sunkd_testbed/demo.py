@@ -187,6 +187,16 @@ class Generator:
             with contextlib.suppress(Exception):
                 self.emulator.delete("pods", pod["metadata"]["name"], NAMESPACE)
 
+    async def reconcile(self) -> None:
+        """Make the pool pods match `replicas` and let them run (the stand-in)."""
+        self.reconcile_pods()
+        self.stand_in.step()
+
+    def pods_on(self) -> dict[str, str]:
+        """Node -> the pool pod bound to it."""
+        return {pod["spec"]["nodeName"]: pod["metadata"]["name"]
+                for pod in self.stand_in.pool_pods() if pod["spec"].get("nodeName")}
+
     async def run(self, stop: asyncio.Event) -> None:
         # A busy node from the start: it is lent only after its job ends.
         await asyncio.to_thread(self.cluster.sbatch, "-N1", "--exclusive",
@@ -209,8 +219,7 @@ class Generator:
                         await asyncio.to_thread(
                             self.cluster.sbatch, "-N1", "--exclusive",
                             wrap=f"sleep {int(self.phase_seconds * 0.5)}", partition=PARTITION)
-            self.reconcile_pods()
-            self.stand_in.step()
+            await self.reconcile()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.5):
                     await stop.wait()
@@ -303,8 +312,7 @@ def render_table(state: ClusterState, generator: Generator, elapsed: float,
              f"  demand phase: {generator.phase}  inference replicas: {generator.replicas}"
              f"  log seq: {state.last_seq}",
              f"{'NODE':<12}{'OWNER':<12}{'PHASE':<12}{'SLURM':<26}{'KUBERNETES':<22}NOTE"]
-    pods_on = {pod["spec"].get("nodeName"): pod["metadata"]["name"]
-               for pod in generator.stand_in.pool_pods() if pod["spec"].get("nodeName")}
+    pods_on = generator.pods_on()
     for name in sorted(state.nodes):
         node = state.nodes[name]
         phase = assess(state, node, now).phase if node.slurm and node.k8s else node.phase
@@ -455,7 +463,15 @@ def cmd_demo(args: Any, settings: Settings) -> int:
 
     configure_logging(os.environ.get("SUNKD_LOG_LEVEL", "warning"), settings.log_format)
     try:
-        return asyncio.run(run_demo(settings, duration=args.duration, node_count=args.nodes,
+        if getattr(args, "slurmd_pods", False):
+            from sunkd_testbed.demopods import run_pods_demo
+
+            return asyncio.run(run_pods_demo(
+                settings, duration=args.duration, node_count=args.nodes or 3,
+                summary_json=args.summary_json, listen=args.listen,
+                phase_seconds=args.phase_seconds))
+        return asyncio.run(run_demo(settings, duration=args.duration,
+                                    node_count=args.nodes or 4,
                                     summary_json=args.summary_json, listen=args.listen,
                                     phase_seconds=args.phase_seconds))
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -117,3 +118,86 @@ def test_a_new_demo_keeps_the_previous_log_aside(tmp_path: Path) -> None:
     assert len(kept) == 2 and all(name.startswith("sunkd.db.previous-") for name in kept)
     assert any(name.endswith("-wal") for name in kept)
     set_aside_previous_log("postgresql+asyncpg://u@db/sunkd")  # never touches PostgreSQL
+
+
+@pytest.mark.timeout(1500)  # the kubelet host lock may be held by another test bed a while
+async def test_demo_with_slurmd_pods_moves_nodes_both_ways_on_real_kubelets(
+    tmp_path: Path,
+) -> None:
+    """`sunkd demo --slurmd-pods`: the real control plane, three real kubelet Nodes (the
+    demo takes the host lock the other real-kubelet tests take), host Slurm 22.05 and a
+    Nodeset with spec.slurmd. Nodes move both ways with their slurmd pods, each step is
+    measured, the HTTP surface is served, and the log passes `sunkd replay --check`."""
+    from sunkd_testbed import images
+    from sunkd_testbed.kubelet import available as kubelet_available
+    from sunkd_testbed.kubernetes import available as plane_available
+    from sunkd_testbed.slurm import available
+    from tests.conftest import require
+
+    for ok, why in (plane_available(), kubelet_available(), available("22.05")):
+        require(ok, why)
+    try:
+        images.slurm_image("22.05")
+    except images.ImageError as error:
+        require(False, str(error))
+    port = free_port()
+    demo = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sunkd", "demo", "--slurmd-pods", "--duration", "80",
+        "--phase-seconds", "30", "--summary-json", "summary.json",
+        "--listen", f"127.0.0.1:{port}", cwd=tmp_path, env={**os.environ},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    served: dict[str, bool] = {}
+    try:
+        async with aiohttp.ClientSession() as session:
+            while demo.returncode is None and len(served) < 3:
+                await asyncio.sleep(0.5)
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/readyz") as ready:
+                        if ready.status != 200:
+                            continue
+                    served["readyz"] = True
+                    async with session.get(f"http://127.0.0.1:{port}/metrics") as metrics:
+                        served["metrics"] = "sunkd_nodes" in await metrics.text()
+                    async with session.get(f"http://127.0.0.1:{port}/") as page:
+                        served["status page"] = "gpu-a001" in await page.text()
+                except aiohttp.ClientError:
+                    continue
+        output, _ = await asyncio.wait_for(demo.communicate(), 1400)
+    finally:
+        if demo.returncode is None:
+            demo.send_signal(signal.SIGINT)  # the demo cleans up what it started
+            await asyncio.wait_for(demo.wait(), 300)
+    text = output.decode()
+    assert demo.returncode == 0, text[-4000:]
+    assert served == {"readyz": True, "metrics": True, "status page": True}, served
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["lent"] >= 1 and summary["reclaimed"] >= 1, summary
+    pods = summary["slurmd_pods"]
+    assert pods["nodes"] == 3 and pods["slurm_version"].startswith("22.05"), pods
+    assert 0 < pods["apply_to_registered_s"] < 300, pods
+    assert len(pods["lends"]) == summary["lent"] and pods["lends"], pods
+    assert len(pods["reclaims"]) == summary["reclaimed"] and pods["reclaims"], pods
+    for lend in pods["lends"]:  # the pod goes before the taint comes off
+        assert lend["pod_gone_s"] is not None and lend["untainted_s"] is not None, lend
+        assert lend["pod_gone_s"] <= lend["untainted_s"], lend
+    for reclaim in pods["reclaims"]:  # the drain is lifted once the new slurmd registered
+        assert reclaim["pod_registered_s"] is not None, reclaim
+        assert reclaim["undrained_s"] is not None, reclaim
+        assert reclaim["pod_registered_s"] <= reclaim["undrained_s"], reclaim
+    memory = pods["memory_mib"]["at_registered"]
+    assert len(memory["nodes"]) == 3 and len(memory["slurmd"]) == 3, memory
+    assert all(n["kubelet"] > 0 and n["containerd"] > 0 for n in memory["nodes"].values())
+    from sunkd.domain.slurmdgone import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE
+    from sunkd.store.eventlog import EventLog
+
+    event_log = await EventLog.open(f"sqlite+aiosqlite:///{tmp_path / 'sunkd.db'}")
+    try:
+        failures = [e.payload for e in await event_log.read(0, 100_000, kinds=["action.failed"])]
+        verbs = {getattr(e.payload, "verb", "") for e in await event_log.read(
+            0, 100_000, kinds=["action.succeeded"])}
+    finally:
+        await event_log.close()
+    assert all(getattr(f, "retryable", False) for f in failures), failures
+    assert {VERB_SLURMD_CREATE, VERB_SLURMD_DELETE} <= verbs, verbs
+    code, replay = await sunkd("replay", "--check", cwd=tmp_path)
+    assert code == 0 and "replay check passed" in replay, replay

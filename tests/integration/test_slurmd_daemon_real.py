@@ -57,6 +57,7 @@ from sunkd_testbed.images import Image
 from sunkd_testbed.kubelet import KubeletNodes
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.slurm import SlurmCluster
+from sunkd_testbed.slurmdpods import hand_over
 from tests.integration import test_slurmd_pods_real as pods_real
 from tests.integration.test_e2e import migrated_database
 from tests.integration.test_slurmd_pods_real import (
@@ -195,14 +196,8 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
     plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
     plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
                   "--timeout=60s")
-    for slurm_node, k8s in zip(SLURM_NODES, bed.names, strict=True):
-        plane.kubectl("label", "node", k8s, "--overwrite", "pool=pods",
-                      f"{wk.LABEL_SLURM_NODE_NAME}={slurm_node}")
-        plane.kubectl("annotate", "node", k8s, f"{wk.ANNOTATION_PIN}-")
-    before = {n: _slurmd_started(cluster, n) for n in SLURM_NODES}
-    for name in SLURM_NODES:  # the host's slurmds go; sunkd's pods take over
-        cluster.kill_slurmd(name, sig=signal.SIGTERM)
-    await asyncio.sleep(1.1)  # a pod's slurmd starts in a later second than the host's
+    # The host's slurmds go; sunkd's pods take over.
+    before = hand_over(plane, bed, cluster, SLURM_NODES, {"pool": "pods"})
     body = _nodeset(image, cluster)
     body["spec"]["ownership"] = {"mode": "Auto", "dwellSeconds": 0, "maxInFlight": 3,
                                  "reclaimGraceSeconds": 2, "drainTimeoutSeconds": 600}

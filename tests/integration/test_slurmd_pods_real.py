@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import time
 from collections.abc import Iterator
@@ -47,6 +46,7 @@ from sunkd_testbed.kubelet import KubeletNodes, available
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.kubernetes import available as plane_available
 from sunkd_testbed.slurm import SlurmCluster
+from sunkd_testbed.slurmdpods import slurmd_nodeset, slurmd_started
 from tests.conftest import require
 from tests.integration.slurm_helpers import jwt_client, slurm_test_versions, start_cluster
 
@@ -94,9 +94,7 @@ def generation(request: pytest.FixtureRequest, bed: KubeletNodes) -> Iterator[
         f"node[1-{NODES_N}]", version=version))
 
 
-def _slurmd_started(cluster: SlurmCluster, node: str) -> str:
-    found = re.search(r"\bSlurmdStartTime=(\S+)", cluster.scontrol("show", "node", node))
-    return found.group(1) if found else ""
+_slurmd_started = slurmd_started
 
 
 def _registered(cluster: SlurmCluster, node: str, before: str) -> bool:
@@ -106,17 +104,7 @@ def _registered(cluster: SlurmCluster, node: str, before: str) -> bool:
 
 
 def _nodeset(image: Image, cluster: SlurmCluster) -> dict[str, object]:
-    base = str(cluster.base)
-    return {"apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset",
-            "metadata": {"name": "pods", "namespace": "default"},
-            "spec": {"slurm": {"partitions": ["debug"]}, "nodeSelector": {"pool": "pods"},
-                     "slurmd": {
-                         "image": image.ref, "imagePullPolicy": "Never",
-                         "env": [{"name": "SLURM_CONF", "value": f"{base}/etc/slurm.conf"}],
-                         "volumes": [{"name": "cluster",
-                                      "hostPath": {"path": base, "type": "Directory"}}],
-                         "volumeMounts": [{"name": "cluster", "mountPath": base}],
-                         "terminationGracePeriodSeconds": 10}}}
+    return slurmd_nodeset(image, cluster)
 
 
 async def _views(client: KubeClient, slurm: SlurmRestClient, bed: KubeletNodes,
