@@ -32,6 +32,7 @@ from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import (
     VERB_SLURMD_CREATE,
     VERB_SLURMD_DELETE,
+    SeenPod,
     SlurmdNodeset,
     foreign_pods,
     is_own,
@@ -120,28 +121,41 @@ class SlurmdPods:
             raise ActionError(f"{what}: the previous pod is still terminating", retryable=True)
         return False
 
-    async def delete(self, *, nodeset: SlurmdNodeset, slurm_node: str, k8s_node: str,
-                     name: str, uid: str, grace_seconds: int) -> bool:
-        """True when the deletion was sent; False when that pod is gone, terminating,
-        replaced (another uid) or on another node. A pod that is not sunkd's is refused."""
-        what = f"delete slurmd pod {nodeset.namespace}/{name}"
+    async def _decided_pod(self, what: str, skipped: str, *, nodeset: SlurmdNodeset,
+                           slurm_node: str, k8s_node: str, name: str,
+                           uid: str) -> SeenPod | None:
+        """The pod an action decided on, read now: None when it is gone, terminating,
+        replaced (another uid) or on another node (nothing to do); refused when it is
+        not sunkd's."""
         try:
             obj = await self.client.get(PODS, name, nodeset.namespace)
         except KubeApiError as error:
             if error.status == 404:
-                return False
+                return None
             raise _error(error, what) from error
         except _TRANSIENT as error:
             raise _error(error, what) from error
         pod = seen_pod(obj)
         if pod.deleting or (uid and pod.uid != uid) \
                 or (obj.get("spec") or {}).get("nodeName") != k8s_node:
-            log.info("slurmd.delete_skipped", pod=f"{nodeset.namespace}/{name}", uid=uid,
+            log.info(skipped, pod=f"{nodeset.namespace}/{name}", uid=uid,
                      current_uid=pod.uid, deleting=pod.deleting)
-            return False
+            return None
         if not is_own(pod, nodeset, slurm_node):
             raise RefusedError(f"{what}: not sunkd's slurmd pod for {slurm_node} "
                                "(owner or labels)")
+        return pod
+
+    async def delete(self, *, nodeset: SlurmdNodeset, slurm_node: str, k8s_node: str,
+                     name: str, uid: str, grace_seconds: int) -> bool:
+        """True when the deletion was sent; False when that pod is gone, terminating,
+        replaced (another uid) or on another node. A pod that is not sunkd's is refused."""
+        what = f"delete slurmd pod {nodeset.namespace}/{name}"
+        pod = await self._decided_pod(what, "slurmd.delete_skipped", nodeset=nodeset,
+                                      slurm_node=slurm_node, k8s_node=k8s_node, name=name,
+                                      uid=uid)
+        if pod is None:
+            return False
         self.check_leader(what)
         try:
             await self.client.delete(PODS, name, nodeset.namespace,
@@ -164,23 +178,11 @@ class SlurmdPods:
         when the pod is gone, terminating, replaced (another uid) or on another node, or
         already so. A pod that is not sunkd's is refused."""
         what = f"{'label' if busy else 'unlabel'} slurmd pod {nodeset.namespace}/{name} busy"
-        try:
-            obj = await self.client.get(PODS, name, nodeset.namespace)
-        except KubeApiError as error:
-            if error.status == 404:
-                return False
-            raise _error(error, what) from error
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
-        pod = seen_pod(obj)
-        if pod.deleting or (uid and pod.uid != uid) \
-                or (obj.get("spec") or {}).get("nodeName") != k8s_node:
-            log.info("slurmd.label_skipped", pod=f"{nodeset.namespace}/{name}", uid=uid,
-                     current_uid=pod.uid, deleting=pod.deleting)
+        pod = await self._decided_pod(what, "slurmd.label_skipped", nodeset=nodeset,
+                                      slurm_node=slurm_node, k8s_node=k8s_node, name=name,
+                                      uid=uid)
+        if pod is None:
             return False
-        if not is_own(pod, nodeset, slurm_node):
-            raise RefusedError(f"{what}: not sunkd's slurmd pod for {slurm_node} "
-                               "(owner or labels)")
         changed = await self.ensure_pdb(nodeset) if busy else False
         if pod.busy == busy:
             return changed

@@ -98,6 +98,24 @@ def succeed(log: Log, decisions: list[Decision], now: float) -> None:
                                 attempt=action.attempt), now)
 
 
+def settle_adversely(log: Log, decisions: list[Decision], now: float,
+                     draw: st.DrawFn) -> None:
+    """Each requested action succeeds (three times in four) or fails, retryable or not,
+    as an adversary draws."""
+    for action in requests(decisions):
+        if draw(st.integers(0, 3)):
+            log.add(ActionSucceeded(action_id=action.action_id,
+                                    transition_id=action.transition_id, side=action.side,
+                                    verb=action.verb, node=action.node,
+                                    attempt=action.attempt), now)
+        else:
+            log.add(ActionFailed(action_id=action.action_id,
+                                 transition_id=action.transition_id, side=action.side,
+                                 verb=action.verb, node=action.node,
+                                 attempt=action.attempt, error="adversary",
+                                 retryable=draw(st.booleans())), now)
+
+
 def lend_until_drained(log: Log) -> str:
     """Pin n1 to Kubernetes, drain it; Slurm reports it drained: the drain's reason."""
     log.add(k8s_obs("n1", pin="kubernetes"), 3.0)
@@ -525,16 +543,5 @@ def test_the_repair_never_writes_over_a_word_nor_touches_a_pod_under_a_job(
                     assert has_owner_taint(node.k8s)
                     assert not any(p.phase not in ("Succeeded", "Failed")
                                    for p in node.pods)  # none of sunkd's, none foreign
-        for action in requests(decisions):
-            if data.draw(st.integers(0, 3)):
-                log.add(ActionSucceeded(action_id=action.action_id,
-                                        transition_id=action.transition_id, side=action.side,
-                                        verb=action.verb, node=action.node,
-                                        attempt=action.attempt), now + 0.1)
-            else:
-                log.add(ActionFailed(action_id=action.action_id,
-                                     transition_id=action.transition_id, side=action.side,
-                                     verb=action.verb, node=action.node,
-                                     attempt=action.attempt, error="adversary",
-                                     retryable=data.draw(st.booleans())), now + 0.1)
+        settle_adversely(log, decisions, now + 0.1, data.draw)
         now += 0.5

@@ -20,8 +20,6 @@ from hypothesis import strategies as st
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import (
-    ActionFailed,
-    ActionSucceeded,
     K8sNodesetObserved,
     K8sWorkloadObserved,
     PodRef,
@@ -36,7 +34,14 @@ from sunkd.domain.slurmnode import slurm_busy, slurm_drained
 from sunkd.kubernetes.nodeset_status import build_nodeset_status
 from tests.unit.domain_world import POOL, POOL_LABEL, Log, k8s_obs, slurm_obs
 from tests.unit.test_domain_policy import _cluster
-from tests.unit.test_slurmd_ownership import UID, requests, step, succeed, verbs
+from tests.unit.test_slurmd_ownership import (
+    UID,
+    requests,
+    settle_adversely,
+    step,
+    succeed,
+    verbs,
+)
 
 OLD = SlurmdSpec(image="slurmd:1")
 NEW = SlurmdSpec(image="slurmd:2")
@@ -392,18 +397,7 @@ def test_no_pod_deleted_under_an_allocation_and_never_more_than_max_unavailable(
                 assert our_drain(node_state)
             if action.verb == VERB_DRAIN:
                 assert args["reason"].startswith("sunkd:")
-        for action in requests(decisions):
-            if data.draw(st.integers(0, 3)):
-                log.add(ActionSucceeded(action_id=action.action_id,
-                                        transition_id=action.transition_id, side=action.side,
-                                        verb=action.verb, node=action.node,
-                                        attempt=action.attempt), now + 0.1)
-            else:
-                log.add(ActionFailed(action_id=action.action_id,
-                                     transition_id=action.transition_id, side=action.side,
-                                     verb=action.verb, node=action.node,
-                                     attempt=action.attempt, error="adversary",
-                                     retryable=data.draw(st.booleans())), now + 0.1)
+        settle_adversely(log, decisions, now + 0.1, data.draw)
         now += 0.5
 
 
