@@ -38,6 +38,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -62,10 +63,44 @@ SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 # Created by a kubelet or containerd whatever their flags say (see the module docstring).
 HOST_PATHS = ("/var/log/containers", "/var/lib/kubelet", "/run/containerd")
 _CGROUP_FS = Path("/sys/fs/cgroup")
+# Every kubelet's device manager empties this directory of sockets, then listens on this
+# fixed path (pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go, Start: the
+# registration handler's CleanupPluginDirectory, then net.Listen): two kubelets starting
+# at once can interleave, and the loser exits "bind: address already in use". Each Node's
+# kubelet starts once the previous one has bound it.
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 
 
 class KubeletError(RuntimeError):
     """A kubelet Node could not be started, or a step against it failed."""
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    """The file at `path` told from one created there before (an inode number may be
+    reused, its change time moves with it)."""
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return None
+    return found.st_ino, found.st_ctime_ns
+
+
+def _await_new_socket(node: KubeletNode, before: tuple[int, int] | None, timeout: float,
+                      path: Path = DEVICE_PLUGIN_SOCKET) -> None:
+    """Wait until `node`'s kubelet has bound its device-plugin socket (a socket at `path`
+    other than the one `before` named); a kubelet that exits first fails the start."""
+    deadline = time.monotonic() + timeout
+    while True:
+        inode = _inode(path)
+        if inode is not None and inode != before and stat.S_ISSOCK(path.stat().st_mode):
+            return
+        if node.process is not None and node.process.poll() is not None:
+            raise KubeletError(f"kubelet {node.name} exited ({node.process.returncode}) "
+                               f"before it listened on {path}")
+        if time.monotonic() > deadline:
+            raise KubeletError(f"kubelet {node.name} did not listen on {path} in "
+                               f"{timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def kubelet_binary() -> Path:
@@ -344,7 +379,9 @@ class KubeletNodes(Service):
             self.import_images(self.images)
             self.import_seconds = round(time.monotonic() - started, 2)
             for node in self.nodes:
+                before = _inode(DEVICE_PLUGIN_SOCKET)
                 node.start_kubelet(self.plane, binary, self.verbosity)
+                _await_new_socket(node, before, self.ready_timeout)
             self._wait_ready()
         except BaseException as error:
             tails = "\n".join(f"{n.log_path}:\n{_tail(n.log_path)}" for n in self.nodes)
