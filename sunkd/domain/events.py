@@ -114,8 +114,10 @@ class PodRef:
     # Slurm node, and one's pod is foreign to the other's plan.
     slurmd_nodeset: str = ""
     deleting: bool = False  # metadata.deletionTimestamp is set: terminating
-    # When the pod turned Ready (its Ready condition's lastTransitionTime), for slurmd pods
-    # only (the plan's registration bound); None otherwise.
+    # When the slurmd container last started, while the pod is Ready (its
+    # state.running.startedAt: the node's clock), for slurmd pods only (the plan's
+    # registration bound, and whose slurmd Slurm hears: `slurmdgone.heard_since`); None
+    # otherwise.
     started_at: float | None = None
     # sunkd's busy label (wellknown.LABEL_SLURMD_BUSY) is on it; slurmd pods only (with
     # `slurmd`): the label the PodDisruptionBudget selects (policy/slurmdbusy.py).
@@ -206,6 +208,8 @@ class TopologyChoice:
 @dataclass(frozen=True, slots=True)
 class SlurmNodeObserved(Payload):
     KIND: ClassVar[str] = "slurm.node.observed"
+    # Written to the log only when set (`codec`): events before it lack it.
+    OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = ("slurmd_start_time",)
     node: str = ""
     state: str = "unknown"  # base state, upper case: IDLE ALLOCATED MIXED DOWN FUTURE UNKNOWN ...
     flags: tuple[str, ...] = ()  # sorted, upper case: DRAIN NOT_RESPONDING COMPLETING ...
@@ -230,6 +234,12 @@ class SlurmNodeObserved(Payload):
     # The node's configured GRES as Slurm reports it (`gpu:a100:8(S:0-1)`); None when the
     # answer had none. Compared with what Kubernetes says the node has (K8sNodeObserved.gres).
     gres: str | None = None
+    # When the slurmd slurmctld last heard registering started (unix seconds, the slurmd
+    # host's clock; `slurmd_start_time` of slurmrestd's node); None when not reported.
+    # A slurmd pod counts as registered only when this is not before its container
+    # started (`slurmdgone.slurmd_registered`): slurmctld keeps reporting a node in contact
+    # from its previous slurmd until its next ping.
+    slurmd_start_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

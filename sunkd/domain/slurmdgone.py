@@ -29,9 +29,11 @@ Pure: `now` is an input.
 
 from __future__ import annotations
 
+import math
+
 from sunkd.domain import authorship as marks
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import K8sNodesetObserved, PodRef
+from sunkd.domain.events import K8sNodesetObserved, PodRef, SlurmNodeObserved
 from sunkd.domain.slurmnode import in_contact, slurm_busy
 from sunkd.domain.state import ClusterState, NodeState
 
@@ -116,14 +118,27 @@ def expected_out_of_contact(state: ClusterState, node: NodeState, now: float) ->
     return slurmd_gone(node) or slurmd_starting(state, node, now)
 
 
+def heard_since(slurm: SlurmNodeObserved | None, started_at: float | None) -> bool:
+    """The slurmd Slurm last heard registering started no earlier than the pod's slurmd
+    container (`PodRef.started_at`: the runtime's start time on the node, slurmd's own
+    clock). slurmctld keeps a node in contact from its previous slurmd until its next ping
+    finds it gone (`ping_nodes` in src/slurmctld/ping_nodes.c), so contact alone does not
+    say the new pod's slurmd registered. Both times are whole seconds (RFC 3339 in the
+    pod's status; `time(NULL)` in slurmd). Unknown either side is not heard."""
+    return (slurm is not None and slurm.slurmd_start_time is not None
+            and started_at is not None and slurm.slurmd_start_time >= math.floor(started_at))
+
+
 def slurmd_registered(node: NodeState, nodeset_uid: str) -> bool:
-    """sunkd's slurmd pod runs on the node (Running, not terminating) and Slurm hears
-    from its slurmd: in contact, or registered but left DOWN (no NOT_RESPONDING: with
-    ReturnToService=1 slurmctld returns a DOWN node to service on registration only
-    when its reason is "Not responding", `validate_node_specs` in
-    src/slurmctld/node_mgr.c; a node DOWN under sunkd's drain reason stays DOWN)."""
+    """sunkd's slurmd pod runs on the node (Running, not terminating), Slurm's slurmd is
+    that pod's (`heard_since`) and Slurm hears from it: in contact, or registered but
+    left DOWN (no NOT_RESPONDING: with ReturnToService=1 slurmctld returns a DOWN node to
+    service on registration only when its reason is "Not responding",
+    `validate_node_specs` in src/slurmctld/node_mgr.c; a node DOWN under sunkd's drain
+    reason stays DOWN)."""
     slurm = node.slurm
     if slurm is None or not any(pod.phase == "Running" and not pod.deleting
+                                and heard_since(slurm, pod.started_at)
                                 for pod in own_slurmd_pods(node, nodeset_uid)):
         return False
     if in_contact(slurm):

@@ -232,7 +232,7 @@ class PodFacts:
     # for a Nodeset it knows by that uid and name (`slurmd_claim`). None for every other pod.
     slurmd_claim: tuple[str, str, str] | None = None
     deleting: bool = False  # metadata.deletionTimestamp set
-    started_at: float | None = None  # Ready since (`ready_since`), slurmd claimants only
+    started_at: float | None = None  # slurmd started (`ready_since`), slurmd claimants only
     slurmd_revision: str = ""  # annotation ANNOTATION_SLURMD_REVISION, slurmd claimants only
 
 
@@ -326,15 +326,30 @@ def slim_pod(obj: JSON) -> PodFacts:
     )
 
 
+# The container that runs slurmd in sunkd's pods (`slurmd_pod.render`).
+SLURMD_CONTAINER = "slurmd"
+
+
 def ready_since(status: Mapping[str, Any]) -> float | None:
-    """When the pod turned Ready: its Ready condition's `lastTransitionTime` while True
-    (core/v1 PodCondition); None when it is not Ready or the time does not parse."""
+    """When the slurmd container last started, while the pod is Ready: its
+    `state.running.startedAt` (core/v1 ContainerStateRunning, set by the node's runtime:
+    the clock slurmd's own start time is read from, `slurmd_start_time` in Slurm, so the
+    two compare without skew); None when the pod is not Ready, the container not
+    running, or the time does not parse."""
     conditions = status.get("conditions")
-    for condition in conditions if isinstance(conditions, list) else ():
-        if isinstance(condition, Mapping) and condition.get("type") == "Ready" \
-                and condition.get("status") == "True":
+    ready = any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (conditions if isinstance(conditions, list) else ()))
+    containers = status.get("containerStatuses")
+    if not ready or not isinstance(containers, list):
+        return None
+    for container in containers:
+        if isinstance(container, Mapping) and container.get("name") == SLURMD_CONTAINER:
+            running = (container.get("state") or {}).get("running") \
+                if isinstance(container.get("state"), Mapping) else None
+            if not isinstance(running, Mapping):
+                return None
             try:
-                text = str(condition.get("lastTransitionTime")).replace("Z", "+00:00")
+                text = str(running.get("startedAt")).replace("Z", "+00:00")
                 return datetime.fromisoformat(text).timestamp()
             except ValueError:
                 return None

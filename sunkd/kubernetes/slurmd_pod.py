@@ -20,10 +20,10 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import SeenPod, revision
 from sunkd.kubernetes.client import JSON
-from sunkd.kubernetes.normalize import ready_since
+from sunkd.kubernetes.normalize import SLURMD_CONTAINER, ready_since
 from sunkd.kubernetes.slurmd_spec import MAX_LABEL_VALUE
 
-CONTAINER = "slurmd"
+CONTAINER = SLURMD_CONTAINER
 _LABEL_VALUE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 

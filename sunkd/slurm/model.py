@@ -93,6 +93,7 @@ class SlurmNode(NamedTuple):
     boot_time: float | None = None
     last_busy: float | None = None
     gres: str | None = None  # the configured GRES as Slurm reports it (`gpu:a100:8(S:0)`)
+    slurmd_start_time: float | None = None  # when the slurmd slurmctld heard last started
 
     @property
     def is_drain(self) -> bool:
@@ -139,6 +140,7 @@ class SlurmNode(NamedTuple):
             jobs=jobs,
             job_end=job_end,
             gres=self.gres,
+            slurmd_start_time=self.slurmd_start_time,
         )
 
 

@@ -275,6 +275,7 @@ def _fast_node(raw: Any) -> SlurmNode:
         _fast_time(raw.get("boot_time")),
         _fast_time(raw.get("last_busy")),
         gres if gres and gres not in _NO_GRES else None,
+        _fast_time(raw.get("slurmd_start_time")),
     )
 
 
@@ -348,6 +349,7 @@ def _checked_node(raw: Any, where: str) -> SlurmNode:
         boot_time=_time(raw.get("boot_time"), f"{where}.boot_time"),
         last_busy=_time(raw.get("last_busy"), f"{where}.last_busy"),
         gres=gres if gres and gres not in _NO_GRES else None,
+        slurmd_start_time=_time(raw.get("slurmd_start_time"), f"{where}.slurmd_start_time"),
     )
 
 

@@ -105,12 +105,18 @@ def sunkd_held(log: Log, node: str, now: float) -> None:
             now)
 
 
+# By default Slurm hears a slurmd that started after every pod of a test world
+# (`slurmdgone.heard_since`); a test of a stale contact passes an earlier time.
+SLURMD_STARTED = 1e9
+
+
 def slurm_obs(
     node: str,
     state: str = "IDLE",
     flags: tuple[str, ...] = (),
     reason: str | None = None,
     alloc_cpus: int = 0,
+    slurmd_start_time: float | None = SLURMD_STARTED,
 ) -> SlurmNodeObserved:
     return SlurmNodeObserved(
         node=node,
@@ -120,6 +126,7 @@ def slurm_obs(
         cpus=64,
         alloc_cpus=alloc_cpus,
         partitions=(PARTITION,),
+        slurmd_start_time=slurmd_start_time,
     )
 
 

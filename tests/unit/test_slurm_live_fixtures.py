@@ -83,6 +83,8 @@ def test_idle(version: str) -> None:
         # 24.11 says reason_set_by_user "root" with an empty reason: no setter then.
         assert node.reason is None and node.reason_set_by is None and node.reason_time is None
         assert node.boot_time is not None and node.last_busy is not None
+        assert node.slurmd_start_time is not None
+        assert node.to_observed().slurmd_start_time == node.slurmd_start_time
         assert (node.gpus_total, node.gpus_used, node.features, node.comment) == (0, 0, (), None)
 
 

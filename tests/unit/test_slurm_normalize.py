@@ -50,6 +50,7 @@ def test_v038_busy() -> None:
     assert node.reason_time is None  # reason_changed_at 0 = never
     assert node.partitions == ("debug",) and node.features == () and node.comment is None
     assert node.boot_time == 1795988082.0 and node.last_busy == 1795990016.0
+    assert node.slurmd_start_time == 1795990016.0
 
 
 def test_v038_draining_and_drained() -> None:

@@ -120,7 +120,7 @@ def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
     log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
                                partitions=("gpu",), slurmd=spec), 2.0)
     own = PodRef("default", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
-                 slurmd_nodeset="U")
+                 slurmd_nodeset="U", started_at=2.5)
     starting = PodRef("default", "gpu-n2", "Pending", uid="u2", pool_pod=False, slurmd="n2",
                       slurmd_nodeset="U")
     log.add(K8sWorkloadObserved(node="n1", pool="", pods=(own,)), 3.0)
@@ -214,15 +214,27 @@ def test_a_snapshot_keeps_whose_slurmd_pod_it_is() -> None:
 # ------------------------------------------------ a pod's deletion and start, carried
 
 
-def test_the_source_reads_a_pods_deletion_and_when_it_turned_ready() -> None:
+def test_the_source_reads_a_pods_deletion_and_when_its_slurmd_container_started() -> None:
+    """`started_at` is the slurmd container's start (the node's clock, as slurmd's own
+    start time in Slurm), read while the pod is Ready: not when it turned Ready."""
     ready = {"phase": "Running", "conditions": [
-        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:10Z"}]}
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:10Z"}],
+        "containerStatuses": [
+            {"name": "sidecar", "state": {"running": {"startedAt": "2026-01-01T00:00:01Z"}}},
+            {"name": "slurmd", "state": {"running": {"startedAt": "2026-01-01T00:00:09Z"}}}]}
     obj = pod(deletionTimestamp="2026-01-01T00:01:00Z")
     obj["status"] = ready
     facts = slim_pod(obj)
-    assert facts.deleting and facts.started_at == 1767225610.0
+    assert facts.deleting and facts.started_at == 1767225609.0
     plain = slim_pod(pod())
     assert not plain.deleting and plain.started_at is None
+    waiting = pod()
+    waiting["status"] = {**ready, "containerStatuses": [
+        {"name": "slurmd", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}
+    assert slim_pod(waiting).started_at is None
+    not_ready = pod()
+    not_ready["status"] = {**ready, "conditions": [{"type": "Ready", "status": "False"}]}
+    assert slim_pod(not_ready).started_at is None
 
 
 def test_a_terminating_own_pod_is_neither_live_nor_deleted_again() -> None:

@@ -248,6 +248,23 @@ def test_a_reclaim_taints_creates_the_pod_and_undrains_once_slurmd_registered() 
     assert any(isinstance(d, CompleteTransition) for d in step(log, 206.0))
 
 
+def test_a_reclaim_undrains_only_once_slurm_hears_the_new_pods_slurmd() -> None:
+    """Slurm in contact with a slurmd older than the reclaimed pod's (slurmctld has not
+    pinged it since) is not that pod registering: no undrain until a slurmd that started
+    with the pod registers."""
+    log = world()
+    reason = lent(log)
+    log.add(k8s_obs("n1", pin="slurm", tainted=False), 200.0)
+    succeed(log, step(log, 200.0), 200.1)
+    log.add(k8s_obs("n1", pin="slurm"), 200.2)
+    succeed(log, step(log, 201.0), 201.1)
+    log.add(K8sWorkloadObserved(node="n1", pods=(own(started_at=203.0),)), 203.0)
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=reason, slurmd_start_time=150.0), 203.5)
+    assert verbs(step(log, 204.0)) == []
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=reason, slurmd_start_time=203.0), 205.0)
+    assert verbs(step(log, 205.5)) == [VERB_RESUME]
+
+
 def test_a_reclaimed_pod_that_never_registers_is_held_past_the_bound() -> None:
     log = world()
     reason = lent(log)

@@ -39,13 +39,15 @@ NOW = 10_000.0
 def own(node: str, **kw: object) -> SeenPod:
     base = dict(namespace="slurm", name=pod_name("gpu", node), uid=f"u-{node}",
                 nodeset_label="gpu", slurm_node=node, controller_kind=wk.NODESET_KIND,
-                controller_uid="uid-gpu")
+                controller_uid="uid-gpu", started_at=NOW - 60)
     base.update(kw)
     return SeenPod(**base)  # type: ignore[arg-type]
 
 
-def observed(state: str = "IDLE", flags: tuple[str, ...] = (), alloc: int = 0) -> SlurmNodeObserved:
-    return SlurmNodeObserved(node="n1", state=state, flags=flags, cpus=4, alloc_cpus=alloc)
+def observed(state: str = "IDLE", flags: tuple[str, ...] = (), alloc: int = 0,
+             slurmd_start_time: float = NOW - 59) -> SlurmNodeObserved:
+    return SlurmNodeObserved(node="n1", state=state, flags=flags, cpus=4, alloc_cpus=alloc,
+                             slurmd_start_time=slurmd_start_time)
 
 
 def node(phase: Phase, pods: tuple[SeenPod, ...] | None = (), *, slurm: SlurmNodeObserved | None

@@ -309,3 +309,25 @@ async def test_the_executor_deletes_a_repaired_pod_out_of_contact_never_under_a_
         with pytest.raises(ActionError):
             await ActuatorExecutor(None, kube, Slurm(busy)).execute(repair, None)  # type: ignore[arg-type]
     assert kube.deleted == ["n1"]
+
+
+def test_no_undrain_while_slurm_still_hears_the_slurmd_from_before_the_new_pod() -> None:
+    """slurmctld reports a node in contact from its previous slurmd until its next ping
+    finds it gone: a repaired node whose new pod is Running is undrained only once Slurm
+    reports a slurmd that started with that pod (seen in the real e2e: the drain lifted
+    while the new slurmd had not registered, then NOT_RESPONDING)."""
+    log = brought_up()
+    log.add(K8sWorkloadObserved(node="n1", pods=(own(deleting=True, started_at=4.0),)), 110.0)
+    reason = repair_drain(log, 110.5)
+    old = slurm_obs("n1", flags=("DRAIN",), reason=reason, slurmd_start_time=3.0)
+    log.add(old, 111.0)
+    log.add(K8sWorkloadObserved(node="n1", pods=()), 112.0)
+    create = step(log, 112.5)
+    assert verbs(create) == [VERB_SLURMD_CREATE], create
+    succeed(log, create, 112.6)
+    log.add(K8sWorkloadObserved(node="n1", pods=(own(started_at=113.0),)), 113.0)
+    for now in (113.5, 114.0, 150.0):
+        assert verbs(step(log, now)) == []  # in contact, but with the old slurmd
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=reason, slurmd_start_time=113.0), 151.0)
+    resume = step(log, 151.5)
+    assert verbs(resume) == [VERB_RESUME], resume

@@ -32,7 +32,7 @@ from sunkd.domain.policy.slurmd import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE, r
 from sunkd.domain.policy.slurmdupdate import in_update, max_unavailable
 from sunkd.domain.slurmnode import slurm_busy, slurm_drained
 from sunkd.kubernetes.nodeset_status import build_nodeset_status
-from tests.unit.domain_world import POOL, POOL_LABEL, Log, k8s_obs, slurm_obs
+from tests.unit.domain_world import POOL, POOL_LABEL, SLURMD_STARTED, Log, k8s_obs, slurm_obs
 from tests.unit.test_domain_policy import _cluster
 from tests.unit.test_slurmd_ownership import (
     UID,
@@ -340,8 +340,11 @@ def _obs(node: str, draw: st.DrawFn, reason: str | None) -> SlurmNodeObserved:
         flags.add("DRAIN")
     text = draw(st.sampled_from((reason, reason, None, "bad DIMM",
                                  wk.REASON_SLURMD_UPDATE)))
+    # Slurm may still report the slurmd from before the node's current pod (slurmctld
+    # has not pinged it since), or no start time at all.
+    started = draw(st.sampled_from((SLURMD_STARTED, SLURMD_STARTED, 3.0, None)))
     return slurm_obs(node, state=state, flags=tuple(sorted(flags)), reason=text,
-                     alloc_cpus=4 if state == "MIXED" else 0)
+                     alloc_cpus=4 if state == "MIXED" else 0, slurmd_start_time=started)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -395,6 +398,11 @@ def test_no_pod_deleted_under_an_allocation_and_never_more_than_max_unavailable(
                     assert (slurm.reason or "").startswith(wk.REASON_SLURMD_UPDATE)
             if action.verb == VERB_RESUME:
                 assert our_drain(node_state)
+                if node_state.transition is None:  # the update's or the repair's: the
+                    # slurmd Slurm hears started with the pod (not before it)
+                    assert any(p.started_at is not None and p.phase == "Running"
+                               and (slurm.slurmd_start_time or 0) >= p.started_at
+                               for p in node_state.pods or ()), slurm
             if action.verb == VERB_DRAIN:
                 assert args["reason"].startswith("sunkd:")
         settle_adversely(log, decisions, now + 0.1, data.draw)

@@ -34,6 +34,7 @@ from sunkd.domain.ownership import assess, has_owner_taint
 from sunkd.domain.slurmdgone import REGISTER_BOUND_SECONDS as REGISTER_BOUND_SECONDS
 from sunkd.domain.slurmdgone import VERB_SLURMD_CREATE as VERB_SLURMD_CREATE
 from sunkd.domain.slurmdgone import VERB_SLURMD_DELETE as VERB_SLURMD_DELETE
+from sunkd.domain.slurmdgone import heard_since
 from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
 from sunkd.domain.state import ClusterState, NodeState, Phase
 
@@ -241,7 +242,7 @@ def _lend_steps(nodeset: SlurmdNodeset, node: SlurmdNode,
 
 
 def _running_reason(pod: SeenPod, slurm: SlurmNodeObserved | None, now: float) -> str:
-    if in_contact(slurm):
+    if in_contact(slurm) and heard_since(slurm, pod.started_at):
         return f"slurmd pod {pod.key} registered"
     if pod.phase == "Running" and pod.started_at is not None \
             and now - pod.started_at > REGISTER_BOUND_SECONDS:
@@ -259,9 +260,9 @@ def _state(slurm: SlurmNodeObserved | None) -> str:
 
 def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode]) -> dict[str, int]:
     """status.slurmd: desired (Slurm-owned nodes), current (own live pods), ready
-    (Running), registered (Running and Slurm in contact), updated (own live pods at the
-    spec's revision; left out while a live pod's revision is not reported: unknown is no
-    number)."""
+    (Running), registered (Running, Slurm in contact with its slurmd: `heard_since`),
+    updated (own live pods at the spec's revision; left out while a live pod's revision
+    is not reported: unknown is no number)."""
     rev = revision(nodeset.spec)
     out = {"desired": 0, "current": 0, "ready": 0, "registered": 0, "updated": 0}
     known = True
@@ -272,7 +273,8 @@ def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode]) -> dict[str, int
                 continue
             out["current"] += 1
             out["ready"] += pod.phase == "Running"
-            out["registered"] += pod.phase == "Running" and in_contact(node.slurm)
+            out["registered"] += (pod.phase == "Running" and in_contact(node.slurm)
+                                  and heard_since(node.slurm, pod.started_at))
             out["updated"] += pod.revision == rev
             known = known and bool(pod.revision)
     if not known:
