@@ -46,6 +46,7 @@ The figures are printed (`-s`) and recorded in docs/nodeset.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -53,6 +54,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -465,6 +467,7 @@ async def test_sunkd_killed_mid_update_converges(
             await watch.until("node1 busy", lambda: _busy(watch, "node1"), within=30)
             await asyncio.sleep(3)  # sunkd's Slurm poll (1 s) has seen the job too
             kills, took = await _roll_killing(cluster, client, watch, body, job)
+            takeovers = _takeovers(daemon.log, kills)
             assert '"verb": "cordon"' not in daemon.log.read_text(), daemon.tail()
             for node in SLURM_NODES:
                 assert not await watch.held(node), daemon.tail()
@@ -502,21 +505,26 @@ async def test_sunkd_killed_mid_update_converges(
                           check=False)
             bed.wait("the Nodeset's pods gone",
                      lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
-    print(f"\nsunkd killed -9 mid-update ({', '.join(f'{w} on {n}' for w, n in kills)}), "
-          f"Slurm {cluster.slurm_version}: spec change -> all {NODES_N} pods new and "
-          f"registered {took} s with a 60 s job on node1 and three restarts")
+    print(f"\nsunkd killed -9 mid-update, Slurm {cluster.slurm_version}: "
+          + "; ".join(f"{w} on {n}: kill -> new leader {lead} s"
+                      + (f", -> its first action {act} s" if act is not None else "")
+                      for (w, n, _), (lead, act) in zip(kills, takeovers, strict=True))
+          + f"; spec change -> all {NODES_N} pods new and registered {took} s with a 60 s "
+          f"job on node1 and three restarts")
 
 
-# Where _roll_killing kills sunkd, in this order: the first moment a node is seen so.
+# Where _roll_killing kills sunkd: each the first moment a node is seen so (in any order:
+# a stage the test's poll missed on one node is caught on the next).
 _KILL_AT = ("old pod deleting", "new pod created under the drain", "drained under a job")
 
 
 async def _roll_killing(cluster: SlurmCluster, client: KubeClient, watch: Watch,
-                        body: dict[str, Any], job: int) -> tuple[list[tuple[str, str]], float]:
-    """Change spec.slurmd (an env var) and SIGKILL sunkd at each stage of `_KILL_AT`,
+                        body: dict[str, Any], job: int
+                        ) -> tuple[list[tuple[str, str, float]], float]:
+    """Change spec.slurmd (an env var) and SIGKILL sunkd once at each stage of `_KILL_AT`,
     starting a new process at once each time; watch every pod be replaced with no pod
     deleted while Slurm reports its node allocated (node1's only after its job ended),
-    never two nodes in update at once. The kills (stage, node) and seconds from the
+    never two nodes in update at once. The kills (stage, node, when) and seconds from the
     change to every pod at the new revision, Running, its node IDLE through a new
     slurmd."""
     bed, daemon = watch.bed, watch.daemon
@@ -535,7 +543,7 @@ async def _roll_killing(cluster: SlurmCluster, client: KubeClient, watch: Watch,
     observed = parse_nodeset(slim_nodeset(await client.get(NODESETS, "pods", "default")))
     assert observed.slurmd is not None
     rev = revision(observed.slurmd)
-    kills: list[tuple[str, str]] = []
+    kills: list[tuple[str, str, float]] = []
     replaced: dict[str, float] = {}  # node -> when its old pod was first seen going
     while True:
         daemon.alive()
@@ -570,27 +578,54 @@ async def _roll_killing(cluster: SlurmCluster, client: KubeClient, watch: Watch,
             if drained or (node in replaced and not through):
                 in_update.append(node)
             through_n += through and view.state == "IDLE"
-            if stage is None and kills.__len__() < len(_KILL_AT):
-                want = _KILL_AT[len(kills)]
-                if ((want == _KILL_AT[0] and (deleting or (uid is None and drained)))
-                        or (want == _KILL_AT[1] and drained and uid not in (None, old[node])
-                            and not meta.get("deletionTimestamp"))
-                        or (want == _KILL_AT[2] and drained and uid == old[node]
-                            and _allocated(view.state) and job_running)):
-                    stage = (want, node)
+            now_at = {
+                _KILL_AT[0]: deleting or (uid is None and drained),
+                _KILL_AT[1]: drained and uid not in (None, old[node])
+                and not meta.get("deletionTimestamp"),
+                _KILL_AT[2]: drained and uid == old[node] and _allocated(view.state)
+                and job_running,
+            }
+            if stage is None:
+                stage = next(((want, node) for want in _KILL_AT
+                              if now_at[want] and want not in {w for w, _, _ in kills}),
+                             None)
         assert len(in_update) <= 1, f"more than maxUnavailable=1 nodes in update: {in_update}"
         if stage is not None:
             await daemon.kill()
-            kills.append(stage)
+            kills.append((*stage, time.time()))
             await daemon.start(f"killmid-{len(kills)}")
             continue
         if len(kills) == len(_KILL_AT) and len(replaced) == NODES_N and through_n == NODES_N:
             break
-        assert len(kills) == len(_KILL_AT) or len(replaced) < NODES_N or through_n < NODES_N
         if len(replaced) == NODES_N and through_n == NODES_N:
             raise AssertionError(f"rolled before every kill: kills {kills}\n{daemon.tail()}")
         await asyncio.sleep(0.1)
     return kills, round(time.monotonic() - changed, 2)
+
+
+def _takeovers(log: Path, kills: list[tuple[str, str, float]]
+               ) -> list[tuple[float, float | None]]:
+    """For each kill, from the daemon's JSON log: seconds to the next process's
+    `leadership.acquired` (the lease, 3 s here, runs out first), and to its first action
+    done (None after the kill under a job: its next action waits for the job's end)."""
+    def stamp(entry: dict[str, Any]) -> float:
+        return datetime.fromisoformat(str(entry["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+    entries = []
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict) and "timestamp" in entry:
+                entries.append(entry)
+    out: list[tuple[float, float | None]] = []
+    for index, (stage, _node, killed) in enumerate(kills, start=1):
+        acquired = next(stamp(e) for e in entries if e.get("event") == "leadership.acquired"
+                        and e.get("identity") == f"killmid-{index}")
+        acted = next((stamp(e) for e in entries if e.get("event") == "engine.action_done"
+                      and stamp(e) > acquired), None)
+        out.append((round(acquired - killed, 2),
+                    None if stage == _KILL_AT[2] or acted is None else round(acted - killed, 2)))
+    return out
 
 
 async def _roll(cluster: SlurmCluster, client: KubeClient, watch: Watch,
