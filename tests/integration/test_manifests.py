@@ -3,7 +3,9 @@ object validated against the Kubernetes 1.32 OpenAPI schemas (kubernetes-validat
 schemas, offline), the example Nodeset against the CRD's own schema, the CRD and example
 applied with kubectl to the API emulator, and the RBAC rules checked against every API call
 sunkd's code makes (`sunkd.kubernetes.actuator.API_CALLS`, cross-checked by a scan of the
-code), in both directions.
+code), in both directions. The opt-in component components/slurmd-pods is rendered as a
+site adds it to an overlay (production with it) and checked the same way against
+`API_CALLS` + `SLURMD_API_CALLS`.
 
 ServiceMonitor and PrometheusRule have no schema here (the Prometheus Operator CRDs are not
 shipped by any installable package): they are checked structurally, and every alert
@@ -37,6 +39,16 @@ VARIANTS = {
     "dev": MANIFESTS / "overlays" / "dev",
     "production": MANIFESTS / "overlays" / "production",
 }
+SLURMD_PODS = MANIFESTS / "components" / "slurmd-pods"
+# Overlays a site writes from ours: a variant with components added (kustomize refuses
+# absolute paths, so the kustomization is written in a temporary directory naming both by
+# relative path). Each is checked like the variants above.
+COMPOSED: dict[str, tuple[str, tuple[Path, ...]]] = {
+    "production+slurmd-pods": ("production", (SLURMD_PODS,)),
+}
+ALL_VARIANTS = [*VARIANTS, *COMPOSED]
+# The variants that grant what a Nodeset's slurmd pods need (SLURMD_API_CALLS).
+SLURMD_VARIANTS = {name for name, (_, parts) in COMPOSED.items() if SLURMD_PODS in parts}
 K8S_VERSION = "1.32.0"
 NAMESPACE = "sunkd"
 # Kinds whose schema kubernetes-validate cannot know (CRDs), checked by the tests below.
@@ -66,9 +78,24 @@ def render(directory: Path) -> list[Obj]:
     return docs
 
 
+def compose(directory: Path, variant: str, components: tuple[Path, ...]) -> Path:
+    """A kustomization in `directory` building `variant` with `components`."""
+    def rel(path: Path) -> str:
+        return os.path.relpath(path, directory)
+
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [rel(VARIANTS[variant])],
+        "components": [rel(c) for c in components]}))
+    return directory
+
+
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, list[Obj]]:
-    return {name: render(path) for name, path in VARIANTS.items()}
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Obj]]:
+    docs = {name: render(path) for name, path in VARIANTS.items()}
+    for name, (variant, components) in COMPOSED.items():
+        docs[name] = render(compose(tmp_path_factory.mktemp("overlay"), variant, components))
+    return docs
 
 
 def find(docs: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
@@ -94,7 +121,7 @@ def container(docs: list[Obj], name: str = "sunkd", init: bool = False) -> Obj:
 # --------------------------------------------------------------------------- rendering
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_renders_well_formed_objects(rendered: dict[str, list[Obj]], variant: str) -> None:
     docs = rendered[variant]
     identities = set()
@@ -139,7 +166,7 @@ def test_overlay_differences(rendered: dict[str, list[Obj]]) -> None:
 # ------------------------------------------------------------- schemas (Kubernetes 1.32)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_objects_valid_against_kubernetes_openapi(rendered: dict[str, list[Obj]],
                                                   variant: str) -> None:
     import kubernetes_validate
@@ -195,7 +222,7 @@ def test_example_nodeset_valid_against_crd_schema(rendered: dict[str, list[Obj]]
 # ------------------------------------------------------------------------- Deployment
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_deployment_security_and_probes(rendered: dict[str, list[Obj]], variant: str) -> None:
     docs = rendered[variant]
     pod = deployment(docs)["spec"]["template"]["spec"]
@@ -241,7 +268,7 @@ def env_of(c: Obj) -> dict[str, Obj]:
     return {e["name"]: e for e in c.get("env", [])}
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_command_line_and_config_are_valid_for_sunkd(rendered: dict[str, list[Obj]],
                                                      variant: str, tmp_path: Path) -> None:
     """The container arguments parse with sunkd's own CLI parser, and the mounted TOML
@@ -299,7 +326,7 @@ def test_command_line_and_config_are_valid_for_sunkd(rendered: dict[str, list[Ob
 # ----------------------------------------------------------- Service and monitoring
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_service_and_servicemonitor_select_sunkd(rendered: dict[str, list[Obj]],
                                                  variant: str) -> None:
     docs = rendered[variant]
@@ -503,7 +530,7 @@ def test_code_scan_agrees_with_api_calls() -> None:
     assert not missing, f"the code makes calls API_CALLS does not list: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_rbac_grants_exactly_the_api_calls(rendered: dict[str, list[Obj]], variant: str) -> None:
     docs = rendered[variant]
     sa_name = deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
@@ -524,7 +551,7 @@ def test_rbac_grants_exactly_the_api_calls(rendered: dict[str, list[Obj]], varia
                    for b in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding")), \
             f"{role['kind']} {role['metadata']['name']} is bound to nothing"
 
-    needed = api_calls()
+    needed = api_calls(slurmd=variant in SLURMD_VARIANTS)
     # The leader-election Lease lives in sunkd's own namespace: granted there only.
     lease_calls = {c for c in needed if c[1] == "coordination.k8s.io"}
     assert lease_calls and lease_calls <= namespace_grants
@@ -534,6 +561,39 @@ def test_rbac_grants_exactly_the_api_calls(rendered: dict[str, list[Obj]], varia
     assert everything <= needed, f"RBAC grants more than the code uses: " \
         f"{sorted(everything - needed)}"
     assert not {c for c in everything if c[2] in ("secrets", "configmaps")}
+
+
+def test_slurmd_pods_component_adds_only_its_rbac(rendered: dict[str, list[Obj]]) -> None:
+    """components/slurmd-pods adds one ClusterRole granting exactly SLURMD_API_CALLS,
+    bound to sunkd's ServiceAccount, and changes nothing else of the overlay; no variant
+    we ship grants any of it (test_rbac_grants_exactly_the_api_calls)."""
+    def by_identity(docs: list[Obj]) -> dict[tuple[str, str], Obj]:
+        return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+    plain = by_identity(rendered["production"])
+    composed = by_identity(rendered["production+slurmd-pods"])
+    added = set(composed) - set(plain)
+    assert added == {("ClusterRole", "sunkd-slurmd-pods"),
+                     ("ClusterRoleBinding", "sunkd-slurmd-pods")}, added
+    assert {k: composed[k] for k in plain} == plain
+    slurmd_only = api_calls(slurmd=True) - api_calls()
+    assert slurmd_only and granted(composed[("ClusterRole", "sunkd-slurmd-pods")]) == slurmd_only
+    binding = composed[("ClusterRoleBinding", "sunkd-slurmd-pods")]
+    sa_name = deployment(rendered["production"])["spec"]["template"]["spec"][
+        "serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa_name,
+                                    "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == "sunkd-slurmd-pods"
+    for name in VARIANTS:
+        assert not (granted_to_sunkd(rendered[name]) & slurmd_only), name
+
+
+def granted_to_sunkd(docs: list[Obj]) -> set[tuple[str, str, str]]:
+    """Everything a variant's ClusterRoles and Roles grant (bound or not)."""
+    out: set[tuple[str, str, str]] = set()
+    for role in find(docs, "ClusterRole") + find(docs, "Role"):
+        out |= granted(role)
+    return out
 
 
 # ---------------------------------------------------- kubectl against the API emulator
@@ -602,7 +662,7 @@ def test_scheduler_extender_matches_the_reference_configuration(
         p["schedulerName"] for p in reference["profiles"]}
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_grafana_configmaps_carry_the_files(rendered: dict[str, list[Obj]],
                                             variant: str) -> None:
     grafana = MANIFESTS / "grafana"

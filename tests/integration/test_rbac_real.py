@@ -14,6 +14,13 @@ client. The audit log says which requests were made and which were refused:
 - with each verb of each rule removed in turn (a rule with one verb: the rule), exactly that
   call is refused: every rule, and every verb in it, is needed.
 
+The opt-in rights for a Nodeset's slurmd pods (`SLURMD_API_CALLS`, granted by
+manifests/components/slurmd-pods and the chart's `rbac.slurmdPods`) are proven the same
+way: `exercise_slurmd` creates, labels (keeping the Nodeset's PodDisruptionBudget, put
+back after an edit), unlabels and deletes a slurmd pod through sunkd's own
+`SlurmdPods`; without the component each of those calls is refused, with it none is, and
+with each verb of its rules removed in turn exactly that call is refused.
+
 The daemon itself runs on the same kind of token in test_e2e_real_kube.py (no 403 there).
 """
 
@@ -35,22 +42,28 @@ import aiohttp
 import pytest
 import yaml
 
+from sunkd.domain import wellknown as wk
+from sunkd.domain.events import SlurmdSpec
+from sunkd.domain.policy.slurmd import SlurmdNodeset
 from sunkd.domain.ports import ActionError
-from sunkd.kubernetes.actuator import API_CALLS, KubernetesActuator
+from sunkd.kubernetes.actuator import API_CALLS, SLURMD_API_CALLS, KubernetesActuator
 from sunkd.kubernetes.client import (
     LEASES,
     NODES,
     NODESETS,
+    PDBS,
     PODS,
     KubeApiError,
     KubeClient,
     nodesets,
 )
 from sunkd.kubernetes.lease import LeaseElector
+from sunkd.kubernetes.slurmd_actuator import SlurmdPods, pdb_name
 from sunkd.kubernetes.source import KubernetesSource
 from sunkd_testbed.kubernetes import KubeControlPlane
 from tests.integration.kube_backends import (
     RBAC_MANIFEST,
+    ROOT,
     SUNKD_NAMESPACE,
     SUNKD_USER,
     sunkd_kubeconfig,
@@ -74,6 +87,11 @@ RUNS = itertools.count(1)
 DOCS = [d for d in yaml.safe_load_all(RBAC_MANIFEST.read_text()) if d]
 ROLES = {(d["kind"], d["metadata"]["name"]): d for d in DOCS if d["kind"] in ("ClusterRole",
                                                                                "Role")}
+SLURMD_MANIFEST = ROOT / "manifests" / "components" / "slurmd-pods" / "rbac.yaml"
+SLURMD_DOCS = [d for d in yaml.safe_load_all(SLURMD_MANIFEST.read_text()) if d]
+SLURMD_ROLE = next(d for d in SLURMD_DOCS if d["kind"] == "ClusterRole")
+SLURMD_NODE = "rbac-slurmd"  # the Node the slurmd pod is bound to (no pool pod there)
+SLURMD_POD = "pool-rbac-slurmd"
 
 
 @dataclass
@@ -163,6 +181,58 @@ async def exercise(client: KubeClient) -> None:
             await attempt
 
 
+async def prepare_slurmd(admin: KubeClient) -> SlurmdNodeset:
+    """The Node a slurmd pod may go to (sunkd's owner taint on, nothing running there), no
+    slurmd pod and no PodDisruptionBudget yet; the pool Nodeset with its uid (the pod's
+    and the budget's controller owner)."""
+    with contextlib.suppress(KubeApiError):
+        await create_node(admin, SLURMD_NODE, {"pool": "rbac-slurmd"})
+    await admin.merge_patch(NODES, SLURMD_NODE, {"spec": {"taints": [
+        {"key": wk.TAINT_OWNER, "value": wk.OWNER_SLURM, "effect": wk.TAINT_OWNER_EFFECT}]}})
+    # No kubelet here confirms a graceful deletion: a grace period of 0 removes it now.
+    with contextlib.suppress(KubeApiError):
+        await admin.delete(PODS, SLURMD_POD, WORK, grace_period_seconds=0)
+    nodeset = await admin.get(NODESETS, "pool", WORK)
+    spec = SlurmdSpec(image="registry.example/slurmd:22.05", termination_grace_seconds=5)
+    ns = SlurmdNodeset("pool", WORK, nodeset["metadata"]["uid"], spec)
+    with contextlib.suppress(KubeApiError):
+        await admin.delete(PDBS, pdb_name(ns), WORK)
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                await admin.get(PODS, SLURMD_POD, WORK)
+            except KubeApiError as error:
+                if error.status == 404:
+                    break
+                raise
+            await asyncio.sleep(0.05)
+    return ns
+
+
+async def exercise_slurmd(client: KubeClient, admin: KubeClient, nodeset: SlurmdNodeset
+                          ) -> None:
+    """Every call sunkd makes for a Nodeset's slurmd pods, through `SlurmdPods` (the
+    actuator's verbs): create the pod, label it busy (creating the budget), label it again
+    after someone edited the budget (put back), unlabel, delete. Errors ignored (the audit
+    log is the record)."""
+    pods = SlurmdPods(client, lambda what: None)
+    where = {"slurm_node": "rbac-slurmd", "k8s_node": SLURMD_NODE, "name": SLURMD_POD}
+    with contextlib.suppress(ActionError):
+        await pods.create(nodeset=nodeset, spec=nodeset.spec, **where)
+    uid = ""
+    with contextlib.suppress(KubeApiError):
+        uid = (await admin.get(PODS, SLURMD_POD, WORK))["metadata"]["uid"]
+    with contextlib.suppress(ActionError):
+        await pods.label(nodeset=nodeset, uid=uid, busy=True, **where)
+    with contextlib.suppress(KubeApiError):  # someone edits the budget: sunkd puts it back
+        await admin.merge_patch(PDBS, pdb_name(nodeset), {"spec": {"minAvailable": 1}}, WORK)
+    for busy in (True, False):
+        with contextlib.suppress(ActionError):
+            await pods.label(nodeset=nodeset, uid=uid, busy=busy, **where)
+    with contextlib.suppress(ActionError):
+        await pods.delete(nodeset=nodeset, uid=uid, grace_seconds=5, **where)
+
+
 def audited(plane: KubeControlPlane, since: int) -> tuple[set[Call], set[Call]]:
     """(calls made, calls refused with 403) by sunkd's ServiceAccount in the audit events
     after the first `since`."""
@@ -185,6 +255,14 @@ async def run_exercise(env: Env) -> tuple[set[Call], set[Call]]:
     since = len(env.plane.audit_events(SUNKD_USER))
     await exercise(env.sunkd)
     await asyncio.sleep(0.2)  # the audit backend writes at ResponseComplete
+    return audited(env.plane, since)
+
+
+async def run_slurmd_exercise(env: Env) -> tuple[set[Call], set[Call]]:
+    nodeset = await prepare_slurmd(env.admin)
+    since = len(env.plane.audit_events(SUNKD_USER))
+    await exercise_slurmd(env.sunkd, env.admin, nodeset)
+    await asyncio.sleep(0.2)
     return audited(env.plane, since)
 
 
@@ -239,6 +317,7 @@ def calls_of(rule: dict[str, Any], verb: str) -> set[Call]:
 
 
 LISTED: set[Call] = {(c.verb, c.group, c.resource) for c in API_CALLS}
+SLURMD_LISTED: set[Call] = {(c.verb, c.group, c.resource) for c in SLURMD_API_CALLS}
 
 
 async def test_the_shipped_rbac_allows_exactly_what_sunkd_does(env: Env) -> None:
@@ -270,6 +349,77 @@ async def test_every_rule_is_needed(env: Env, kind: str, name: str, index: int,
     finally:
         await put_rules(env.admin, kind, name, role["rules"])
         await until_authorizer_says(env.admin, True, probe, namespace)
+
+
+# ------------------------------------------------------------------ slurmd pods (opt-in)
+
+
+@pytest.fixture
+async def slurmd_rbac(env: Env) -> AsyncIterator[Env]:
+    """components/slurmd-pods applied as shipped; removed after (the other tests run on
+    manifests/base/rbac.yaml alone)."""
+    env.plane.kubectl("apply", "-f", str(SLURMD_MANIFEST))
+    probe = next(iter(SLURMD_LISTED))
+    try:
+        await until_authorizer_says(env.admin, True, probe, WORK)
+        yield env
+    finally:
+        env.plane.kubectl("delete", "-f", str(SLURMD_MANIFEST), "--ignore-not-found")
+        await until_authorizer_says(env.admin, False, probe, WORK)
+
+
+async def test_slurmd_calls_are_refused_without_the_component(env: Env) -> None:
+    """manifests/base/rbac.yaml alone grants none of SLURMD_API_CALLS: the authorizer says
+    no to each, and sunkd's attempt to create a slurmd pod is refused (nothing after it
+    is reached)."""
+    for call in sorted(SLURMD_LISTED):
+        assert not await can(env.admin, *call, namespace=WORK), call
+    _made, refused = await run_slurmd_exercise(env)
+    assert refused == {("create", "", "pods")}, refused
+
+
+async def test_the_slurmd_pods_component_allows_exactly_what_sunkd_does(
+        slurmd_rbac: Env) -> None:
+    env = slurmd_rbac
+    for call in sorted(SLURMD_LISTED):
+        assert await can(env.admin, *call, namespace=WORK), call
+    made, refused = await run_slurmd_exercise(env)
+    assert refused == set()
+    assert SLURMD_LISTED <= made, f"not made: {sorted(SLURMD_LISTED - made)}"
+    unlisted = made - LISTED - SLURMD_LISTED
+    assert not unlisted, f"made but not listed: {sorted(unlisted)}"
+    # Nothing else the component grants: its ClusterRole is exactly SLURMD_API_CALLS.
+    assert {(v, g, r) for rule in SLURMD_ROLE["rules"] for v in rule["verbs"]
+            for g in rule["apiGroups"] for r in rule["resources"]} == SLURMD_LISTED
+
+
+def slurmd_removals() -> list[tuple[int, str]]:
+    return [(index, verb) for index, rule in enumerate(SLURMD_ROLE["rules"])
+            for verb in rule["verbs"]]
+
+
+@pytest.mark.parametrize(("index", "verb"), slurmd_removals(),
+                         ids=[f"{SLURMD_ROLE['rules'][i]['resources'][0]}-{v}"
+                              for i, v in slurmd_removals()])
+async def test_every_slurmd_rule_is_needed(slurmd_rbac: Env, index: int, verb: str) -> None:
+    env = slurmd_rbac
+    name = SLURMD_ROLE["metadata"]["name"]
+    rule = SLURMD_ROLE["rules"][index]
+    rules = copy.deepcopy(SLURMD_ROLE["rules"])
+    if len(rule["verbs"]) == 1:
+        del rules[index]
+    else:
+        rules[index]["verbs"] = [v for v in rule["verbs"] if v != verb]
+    removed = calls_of(rule, verb)
+    probe = next(iter(removed))
+    await put_rules(env.admin, "ClusterRole", name, rules)
+    try:
+        await until_authorizer_says(env.admin, False, probe, WORK)
+        _made, refused = await run_slurmd_exercise(env)
+        assert refused == removed, f"without {verb} on {rule['resources']}: refused {refused}"
+    finally:
+        await put_rules(env.admin, "ClusterRole", name, SLURMD_ROLE["rules"])
+        await until_authorizer_says(env.admin, True, probe, WORK)
 
 
 # ------------------------------------------------------------------ kubeconfig on the wire

@@ -31,12 +31,22 @@ reports its node allocated; every node IDLE again through a pod at the new revis
 hold taint (figures: spec change -> all pods new and registered, with the busy node, and
 again with every node idle).
 
+kill -9 mid-update (its own test, a fresh Nodeset): the same spec change with a 60 s job on
+node1, and sunkd SIGKILLed three times, a new process (a new identity, so a new term)
+started at once each time: while a node's old pod is being deleted, while its new pod
+exists under sunkd's update drain, and while busy node1 is drained under its job. The
+update converges: every pod at the new revision, every node IDLE through a new slurmd,
+sunkd's drains lifted, no hold, nothing open in sunkd's log, the job ran to its end, no
+pod deleted while Slurm reported its node allocated, never two nodes in update (figure:
+spec change -> all new and registered, with the three restarts).
+
 The figures are printed (`-s`) and recorded in docs/nodeset.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -44,6 +54,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +68,14 @@ from sunkd_testbed.images import Image
 from sunkd_testbed.kubelet import KubeletNodes
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.slurm import SlurmCluster
-from sunkd_testbed.slurmdpods import hand_over
+from sunkd_testbed.slurmdpods import hand_over, slurm_nodes
 from tests.integration import test_slurmd_pods_real as pods_real
-from tests.integration.test_e2e import migrated_database
+from tests.integration.test_e2e import (
+    assert_log_safe,
+    current_state,
+    migrated_database,
+    read_all,
+)
 from tests.integration.test_slurmd_pods_real import (
     NODES_N,
     ROOT,
@@ -100,9 +116,11 @@ class Daemon:
         self.cluster = cluster
         self.log = config.parent / "sunkd.log"
         self.process: asyncio.subprocess.Process | None = None
+        self.identity = "slurmd-e2e"
 
-    async def start(self) -> None:
-        env = {**os.environ, **self.cluster.env, "SUNKD_IDENTITY": "slurmd-e2e",
+    async def start(self, identity: str = "slurmd-e2e") -> None:
+        self.identity = identity
+        env = {**os.environ, **self.cluster.env, "SUNKD_IDENTITY": identity,
                "SUNKD_LOG_FORMAT": "json"}
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -121,6 +139,13 @@ class Daemon:
             return "\n".join(self.log.read_text().splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    async def kill(self) -> None:
+        """SIGKILL: a crash, nothing runs on the way out (no lease released, no action's
+        outcome appended)."""
+        assert self.process is not None and self.process.returncode is None, self.tail()
+        self.process.send_signal(signal.SIGKILL)
+        await self.process.wait()
 
     async def stop(self) -> None:
         if self.process is None or self.process.returncode is not None:
@@ -400,6 +425,209 @@ async def test_sunkd_run_rolls_slurmd_pods_busy_node_last(
           f"{figures['idle']} s with every node idle")
 
 
+async def test_sunkd_killed_mid_update_converges(
+    bed: KubeletNodes, plane: KubeControlPlane, generation: tuple[SlurmCluster, Image],
+    tmp_path: Path,
+) -> None:
+    """kill -9 of sunkd while a node is in update, three times in one rolling update: its
+    old pod being deleted, its new pod created under the drain, and a busy node drained
+    under its job. Each time a new process (a new identity, a new term) takes over from
+    the log and the update converges: every pod at the new revision, every node IDLE
+    through a new slurmd, sunkd's drains lifted, no hold, no pod deleted under an
+    allocation, never more than maxUnavailable (1) nodes in update."""
+    cluster, image = generation
+    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
+    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
+                  "--timeout=60s")
+    before = hand_over(plane, bed, cluster, SLURM_NODES, {"pool": "pods"})
+    body = _nodeset(image, cluster)
+    body["spec"]["ownership"] = {"mode": "Slurm", "dwellSeconds": 0, "maxInFlight": 3}
+    plane.kubectl("apply", "-f", "-", input=json.dumps(body))
+    async with migrated_database() as database_url, \
+            await KubeClient.connect(str(plane.kubeconfig)) as client:
+        daemon = Daemon(_config(tmp_path / "sunkd.toml", database_url, cluster,
+                                plane.kubeconfig), cluster)
+        watch = Watch(client, cluster, bed, daemon)
+        await daemon.start("killmid-0")
+        try:
+            async def all_up() -> bool:
+                views = await asyncio.to_thread(slurm_nodes, cluster)
+                for node in SLURM_NODES:
+                    view = views.get(node)
+                    pod = bed.pod(f"pods-{node}") or {}
+                    if not (view is not None and view.state == "IDLE"
+                            and view.slurmd_started not in (None, _epoch(before[node]))
+                            and (pod.get("status") or {}).get("phase") == "Running"
+                            and not (pod.get("metadata") or {}).get("deletionTimestamp")):
+                        return False
+                return True
+
+            await watch.until("3 nodes IDLE through sunkd's slurmd pods", all_up, within=180)
+            job = cluster.sbatch(nodelist="node1", wrap="sleep 60")
+            await watch.until("node1 busy", lambda: _busy(watch, "node1"), within=30)
+            await asyncio.sleep(3)  # sunkd's Slurm poll (1 s) has seen the job too
+            kills, took = await _roll_killing(cluster, client, watch, body, job)
+            takeovers = _takeovers(daemon.log, kills)
+            assert '"verb": "cordon"' not in daemon.log.read_text(), daemon.tail()
+            for node in SLURM_NODES:
+                assert not await watch.held(node), daemon.tail()
+                assert await watch.tainted(node), daemon.tail()
+
+            async def status_updated() -> bool:
+                obj = await client.get(NODESETS, "pods", "default")
+                return ((obj.get("status") or {}).get("slurmd") or {}).get("updated") == 3
+
+            await watch.until("status.slurmd.updated = 3", status_updated, within=60)
+
+            # The last process settled: nothing open, no drain mark left (every drain of
+            # the update lifted by sunkd), each process led one term.
+            async def settled() -> bool:
+                state = await current_state(database_url)
+                return (state.leader_identity == daemon.identity
+                        and not state.pending_actions()
+                        and all(n.transition is None for n in state.nodes.values()))
+
+            await watch.until("the log settled", settled, within=60)
+            events = await read_all(database_url)
+            elected = [e.payload.identity for e in events  # type: ignore[attr-defined]
+                       if e.kind == "leader.elected"]
+            assert elected == [f"killmid-{i}" for i in range(len(kills) + 1)], elected
+            assert_log_safe(events)
+            # The job on node1 ran to its end: its pod was never deleted under it.
+            assert _job_state(cluster, job) == "COMPLETED", _job_state(cluster, job)
+            # A job runs on each updated node.
+            ran = cluster.sbatch("-N3", wrap="true")
+            await watch.until("a job on the three updated nodes",
+                              lambda: not _job_running(cluster, ran), within=60)
+        finally:
+            await daemon.stop()
+            plane.kubectl("delete", "nodeset", "pods", "--wait=true", "--timeout=60s",
+                          check=False)
+            bed.wait("the Nodeset's pods gone",
+                     lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
+    print(f"\nsunkd killed -9 mid-update, Slurm {cluster.slurm_version}: "
+          + "; ".join(f"{w} on {n}: kill -> new leader {lead} s"
+                      + (f", -> its first action {act} s" if act is not None else "")
+                      for (w, n, _), (lead, act) in zip(kills, takeovers, strict=True))
+          + f"; spec change -> all {NODES_N} pods new and registered {took} s with a 60 s "
+          f"job on node1 and three restarts")
+
+
+# Where _roll_killing kills sunkd: each the first moment a node is seen so (in any order:
+# a stage the test's poll missed on one node is caught on the next).
+_KILL_AT = ("old pod deleting", "new pod created under the drain", "drained under a job")
+
+
+async def _roll_killing(cluster: SlurmCluster, client: KubeClient, watch: Watch,
+                        body: dict[str, Any], job: int
+                        ) -> tuple[list[tuple[str, str, float]], float]:
+    """Change spec.slurmd (an env var) and SIGKILL sunkd once at each stage of `_KILL_AT`,
+    starting a new process at once each time; watch every pod be replaced with no pod
+    deleted while Slurm reports its node allocated (node1's only after its job ended),
+    never two nodes in update at once. The kills (stage, node, when) and seconds from the
+    change to every pod at the new revision, Running, its node IDLE through a new
+    slurmd."""
+    bed, daemon = watch.bed, watch.daemon
+    old: dict[str, str] = {}
+    for node in SLURM_NODES:
+        pod = bed.pod(f"pods-{node}") or {}
+        old[node] = (pod.get("metadata") or {}).get("uid") or ""
+        assert old[node], f"no slurmd pod on {node}"
+    slurmd = body["spec"]["slurmd"]
+    slurmd["env"] = [*slurmd["env"], {"name": "SUNKD_ROLL", "value": "killed"}]
+    views = await asyncio.to_thread(slurm_nodes, cluster)
+    started_before = {n: views[n].slurmd_started for n in SLURM_NODES}
+    changed = time.monotonic()
+    await client.merge_patch(NODESETS, "pods", {"spec": {"slurmd": {"env": slurmd["env"]}}},
+                             "default")
+    observed = parse_nodeset(slim_nodeset(await client.get(NODESETS, "pods", "default")))
+    assert observed.slurmd is not None
+    rev = revision(observed.slurmd)
+    kills: list[tuple[str, str, float]] = []
+    replaced: dict[str, float] = {}  # node -> when its old pod was first seen going
+    while True:
+        daemon.alive()
+        now = time.monotonic()
+        assert now - changed < 300, (f"not rolled in 300 s: kills {kills}, replaced "
+                                     f"{replaced}\n{daemon.tail()}")
+        # One `scontrol show node` for all: the nodes' states at one moment.
+        views = await asyncio.to_thread(slurm_nodes, cluster)
+        job_running = _job_running(cluster, job)
+        in_update, through_n, stage = [], 0, None
+        for node in SLURM_NODES:
+            view = views[node]
+            pod = bed.pod(f"pods-{node}") or {}
+            meta = pod.get("metadata") or {}
+            uid = meta.get("uid")
+            deleting = uid == old[node] and bool(meta.get("deletionTimestamp"))
+            gone = uid != old[node] or deleting
+            if gone and node not in replaced:
+                # Read after the pod: an allocation now was there at its deletion too
+                # (the node is drained: no job starts there until sunkd undrains it).
+                assert not _allocated(view.state), f"{node}'s pod deleted while {view.state}"
+                if node == "node1":
+                    assert not _job_running(cluster, job), "node1's pod deleted under its job"
+                replaced[node] = now
+            drained = "DRAIN" in view.words
+            through = (uid not in (None, old[node]) and not meta.get("deletionTimestamp")
+                       and (meta.get("annotations") or {}).get(
+                           wk.ANNOTATION_SLURMD_REVISION) == rev
+                       and (pod.get("status") or {}).get("phase") == "Running"
+                       and view.slurmd_started not in (None, started_before[node])
+                       and not drained)
+            if drained or (node in replaced and not through):
+                in_update.append(node)
+            through_n += through and view.state == "IDLE"
+            now_at = {
+                _KILL_AT[0]: deleting or (uid is None and drained),
+                _KILL_AT[1]: drained and uid not in (None, old[node])
+                and not meta.get("deletionTimestamp"),
+                _KILL_AT[2]: drained and uid == old[node] and _allocated(view.state)
+                and job_running,
+            }
+            if stage is None:
+                stage = next(((want, node) for want in _KILL_AT
+                              if now_at[want] and want not in {w for w, _, _ in kills}),
+                             None)
+        assert len(in_update) <= 1, f"more than maxUnavailable=1 nodes in update: {in_update}"
+        if stage is not None:
+            await daemon.kill()
+            kills.append((*stage, time.time()))
+            await daemon.start(f"killmid-{len(kills)}")
+            continue
+        if len(kills) == len(_KILL_AT) and len(replaced) == NODES_N and through_n == NODES_N:
+            break
+        if len(replaced) == NODES_N and through_n == NODES_N:
+            raise AssertionError(f"rolled before every kill: kills {kills}\n{daemon.tail()}")
+        await asyncio.sleep(0.1)
+    return kills, round(time.monotonic() - changed, 2)
+
+
+def _takeovers(log: Path, kills: list[tuple[str, str, float]]
+               ) -> list[tuple[float, float | None]]:
+    """For each kill, from the daemon's JSON log: seconds to the next process's
+    `leadership.acquired` (the lease, 3 s here, runs out first), and to its first action
+    done (None after the kill under a job: its next action waits for the job's end)."""
+    def stamp(entry: dict[str, Any]) -> float:
+        return datetime.fromisoformat(str(entry["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+    entries = []
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict) and "timestamp" in entry:
+                entries.append(entry)
+    out: list[tuple[float, float | None]] = []
+    for index, (stage, _node, killed) in enumerate(kills, start=1):
+        acquired = next(stamp(e) for e in entries if e.get("event") == "leadership.acquired"
+                        and e.get("identity") == f"killmid-{index}")
+        acted = next((stamp(e) for e in entries if e.get("event") == "engine.action_done"
+                      and stamp(e) > acquired), None)
+        out.append((round(acquired - killed, 2),
+                    None if stage == _KILL_AT[2] or acted is None else round(acted - killed, 2)))
+    return out
+
+
 async def _roll(cluster: SlurmCluster, client: KubeClient, watch: Watch,
                 body: dict[str, Any], value: str, *, busy: int | None) -> float:
     """Change spec.slurmd (an env var) and watch every pod be replaced: one node at a
@@ -586,6 +814,22 @@ async def _busy(watch: Watch, node: str) -> bool:
 
 def _allocated(flags: str) -> bool:
     return bool({"ALLOCATED", "MIXED", "COMPLETING"} & set(flags.split("+")))
+
+
+def _job_state(cluster: SlurmCluster, job: int) -> str:
+    """The job's JobState as slurmctld still reports it (it keeps an ended job for
+    MinJobAge, 300 s by default)."""
+    out = cluster.scontrol("-o", "show", "job", str(job), check=False)
+    found = re.search(r"\bJobState=(\S+)", out)
+    return found.group(1) if found else out.strip()
+
+
+def _epoch(text: str) -> float | None:
+    """A SlurmdStartTime as `slurm_nodes` reads it (epoch seconds)."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def _job_running(cluster: SlurmCluster, job: int) -> bool:
