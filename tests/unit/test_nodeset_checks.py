@@ -223,3 +223,28 @@ def test_any_input_gives_findings_and_every_missing_one_says_what_to_add(
         assert finding.ok is not False or finding.add, finding
         if not read:
             assert finding.ok is None, finding
+
+
+def test_a_dynamic_nodeset_is_checked_for_the_dynamic_prerequisites() -> None:
+    # Dynamic registration is accepted now: the doctor checks what it needs (configless,
+    # MaxNodeCount, TreeWidth before 23.02, a NodeSet in each partition) instead of
+    # reporting the Nodeset malformed.
+    spec = {"nodeSelector": {"pool": "gpu"}, "slurm": {"partitions": ["dyn", "gpu"]},
+            "slurmd": SLURMD | {"registration": "Dynamic", "confServer": "ctld:6817"}}
+    kube_nodes = [node("d1", {"pool": "gpu"}, "10.1.0.1"), node("d2", {"pool": "gpu"})]
+    facts = nodeset_facts(nodeset(spec, "ns1"), kube_nodes)
+    assert isinstance(facts, NodesetFacts) and facts.registration == "Dynamic"
+    reads = SlurmReads(CONFIG | {"KillWait": "2 sec"}, parse_show_partitions(SHOWN),
+                       ["pz1", "pz2", "pz3"])
+    report = nodesets_report([nodeset(spec, "ns1")], kube_nodes, reads)
+    status = {f["check"]: (f["status"], f["add"]) for f in report["nodesets"][0]["findings"]}
+    assert status["configless"] == ("missing", "SlurmctldParameters=enable_configless")
+    assert status["MaxNodeCount"] == ("missing", "MaxNodeCount=5")  # 3 known + d1, d2
+    assert status["TreeWidth"] == ("missing", "TreeWidth=65533")  # 22.05
+    assert status["partition dyn"][0] == "ok"  # NodeSets=ns1
+    assert status["partition gpu"] == ("missing", "NodeSet=ns1 Feature=ns1\n"
+                                       "PartitionName=gpu Nodes=pz[2-3],ns1 State=UP")
+    assert "NodeName lines" not in status
+    wrong = nodeset_facts(nodeset(spec | {"slurmd": SLURMD | {"registration": "Dynamic"}}),
+                          kube_nodes)
+    assert isinstance(wrong, str) and "spec.slurmd.confServer" in wrong
