@@ -14,6 +14,7 @@ from sunkd.slurm.nodeset_checks import (
     NodesetFacts,
     NodesetNode,
     Partition,
+    check_conf_port,
     check_kill_wait,
     check_nodes_defined,
     check_partition,
@@ -248,3 +249,17 @@ def test_a_dynamic_nodeset_is_checked_for_the_dynamic_prerequisites() -> None:
     wrong = nodeset_facts(nodeset(spec | {"slurmd": SLURMD | {"registration": "Dynamic"}}),
                           kube_nodes)
     assert isinstance(wrong, str) and "spec.slurmd.confServer" in wrong
+
+
+def test_a_dynamic_conf_with_port_is_refused_by_slurmd_before_23_11() -> None:
+    dynamic = static(registration="Dynamic", conf="Weight=5 port=6820")
+    old = check_conf_port(dynamic, CONFIG)  # 22.05.8
+    assert old is not None and old.status == "missing" and "Port=" in old.why
+    new = check_conf_port(dynamic, CONFIG | {"SLURM_VERSION": "23.11.1"})
+    assert new is not None and new.ok is True
+    assert check_conf_port(dynamic, None) is not None
+    assert check_conf_port(dynamic, None).status == "unknown"  # type: ignore[union-attr]
+    assert check_conf_port(static(registration="Dynamic", conf="Weight=5"), CONFIG) is None
+    assert check_conf_port(static(conf="Port=1"), CONFIG) is None  # Static: no --conf
+    findings = nodeset_findings(dynamic, config=CONFIG, partitions={}, slurm_nodes=[])
+    assert "conf Port=" in {f.check for f in findings}
