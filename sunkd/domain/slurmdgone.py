@@ -22,7 +22,10 @@ says, from sunkd's own log only, when out of contact is the expected state:
 - **absent**: a node of a Nodeset with `registration: Dynamic` is not in Slurm at all
   until its first slurmd registers (`slurmd -Z` creates the node record, slurmd(8)): not
   in Slurm yet, and sunkd has not adopted it or is moving it to Slurm, and its pod is not
-  created yet or was created less than `REGISTER_BOUND_SECONDS` ago.
+  created yet or was created less than `REGISTER_BOUND_SECONDS` ago; or the node is lent
+  to Kubernetes, runs no slurmd pod, and its record is gone (an administrator deleted
+  the dynamic node, `scontrol delete nodename=`): no record, no slurmd, nothing of
+  Slurm's runs there, and the next registration creates the record anew.
 
 A Dynamic node is the Nodeset's only when Slurm reports it **with the Nodeset's feature**
 (`--conf Features=<nodeset>`): slurmctld creates the record from the first `-Z`
@@ -180,8 +183,8 @@ def dynamic_absent(state: ClusterState, node: NodeState, now: float) -> bool:
     """Not in Slurm because the node's Dynamic Nodeset has not registered it yet (module
     docstring, "absent"): sunkd has not adopted the node (no owner, no move: the
     adoption comes first), or is moving it to Slurm and its pod is not created yet or
-    was created within the bound. A Slurm-owned or lent node that is missing in Slurm
-    is a hold as before."""
+    was created within the bound, or it is lent and no slurmd pod is on it. A
+    Slurm-owned node, or a lend under way, missing in Slurm is a hold as before."""
     if node.slurm is not None or node.pods is None:
         return False
     nodeset = dynamic_nodeset(state, node)
@@ -189,6 +192,8 @@ def dynamic_absent(state: ClusterState, node: NodeState, now: float) -> bool:
         return False
     transition = node.transition
     if transition is None:
+        if node.owner == wk.OWNER_KUBERNETES:
+            return not any(pod.slurmd == node.name for pod in node.pods)
         return node.owner == OWNER_NONE
     return transition.to_owner == wk.OWNER_SLURM and _pod_starting(node, transition, now)
 

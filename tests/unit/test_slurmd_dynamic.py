@@ -24,6 +24,7 @@ from sunkd.domain.events import (
     PodRef,
     SlurmdSpec,
     SlurmNodeObserved,
+    SlurmNodeVanished,
 )
 from sunkd.domain.ownership import assess
 from sunkd.domain.policy import (
@@ -178,6 +179,8 @@ def test_nothing_counts_a_node_without_the_feature_as_the_nodesets(
                             flags=tuple(data.draw(st.lists(st.sampled_from(FLAGS),
                                                            unique=True, max_size=2))))
             log.add(with_features(obs, *features), now)
+        elif data.draw(st.integers(0, 4)) == 0:  # `scontrol delete nodename=n1`
+            log.add(SlurmNodeVanished(node="n1"), now)
         if data.draw(st.booleans()):
             phase = data.draw(st.sampled_from(["Pending", "Running", "Failed"]))
             log.add(K8sWorkloadObserved(node="n1", pods=(own(phase, started_at=4.0),)), now)
@@ -214,3 +217,54 @@ def test_pod_refs_of_the_nodeset_are_the_ones_the_feature_check_reads() -> None:
     assert isinstance(requests(step(log, 6.0)), list)
     assert all(not isinstance(d, RequestAction) or d.verb != VERB_RESUME
                for d in step(log, 6.0))
+
+
+def test_a_lent_node_whose_record_an_administrator_deleted_is_reclaimed_anew() -> None:
+    log = fresh()
+    adopted_until_pod_runs(log)
+    log.add(with_features(slurm_obs("n1"), FEATURE), 11.0)
+    assert any(isinstance(d, CompleteTransition) for d in step(log, 11.0))
+    # Lent: drained, pod deleted, untainted (as for Static).
+    log.add(k8s_obs("n1", pin="kubernetes"), 20.0)
+    drain = step(log, 20.0)
+    succeed(log, drain, 20.1)
+    reason = next(label.value for d in requests(drain) for label in d.args
+                  if label.key == "reason")
+    log.add(with_features(slurm_obs("n1", flags=("DRAIN",), reason=reason), FEATURE), 20.2)
+    delete = step(log, 21.0)
+    assert verbs(delete) == [VERB_SLURMD_DELETE], delete
+    succeed(log, delete, 21.1)
+    log.add(K8sWorkloadObserved(node="n1", pods=()), 22.0)
+    unlock = step(log, 22.0)
+    succeed(log, unlock, 22.1)
+    log.add(k8s_obs("n1", pin="kubernetes", tainted=False), 22.2)
+    assert any(isinstance(d, CompleteTransition) for d in step(log, 23.0))
+    # `scontrol delete nodename=n1`: the record is gone. Lent without a pod: no hold.
+    log.add(SlurmNodeVanished(node="n1"), 30.0)
+    state = log.state()
+    assert dynamic_absent(state, state.nodes["n1"], 100.0)
+    assert not assess(state, state.nodes["n1"], 100.0).held
+    # Someone's pod on it beside a record-less node is still no hold; a slurmd pod of the
+    # node there (not sunkd's lend left it) is not "absent".
+    stray = PodRef("default", "x-n1", "Running", uid="p9", pool_pod=False, slurmd="n1",
+                   slurmd_nodeset="U2")
+    log.add(K8sWorkloadObserved(node="n1", pods=(stray,)), 31.0)
+    state = log.state()
+    assert not dynamic_absent(state, state.nodes["n1"], 100.0)
+    log.add(K8sWorkloadObserved(node="n1", pods=()), 32.0)
+    # Pinned back: taint, pod, the new slurmd creates the record anew (IDLE, the
+    # feature): the reclaim completes without any resume.
+    log.add(k8s_obs("n1", pin="slurm", tainted=False), 100.0)
+    lock = step(log, 100.0)
+    assert verbs(lock) == [VERB_LOCK], lock
+    succeed(log, lock, 100.1)
+    log.add(k8s_obs("n1", pin="slurm"), 100.2)
+    create = step(log, 101.0)
+    assert verbs(create) == [VERB_SLURMD_CREATE], create
+    succeed(log, create, 101.1)
+    log.add(K8sWorkloadObserved(node="n1", pods=(own(started_at=102.0),)), 102.0)
+    assert not assess(log.state(), log.state().nodes["n1"], 103.0).held
+    log.add(with_features(slurm_obs("n1"), FEATURE), 104.0)
+    done = step(log, 104.0)
+    assert any(isinstance(d, CompleteTransition) for d in done), done
+    assert VERB_RESUME not in verbs(done)

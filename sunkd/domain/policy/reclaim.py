@@ -29,7 +29,12 @@ from sunkd.domain.policy.planner import (
     evict_args,
     expected_drain,
 )
-from sunkd.domain.slurmdgone import observed_feature, slurmd_nodeset, slurmd_registered
+from sunkd.domain.slurmdgone import (
+    dynamic_absent,
+    observed_feature,
+    slurmd_nodeset,
+    slurmd_registered,
+)
 from sunkd.domain.state import NodeState, OpenTransition, Phase
 
 
@@ -131,14 +136,16 @@ def advance_to_slurm(
 
 def can_reclaim(planner: Planner, node: NodeState, assessment: Assessment) -> bool:
     slurm = node.slurm
+    # A lent Dynamic node whose record is gone (slurmdgone.dynamic_absent): its next
+    # slurmd creates it anew, after the reclaim's taint and with every pod gone.
+    drained = (slurm is not None and "DRAIN" in slurm.flags and our_drain(node)) or (
+        slurm is None and dynamic_absent(planner.state, node, planner.now))
     return (
         assessment.phase == Phase.KUBERNETES
         and node.transition is None
         and node.name not in planner.touched
         and not node.open_actions
-        and slurm is not None
-        and "DRAIN" in slurm.flags
-        and our_drain(node)
+        and drained
         and assessment.pin != wk.OWNER_KUBERNETES
     )
 
