@@ -72,6 +72,21 @@ def test_dynamic_registration_parses_with_its_conf_server_and_conf() -> None:
         "Dynamic", "ctl:6817", "Features=a100  Weight=5")
 
 
+def test_a_dynamic_nodeset_needs_a_node_selector() -> None:
+    # Selected by partition, a Dynamic node would be a member only once Slurm lists it,
+    # i.e. once the pod sunkd would never create registered it.
+    dynamic = {"image": "i", "registration": "Dynamic", "confServer": "c"}
+    obj = nodeset(dynamic)
+    del obj["spec"]["nodeSelector"]
+    with pytest.raises(MalformedObject) as raised:
+        slim_nodeset(obj)
+    assert raised.value.field == "spec.nodeSelector"
+    assert parse_nodeset(nodeset(dynamic)).slurmd is not None
+    static = nodeset({"image": "i"})
+    del static["spec"]["nodeSelector"]
+    assert parse_nodeset(static).slurmd is not None
+
+
 def test_defaults() -> None:
     spec = parse_slurmd({"image": "i"}, "gpu")
     assert spec == SlurmdSpec(image="i")
