@@ -16,7 +16,9 @@ can listen on `SlurmdPort`), PostgreSQL, and `python -m sunkd run`. The cycle:
   Slurm keeps the dynamic record (DOWN+DRAIN once it stops hearing it), no hold;
 - pinned back: the new slurmd registers to the same record (slurmctld keeps it and its
   features), RESUME with return-to-service, IDLE in contact (figure: pin -> IDLE); a job
-  runs there again. No hold taint over the whole run.
+  runs there again;
+- lent again, an administrator deletes the record: no hold; pinned back, the new pod's
+  slurmd creates the record anew (figure). No hold taint over the whole run.
 
 One Dynamic node per host: every slurmd of a Nodeset takes the same `--conf`, so on one
 machine its pods would all listen on `SlurmdPort` (22.05 also refuses `Port=` in --conf;
@@ -243,6 +245,20 @@ async def test_a_dynamic_nodeset_registers_its_node_and_lends_and_reclaims_it(
             again = cluster.sbatch(nodelist=NODE, partition=NODESET, wrap="true")
             await watch.until("a job runs on the reclaimed dyn1",
                               lambda: not _job_running(cluster, again), 60)
+
+            # --- lent again, and an administrator deletes the record (`scontrol delete
+            # nodename=`): no hold; the reclaim's slurmd creates the record anew.
+            await watch.pin("kubernetes")
+            await watch.until("dyn1 lent again", lent, 120)
+            await asyncio.to_thread(cluster.scontrol, "delete", f"nodename={NODE}")
+            await watch.until("dyn1's record gone", lambda: _show(cluster) == {}, 30)
+            await asyncio.sleep(5)  # a few polls of the source without the record
+            assert wk.TAINT_HOLD not in await watch.taints(), daemon.tail()
+            anew = time.monotonic()
+            await watch.pin("slurm")
+            await watch.until("dyn1 created anew by a new pod", registered, 180)
+            figures["record_deleted_pin_back_to_idle"] = round(time.monotonic() - anew, 2)
+            assert (await watch.show()).get("Weight") == "5"
             text = daemon.log.read_text()
             assert '"verb": "cordon"' not in text and '"verb": "hold"' not in text, \
                 daemon.tail()
@@ -258,4 +274,5 @@ async def test_a_dynamic_nodeset_registers_its_node_and_lends_and_reclaims_it(
     print(f"\nsunkd run, Dynamic Nodeset, Slurm {cluster.slurm_version}: apply -> "
           f"{NODE} registered (IDLE, feature {NODESET}) {figures['apply_to_registered']} s; "
           f"pin -> lent {figures['pin_to_lent']} s; pin back -> IDLE through a new pod "
-          f"{figures['pin_back_to_idle']} s")
+          f"{figures['pin_back_to_idle']} s; record deleted while lent, pin back -> created "
+          f"anew, IDLE {figures['record_deleted_pin_back_to_idle']} s")
