@@ -69,7 +69,7 @@ def nodeset_facts(nodeset: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]
         selected = tuple(sorted(chosen, key=lambda n: n.slurm_name))
     return NodesetFacts(
         pool=parsed.pool, name=parsed.pool.split("/", 1)[1],
-        registration=spec.registration, conf_server=spec.conf_server,
+        registration=spec.registration, conf_server=spec.conf_server, conf=spec.conf,
         partitions=parsed.partitions, grace_seconds=spec.termination_grace_seconds,
         nodes=selected)
 

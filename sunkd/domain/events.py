@@ -169,7 +169,7 @@ class SlurmdSpec:
 
     image: str = ""
     image_pull_policy: str = "IfNotPresent"
-    registration: str = "Static"  # Static: `slurmd -D -N <node>` (Dynamic `-Z` not built yet)
+    registration: str = "Static"  # Static: `slurmd -D -N <node>`; Dynamic: `-Z`, `--conf`
     conf_server: str | None = None  # `--conf-server host[:port]` (configless)
     conf: str | None = None  # `--conf "..."`: Dynamic registration only (Slurm's rule)
     args: tuple[str, ...] = ()  # further slurmd arguments, appended as given

@@ -6,12 +6,16 @@ This module overlays what the observations say at time `now` (docs/architecture.
 policy"):
 
 - UNKNOWN: a source is not fresh (stale, lost or never reported), or the node has not
-  been observed on both sides yet. Nobody may act on such a node.
+  been observed on both sides yet. Nobody may act on such a node. A Dynamic Nodeset's
+  node never reported by a Slurm source fresh in this term is known absent, not unknown
+  (its slurmd pod creates it in Slurm: `slurmdgone`, "absent").
 - HELD: something outside sunkd's control makes the node unusable or claims it:
   Slurm DOWN/FAIL/NOT_RESPONDING/... for longer than `UNHEALTHY_GRACE_SECONDS` (unless
   sunkd's own slurmd pod is gone or starting there: `slurmdgone`), a
   foreign drain, Kubernetes NotReady, a cordon, a foreign hold taint, or the node
-  vanished from one side. Foreign means sunkd's log does not prove it wrote it
+  vanished from one side (or, for a Dynamic Nodeset, is absent from Slurm past its
+  registration bound, or is reported without the Nodeset's feature: someone else's).
+  Foreign means sunkd's log does not prove it wrote it
   (`authorship`): a `sunkd:` reason or a `sunkd.io/slurm-hold` taint copied by hand is
   foreign too. Open transitions are aborted, the hold
   is mirrored to the other side, and no move starts until it clears.
@@ -41,7 +45,13 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import DrainMark
 from sunkd.domain.events import K8sNodeObserved, PodRef, SlurmNodeObserved
 from sunkd.domain.gres import gres_problem
-from sunkd.domain.slurmdgone import expected_out_of_contact
+from sunkd.domain.slurmdgone import (
+    REGISTER_BOUND_SECONDS,
+    dynamic_absent,
+    dynamic_nodeset,
+    expected_out_of_contact,
+    observed_feature,
+)
 from sunkd.domain.slurmnode import (
     in_contact,
     registered,
@@ -250,7 +260,11 @@ def assess(state: ClusterState, node: NodeState, now: float,
     """The node's effective phase and the reasons behind it at `now`. `sources` is
     `sources_unknown(state)` when the caller assesses many nodes of one state."""
     unknown = list(sources_unknown(state) if sources is None else sources)
-    if node.slurm is None and not node.slurm_missing:
+    # A Dynamic Nodeset's node is in Slurm only once its slurmd registered: with the
+    # Slurm source fresh in this term (it lists every node each poll), never reported is
+    # known absent, not unknown (slurmdgone.py, "absent").
+    dynamic = dynamic_nodeset(state, node)
+    if node.slurm is None and not node.slurm_missing and dynamic is None:
         unknown.append("not observed in Slurm yet")
     if node.k8s is None and not node.k8s_missing:
         unknown.append("not observed in Kubernetes yet")
@@ -267,8 +281,21 @@ def assess(state: ClusterState, node: NodeState, now: float,
     unhealthy = False
     gres: str | None = None
     if slurm is None:
-        slurm_holds.append("missing in Slurm")
+        if dynamic is None:
+            slurm_holds.append("missing in Slurm")
+        elif not dynamic_absent(state, node, now):
+            slurm_holds.append(
+                f"missing in Slurm (Dynamic Nodeset {dynamic.pool}: no slurmd pod of its "
+                f"registered the node, {REGISTER_BOUND_SECONDS:g} s bound; its NodeSet= "
+                "and partition lines, MaxNodeCount?)")
     else:
+        feature = observed_feature(dynamic) if dynamic is not None else None
+        if dynamic is not None and feature is not None and feature not in slurm.features:
+            # A node of the name that is not the Nodeset's (slurmdgone.py): nothing of
+            # sunkd's acts on someone else's node.
+            slurm_holds.append(
+                f"slurm node without feature {feature}: not Dynamic Nodeset "
+                f"{dynamic.pool}'s node but another of the same name")
         unhealthy = slurm_unhealthy(slurm)
         since = node.slurm_unhealthy_since
         if (unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS

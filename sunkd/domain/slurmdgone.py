@@ -19,6 +19,21 @@ says, from sunkd's own log only, when out of contact is the expected state:
   was created less than `REGISTER_BOUND_SECONDS` ago: the new slurmd has not registered
   yet. Past the bound the node is held as any other.
 
+- **absent**: a node of a Nodeset with `registration: Dynamic` is not in Slurm at all
+  until its first slurmd registers (`slurmd -Z` creates the node record, slurmd(8)): not
+  in Slurm yet, and sunkd has not adopted it or is moving it to Slurm, and its pod is not
+  created yet or was created less than `REGISTER_BOUND_SECONDS` ago; or the node is lent
+  to Kubernetes, runs no slurmd pod, and its record is gone (an administrator deleted
+  the dynamic node, `scontrol delete nodename=`): no record, no slurmd, nothing of
+  Slurm's runs there, and the next registration creates the record anew.
+
+A Dynamic node is the Nodeset's only when Slurm reports it **with the Nodeset's feature**
+(`--conf Features=<nodeset>`): slurmctld creates the record from the first `-Z`
+registration and takes `--conf` only then; a slurmd registering under the name of a node
+that already exists (a `NodeName=` line, another Nodeset's dynamic node) joins that record
+as it is (`_slurm_rpc_node_registration` in src/slurmctld/proc_req.c, 22.05 to 26.05). A
+record of the name without the feature is someone else's node: never registered here.
+
 Slurm 24.11 and later append " : Not responding" to a node's reason when it loses contact
 (`set_node_down_ptr` in src/slurmctld/node_mgr.c keeps the old reason and adds the cause):
 sunkd's own drain still shows then, but only while the node is out of contact
@@ -33,9 +48,9 @@ import math
 
 from sunkd.domain import authorship as marks
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import K8sNodesetObserved, PodRef, SlurmNodeObserved
+from sunkd.domain.events import K8sNodesetObserved, PodRef, SlurmdSpec, SlurmNodeObserved
 from sunkd.domain.slurmnode import in_contact, slurm_busy
-from sunkd.domain.state import ClusterState, NodeState
+from sunkd.domain.state import OWNER_NONE, ClusterState, NodeState, OpenTransition
 
 VERB_SLURMD_CREATE = "slurmd-create"  # the verbs of policy/slurmd.py (re-exported there)
 VERB_SLURMD_DELETE = "slurmd-delete"
@@ -44,6 +59,50 @@ DELETE = f"{wk.OWNER_KUBERNETES}/{VERB_SLURMD_DELETE}"
 # A slurmd pod Running this long with Slurm not hearing it is unregistered (no longer
 # "starting"); the plan reports it.
 REGISTER_BOUND_SECONDS = 120.0
+DYNAMIC = "Dynamic"  # spec.slurmd.registration: `slurmd -Z` creates the Slurm node
+
+
+def nodeset_feature(name: str, spec: SlurmdSpec | None) -> str | None:
+    """The Slurm feature a Dynamic Nodeset's slurmd registers its node with: the
+    Nodeset's name (`metadata.name`, a DNS label). None for Static registration: the node
+    is slurm.conf's, whatever its features."""
+    return name if spec is not None and spec.registration == DYNAMIC else None
+
+
+def observed_feature(nodeset: K8sNodesetObserved) -> str | None:
+    """`nodeset_feature` of an observed Nodeset (its pool is `<namespace>/<name>`)."""
+    return nodeset_feature(nodeset.pool.partition("/")[2], nodeset.slurmd)
+
+
+def has_feature(slurm: SlurmNodeObserved | None, feature: str | None) -> bool:
+    """Slurm reports the node with `feature` (None: nothing to check). No observation has
+    no feature."""
+    return feature is None or (slurm is not None and feature in slurm.features)
+
+
+def dynamic_nodeset(state: ClusterState, node: NodeState) -> K8sNodesetObserved | None:
+    """The Nodeset with `registration: Dynamic` the node belongs to: its open
+    transition's, else the one Nodeset whose nodeSelector its Kubernetes labels satisfy
+    (two or more: none, as `policy.model.membership` says of overlapping pools). None
+    when no Nodeset is Dynamic (the common case costs one look at each Nodeset)."""
+    if not any(ns.slurmd is not None and ns.slurmd.registration == DYNAMIC
+               for ns in state.nodesets.values()):
+        return None
+    transition = node.transition
+    if transition is not None and transition.pool:
+        found = slurmd_nodeset(state, transition.pool)
+    else:
+        k8s = node.k8s
+        if k8s is None:
+            return None
+        labels = {(label.key, label.value) for label in k8s.labels}
+        matching = [ns for ns in state.nodesets.values() if not ns.deleted and ns.node_selector
+                    and all((s.key, s.value) in labels for s in ns.node_selector)]
+        found = matching[0] if len(matching) == 1 else None
+    if found is None or found.slurmd is None or found.slurmd.registration != DYNAMIC \
+            or not found.uid:
+        return None
+    return found
 
 
 def slurmd_nodeset(state: ClusterState, pool: str | None) -> K8sNodesetObserved | None:
@@ -90,6 +149,18 @@ def slurmd_gone(node: NodeState) -> bool:
             and _ours_still(node) and slurmd_deleted(node))
 
 
+def _pod_starting(node: NodeState, transition: OpenTransition, now: float) -> bool:
+    """The transition's slurmd pod is not created yet, or was created less than
+    `REGISTER_BOUND_SECONDS` ago."""
+    create = node.outcomes.get(CREATE)
+    created = (create is not None and create.succeeded
+               and create.transition_id == transition.transition_id)
+    if not created:
+        return True  # the plan has not created it yet: the reclaim waits for that
+    assert create is not None
+    return now - create.at < REGISTER_BOUND_SECONDS
+
+
 def slurmd_starting(state: ClusterState, node: NodeState, now: float) -> bool:
     """Out of contact because the node's slurmd pod is not there yet or has just been
     created, on its way to Slurm (module docstring, "starting")."""
@@ -101,15 +172,30 @@ def slurmd_starting(state: ClusterState, node: NodeState, now: float) -> bool:
     nodeset = slurmd_nodeset(state, transition.pool)
     if nodeset is None or node.pods is None:
         return False
+    if not has_feature(slurm, observed_feature(nodeset)):
+        return False  # a node of that name that is not the Nodeset's: a hold
     if "DRAIN" in slurm.flags and not _ours_still(node):
         return False  # someone else's drain is a hold whatever sunkd's pod does
-    create = node.outcomes.get(CREATE)
-    created = (create is not None and create.succeeded
-               and create.transition_id == transition.transition_id)
-    if not created:
-        return True  # the plan has not created it yet: the reclaim waits for that
-    assert create is not None
-    return now - create.at < REGISTER_BOUND_SECONDS
+    return _pod_starting(node, transition, now)
+
+
+def dynamic_absent(state: ClusterState, node: NodeState, now: float) -> bool:
+    """Not in Slurm because the node's Dynamic Nodeset has not registered it yet (module
+    docstring, "absent"): sunkd has not adopted the node (no owner, no move: the
+    adoption comes first), or is moving it to Slurm and its pod is not created yet or
+    was created within the bound, or it is lent and no slurmd pod is on it. A
+    Slurm-owned node, or a lend under way, missing in Slurm is a hold as before."""
+    if node.slurm is not None or node.pods is None:
+        return False
+    nodeset = dynamic_nodeset(state, node)
+    if nodeset is None:
+        return False
+    transition = node.transition
+    if transition is None:
+        if node.owner == wk.OWNER_KUBERNETES:
+            return not any(pod.slurmd == node.name for pod in node.pods)
+        return node.owner == OWNER_NONE
+    return transition.to_owner == wk.OWNER_SLURM and _pod_starting(node, transition, now)
 
 
 def expected_out_of_contact(state: ClusterState, node: NodeState, now: float) -> bool:
@@ -129,9 +215,11 @@ def heard_since(slurm: SlurmNodeObserved | None, started_at: float | None) -> bo
             and started_at is not None and slurm.slurmd_start_time >= math.floor(started_at))
 
 
-def slurmd_registered(node: NodeState, nodeset_uid: str) -> bool:
+def slurmd_registered(node: NodeState, nodeset_uid: str, feature: str | None) -> bool:
     """sunkd's slurmd pod runs on the node (Running, not terminating), Slurm's slurmd is
-    that pod's (`heard_since`) and Slurm hears from it: in contact, or registered but
+    that pod's (`heard_since`), Slurm reports the node with the Nodeset's `feature` when
+    it is Dynamic (module docstring: a node of the name without it is not the Nodeset's)
+    and Slurm hears from it: in contact, or registered but
     left DOWN (no NOT_RESPONDING: with ReturnToService=1 slurmctld returns a DOWN node to
     service on registration only when its reason is "Not responding",
     `validate_node_specs` in src/slurmctld/node_mgr.c; a node DOWN under sunkd's drain
@@ -140,6 +228,8 @@ def slurmd_registered(node: NodeState, nodeset_uid: str) -> bool:
     if slurm is None or not any(pod.phase == "Running" and not pod.deleting
                                 and heard_since(slurm, pod.started_at)
                                 for pod in own_slurmd_pods(node, nodeset_uid)):
+        return False
+    if not has_feature(slurm, feature):
         return False
     if in_contact(slurm):
         return True

@@ -24,6 +24,7 @@ from __future__ import annotations
 from sunkd.domain.events import SlurmNodeObserved
 
 __all__ = [
+    "KIND_FLAGS",
     "KNOWN_USABLE_STATES",
     "UNHEALTHY_FLAGS",
     "UNHEALTHY_STATES",
@@ -42,6 +43,10 @@ UNHEALTHY_FLAGS = frozenset(
     {"FAIL", "NOT_RESPONDING", "INVALID", "INVALID_REG", "POWERED_DOWN", "POWERING_DOWN",
      "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
 )
+# Flags that say what kind of node it is, for its whole life, not how it is: DYNAMIC_NORM
+# marks a node a dynamic registration (`slurmd -Z`) created (`create_dynamic_reg_node` in
+# src/slurmctld/node_mgr.c). Nothing is wrong with a node for carrying one.
+KIND_FLAGS = frozenset({"DYNAMIC_NORM"})
 # Base states Slurm prints for a usable node; any other base state, including one this
 # sunkd does not know (a newer Slurm, a broken proxy), is unhealthy.
 KNOWN_USABLE_STATES = frozenset(

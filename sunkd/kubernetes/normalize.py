@@ -626,17 +626,25 @@ def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
         partitions = [partitions]
     node_name_label = slurm.get("nodeNameLabel") or spec.get("nodeNameLabel")
     meta = obj.get("metadata") or {}
+    slurmd = parse_slurmd(spec.get("slurmd"), str(meta.get("name") or ""))
+    node_selector = _labels(_selector_map(spec.get("nodeSelector")))
+    if slurmd is not None and slurmd.registration == "Dynamic" and not node_selector:
+        # A pool without a selector takes the nodes of its partitions as Slurm lists
+        # them: a Dynamic node is in Slurm only once its pod registered it.
+        raise MalformedObject("spec.nodeSelector", "required for Dynamic registration: "
+                              "its nodes are not in Slurm before their slurmd pods "
+                              "register them")
     return K8sNodesetObserved(
         pool=pool_name(obj),
         generation=_int(meta.get("generation"), 0),
-        node_selector=_labels(_selector_map(spec.get("nodeSelector"))),
+        node_selector=node_selector,
         partitions=tuple(str(p) for p in partitions),
         node_name_label=str(node_name_label) if node_name_label else None,
         workload_selector=_labels(_selector_map(spec.get("workloadSelector"))),
         ownership=parse_ownership(spec.get("ownership")),
         deleted=deleted,
         uid=str(meta.get("uid") or ""),
-        slurmd=parse_slurmd(spec.get("slurmd"), str(meta.get("name") or "")),
+        slurmd=slurmd,
         topology=parse_topology(spec.get("topology")),
     )
 

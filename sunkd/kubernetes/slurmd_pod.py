@@ -21,7 +21,7 @@ from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import SeenPod, revision
 from sunkd.kubernetes.client import JSON
 from sunkd.kubernetes.normalize import SLURMD_CONTAINER, ready_since
-from sunkd.kubernetes.slurmd_spec import MAX_LABEL_VALUE
+from sunkd.kubernetes.slurmd_spec import MAX_LABEL_VALUE, conf_words
 
 CONTAINER = SLURMD_CONTAINER
 _LABEL_VALUE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -32,9 +32,31 @@ def _label_value(text: str) -> bool:
             and text[0].isalnum() and text[-1].isalnum())
 
 
-def command(spec: SlurmdSpec, slurm_node: str) -> list[str]:
-    """`slurmd -D -N <node>` (Static registration), then --conf-server and the site's args."""
-    argv = ["slurmd", "-D", "-N", slurm_node]
+def dynamic_conf(spec: SlurmdSpec, nodeset: str) -> str:
+    """`--conf` of a Dynamic node: `Features=<nodeset>` first (the feature sunkd checks
+    the registration by, and a `NodeSet=<nodeset> Feature=<nodeset>` line in slurm.conf
+    puts the node in its partitions), the site's own Feature(s) words merged into it
+    (Slurm keeps one Features value), then the site's other words as given."""
+    features = [nodeset]
+    rest = []
+    for key, value in conf_words(spec.conf):
+        if key.lower() in ("feature", "features"):
+            features += [f for f in value.split(",") if f and f not in features]
+        else:
+            rest.append(f"{key}={value}")
+    return " ".join([f"Features={','.join(features)}", *rest])
+
+
+def command(spec: SlurmdSpec, slurm_node: str, nodeset: str) -> list[str]:
+    """Static: `slurmd -D -N <node>`; Dynamic: `slurmd -D -Z -N <node> --conf ...`
+    (slurmctld creates the node from it; -N names it, else slurmd takes the host name,
+    `_dynamic_init` in src/slurmd/slurmd/slurmd.c); then --conf-server and the site's
+    args."""
+    argv = ["slurmd", "-D"]
+    if spec.registration == "Dynamic":
+        argv += ["-Z", "-N", slurm_node, "--conf", dynamic_conf(spec, nodeset)]
+    else:
+        argv += ["-N", slurm_node]
     if spec.conf_server:
         argv += ["--conf-server", spec.conf_server]
     return argv + list(spec.args)
@@ -50,7 +72,7 @@ def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
         "name": CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": command(spec, slurm_node),
+        "command": command(spec, slurm_node, nodeset),
         "env": [{"name": e.key, "value": e.value} for e in spec.env],
         "volumeMounts": [json.loads(m) for m in spec.volume_mounts],
         "securityContext": {"privileged": spec.privileged},

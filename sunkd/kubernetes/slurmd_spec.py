@@ -17,7 +17,7 @@ from typing import Any
 from sunkd.domain.events import Label, SlurmdSpec
 from sunkd.kubernetes.wire import MalformedObject
 
-REGISTRATIONS = ("Static",)  # Dynamic (`slurmd -Z`) is not built yet
+REGISTRATIONS = ("Static", "Dynamic")  # `slurmd -N <node>` | `slurmd -Z -N <node> --conf ...`
 UPDATE_STRATEGIES = ("RollingUpdate", "OnDelete")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 MAX_GRACE_SECONDS = 86_400
@@ -26,6 +26,13 @@ MAX_LABEL_VALUE = 63
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _PERCENT_OR_INT = re.compile(r"^(0|[1-9][0-9]{0,6})%?$")
+# A `--conf` word: `Key=Value` (slurm.conf's node line syntax, slurmd(8)); no quotes or
+# spaces (sunkd passes the words as one argument, no shell).
+_CONF_WORD = re.compile(r"^([A-Za-z][A-Za-z0-9]*)=([^\s'\"]+)$")
+# Node line keys slurmd refuses in --conf (`_validate_dynamic_conf` in
+# src/slurmd/slurmd/slurmd.c): NodeName (sunkd gives the name with -N). Port is refused
+# there too before 23.11, and taken after: left to the site's Slurm (docs/nodeset.md).
+_CONF_REFUSED = ("nodename",)
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i?|[mkMGTPE])?$")
 
 _KNOWN = frozenset({
@@ -127,9 +134,25 @@ def _args(raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
         raise MalformedObject(_where("args"), "not a list of strings")
     for arg in raw:
-        if arg in ("-N", "-Z", "-D") or arg.startswith(("-N", "-Z")):
-            raise MalformedObject(_where("args"), f"{arg!r} is sunkd's to set (registration)")
+        if arg in ("-N", "-Z", "-D") or arg.startswith(("-N", "-Z")) \
+                or arg.split("=", 1)[0] in ("--conf", "--conf-server"):
+            raise MalformedObject(_where("args"), f"{arg!r} is sunkd's to set (registration, "
+                                  "spec.slurmd.conf, spec.slurmd.confServer)")
     return tuple(raw)
+
+
+def conf_words(conf: str | None, where: str = _where("conf")) -> list[tuple[str, str]]:
+    """The `Key=Value` words of `spec.slurmd.conf`, in order. Raises `MalformedObject`."""
+    words = []
+    for word in (conf or "").split():
+        found = _CONF_WORD.match(word)
+        if found is None:
+            raise MalformedObject(where, f"{word!r} is not a Key=Value node parameter")
+        if found.group(1).lower() in _CONF_REFUSED:
+            raise MalformedObject(where, f"{found.group(1)} is not allowed in slurmd --conf "
+                                  "(slurmd(8)): sunkd names the node with -N")
+        words.append((found.group(1), found.group(2)))
+    return words
 
 
 def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
@@ -151,6 +174,11 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
         raise MalformedObject(_where("conf"), "applies to Dynamic registration only "
                               "(slurmd takes --conf with -Z); a Static node is defined "
                               "in slurm.conf")
+    conf_words(conf)
+    if registration == "Dynamic" and raw.get("confServer") is None:
+        raise MalformedObject(_where("confServer"), "required for Dynamic registration: a "
+                              "dynamic node has no slurm.conf line, slurmd fetches the "
+                              "configuration from slurmctld (configless)")
     resources = raw.get("resources")
     if resources is not None and not isinstance(resources, Mapping):
         raise MalformedObject(_where("resources"), "not an object")

@@ -21,7 +21,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import REASON_TIME_TOLERANCE, written_reason
 from sunkd.domain.ownership import is_ours
 from sunkd.domain.ports import ActionError, RefusedError
-from sunkd.domain.slurmnode import slurm_unhealthy
+from sunkd.domain.slurmnode import KIND_FLAGS, slurm_unhealthy
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import (
     SlurmApiError,
@@ -167,7 +167,7 @@ class SlurmActuator:
 
     async def _return_to_service(self, node: str, current: SlurmNode,
                                  expect_reason_time: float | None) -> bool:
-        trouble = sorted(current.flags - {"DRAIN"})
+        trouble = sorted(current.flags - {"DRAIN"} - KIND_FLAGS)
         if trouble:
             raise RefusedError(
                 f"{node} is {current.display_state} ({'+'.join(trouble)}): slurmctld does "

@@ -94,6 +94,7 @@ class NodesetFacts:
     name: str
     registration: str = "Static"
     conf_server: str | None = None
+    conf: str | None = None  # spec.slurmd.conf (Dynamic)
     partitions: tuple[str, ...] = ()
     grace_seconds: int = 60  # spec.slurmd.terminationGracePeriodSeconds
     nodes: tuple[NodesetNode, ...] | None = None  # None: the Nodes could not be read
@@ -240,12 +241,34 @@ def check_kill_wait(nodeset: NodesetFacts, config: Mapping[str, str] | None) -> 
                    else f"KillWait={nodeset.grace_seconds}")
 
 
+def check_conf_port(nodeset: NodesetFacts, config: Mapping[str, str] | None
+                    ) -> Finding | None:
+    """A Dynamic Nodeset's `conf` with `Port=`: slurmd before 23.11 refuses it and exits
+    (`fatal: option 'Port=' not allowed in --conf`; `_validate_dynamic_conf` in
+    src/slurmd/slurmd/slurmd.c matches the text anywhere in --conf, case-insensitively).
+    None when there is none (or Static)."""
+    if nodeset.registration != "Dynamic" or "port=" not in (nodeset.conf or "").lower():
+        return None
+    check = "conf Port="
+    why = ("slurmd refuses Port= in --conf before 23.11: remove it from spec.slurmd.conf "
+           "(SlurmdPort applies)")
+    version = (config or {}).get("SLURM_VERSION", "")
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        return _unknown(check, "the Slurm version was not read", why)
+    ok = (int(match.group(1)), int(match.group(2))) >= (23, 11)
+    return Finding(check, ok, f"Slurm {version}", why)
+
+
 def nodeset_findings(nodeset: NodesetFacts, *, config: Mapping[str, str] | None,
                      partitions: Mapping[str, Partition] | None,
                      slurm_nodes: Sequence[str] | None) -> list[Finding]:
     """Every check for one Nodeset, in the order a site fixes them."""
     findings = controller_checks(nodeset, config, slurm_nodes)
     findings.append(check_kill_wait(nodeset, config))
+    port = check_conf_port(nodeset, config)
+    if port is not None:
+        findings.append(port)
     defined = check_nodes_defined(nodeset, slurm_nodes)
     if defined is not None:
         findings.append(defined)

@@ -699,6 +699,14 @@ class SlurmCluster(Service):
                 what=f"{node} responding",
             )
 
+    def start_dynamic_slurmd(self, node: str, conf: str) -> None:
+        """`slurmd -D -Z -N <node> --conf <conf>` on the host (a dynamic node, slurmd(8)):
+        slurmctld creates the node from it, or, when `node` exists already, takes it as
+        that node's slurmd. It listens on `SlurmdPort` (the first node's port: stop that
+        node's slurmd first). Stopped with the cluster (`kill_slurmd(node)` too)."""
+        (self.base / "spool" / node).mkdir(parents=True, exist_ok=True)
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-Z", "-N", node, "--conf", conf])
+
     def stop_slurmctld(self) -> None:
         self._stop_daemon("slurmctld", sig=signal.SIGTERM)
 

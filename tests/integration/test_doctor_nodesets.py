@@ -125,3 +125,51 @@ async def test_doctor_prints_the_lines_a_nodeset_needs_and_slurm_takes_them(
         errors = report["nodesets"]["read_errors"]
         assert any("slurmrestd" in e for e in errors) and len(errors) == 3, errors
 
+
+
+@pytest.mark.parametrize("version", [pytest.param(v, id=f"slurm-{v}")
+                                     for v in slurm_test_versions()])
+async def test_doctor_checks_a_dynamic_nodeset_and_slurm_takes_its_lines(
+        tmp_path: Path, version: str) -> None:
+    """A Dynamic Nodeset (accepted since Dynamic registration is built): the doctor asks
+    for configless, room in MaxNodeCount for its two nodes (and TreeWidth before 23.02),
+    and a NodeSet of its feature in its partition; slurmctld takes exactly those lines."""
+    async with KubeAPIEmulator() as emulator:
+        kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+        emulator.create(yaml.safe_load((REPO / "manifests/crds/nodeset.yaml").read_text()))
+        emulator.create({"apiVersion": "v1", "kind": "Namespace",
+                         "metadata": {"name": "slurm"}})
+        for name in ("dy1", "dy2"):
+            emulator.create({"apiVersion": "v1", "kind": "Node",
+                             "metadata": {"name": name, "labels": {"pool": "dyn"}}})
+        emulator.create({
+            "apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset",
+            "metadata": {"name": "dyn", "namespace": "slurm"},
+            "spec": {"nodeSelector": {"pool": "dyn"}, "slurm": {"partitions": ["dyn"]},
+                     "slurmd": {"image": "slurmd:local", "registration": "Dynamic",
+                                "confServer": "127.0.0.1:6817", "conf": "Weight=5",
+                                "terminationGracePeriodSeconds": 10}}})
+        for cluster in start_cluster("st1", version=version, return_to_service=1):
+            code, out = await run_doctor(tmp_path, kubeconfig, cluster)
+        report = json.loads(out)
+        assert code == 1, out
+        [entry] = report["nodesets"]["nodesets"]
+        assert entry["registration"] == "Dynamic" and entry["nodes"] == ["dy1", "dy2"]
+        by = {f["check"]: f for f in entry["findings"]}
+        assert "NodeName lines" not in by  # a dynamic node has none
+        assert by["configless"]["add"] == "SlurmctldParameters=enable_configless"
+        assert by["MaxNodeCount"]["status"] == "missing"
+        assert by["MaxNodeCount"]["add"] == "MaxNodeCount=3"  # st1 + dy1, dy2
+        assert by["partition dyn"]["add"] == ("NodeSet=dyn Feature=dyn\n"
+                                              "PartitionName=dyn Nodes=dyn State=UP")
+        missing = [f for f in by.values() if f["status"] != "ok"]
+        assert all(f["add"] for f in missing), missing
+        adds = [line for f in missing for line in f["add"].splitlines()]
+        others = [line for line in adds if not line.startswith("PartitionName=")]
+        for cluster in start_cluster("st1", version=version, return_to_service=1,
+                                     partitions={"debug": "st1", "dyn": "dyn"},
+                                     extra_conf=others):
+            code, out = await run_doctor(tmp_path, kubeconfig, cluster)
+            assert code == 0, out
+            [entry] = json.loads(out)["nodesets"]["nodesets"]
+            assert {f["status"] for f in entry["findings"]} == {"ok"}, entry

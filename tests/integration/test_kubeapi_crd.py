@@ -260,8 +260,13 @@ async def test_slurmd_spec_defaults_and_validation(raw: Raw) -> None:
                                      "rollingUpdate": {"maxUnavailable": "25%"}}
     assert got["volumes"] == slurmd["volumes"]  # core/v1 Volumes kept whole
     assert got["resources"]["requests"] == {"cpu": "500m", "memory": 1024}
-    status, body = await raw.post(BASE, nodeset("dyn", slurmd={"image": "i",
-                                                               "registration": "Dynamic"}))
+    status, obj = await raw.post(BASE, nodeset("dyn", slurmd={
+        "image": "i", "registration": "Dynamic", "confServer": "ctl:6817",
+        "conf": "Features=a100 Weight=5"}))
+    assert status == 201, obj
+    assert obj["spec"]["slurmd"]["registration"] == "Dynamic"
+    status, body = await raw.post(BASE, nodeset("elastic", slurmd={"image": "i",
+                                                                   "registration": "Elastic"}))
     assert status == 422, body
     assert body["details"]["causes"][0]["field"] == "spec.slurmd.registration"
     status, body = await raw.post(BASE, nodeset("noimage", slurmd={}))

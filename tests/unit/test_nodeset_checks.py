@@ -14,6 +14,7 @@ from sunkd.slurm.nodeset_checks import (
     NodesetFacts,
     NodesetNode,
     Partition,
+    check_conf_port,
     check_kill_wait,
     check_nodes_defined,
     check_partition,
@@ -223,3 +224,42 @@ def test_any_input_gives_findings_and_every_missing_one_says_what_to_add(
         assert finding.ok is not False or finding.add, finding
         if not read:
             assert finding.ok is None, finding
+
+
+def test_a_dynamic_nodeset_is_checked_for_the_dynamic_prerequisites() -> None:
+    # Dynamic registration is accepted now: the doctor checks what it needs (configless,
+    # MaxNodeCount, TreeWidth before 23.02, a NodeSet in each partition) instead of
+    # reporting the Nodeset malformed.
+    spec = {"nodeSelector": {"pool": "gpu"}, "slurm": {"partitions": ["dyn", "gpu"]},
+            "slurmd": SLURMD | {"registration": "Dynamic", "confServer": "ctld:6817"}}
+    kube_nodes = [node("d1", {"pool": "gpu"}, "10.1.0.1"), node("d2", {"pool": "gpu"})]
+    facts = nodeset_facts(nodeset(spec, "ns1"), kube_nodes)
+    assert isinstance(facts, NodesetFacts) and facts.registration == "Dynamic"
+    reads = SlurmReads(CONFIG | {"KillWait": "2 sec"}, parse_show_partitions(SHOWN),
+                       ["pz1", "pz2", "pz3"])
+    report = nodesets_report([nodeset(spec, "ns1")], kube_nodes, reads)
+    status = {f["check"]: (f["status"], f["add"]) for f in report["nodesets"][0]["findings"]}
+    assert status["configless"] == ("missing", "SlurmctldParameters=enable_configless")
+    assert status["MaxNodeCount"] == ("missing", "MaxNodeCount=5")  # 3 known + d1, d2
+    assert status["TreeWidth"] == ("missing", "TreeWidth=65533")  # 22.05
+    assert status["partition dyn"][0] == "ok"  # NodeSets=ns1
+    assert status["partition gpu"] == ("missing", "NodeSet=ns1 Feature=ns1\n"
+                                       "PartitionName=gpu Nodes=pz[2-3],ns1 State=UP")
+    assert "NodeName lines" not in status
+    wrong = nodeset_facts(nodeset(spec | {"slurmd": SLURMD | {"registration": "Dynamic"}}),
+                          kube_nodes)
+    assert isinstance(wrong, str) and "spec.slurmd.confServer" in wrong
+
+
+def test_a_dynamic_conf_with_port_is_refused_by_slurmd_before_23_11() -> None:
+    dynamic = static(registration="Dynamic", conf="Weight=5 port=6820")
+    old = check_conf_port(dynamic, CONFIG)  # 22.05.8
+    assert old is not None and old.status == "missing" and "Port=" in old.why
+    new = check_conf_port(dynamic, CONFIG | {"SLURM_VERSION": "23.11.1"})
+    assert new is not None and new.ok is True
+    assert check_conf_port(dynamic, None) is not None
+    assert check_conf_port(dynamic, None).status == "unknown"  # type: ignore[union-attr]
+    assert check_conf_port(static(registration="Dynamic", conf="Weight=5"), CONFIG) is None
+    assert check_conf_port(static(conf="Port=1"), CONFIG) is None  # Static: no --conf
+    findings = nodeset_findings(dynamic, config=CONFIG, partitions={}, slurm_nodes=[])
+    assert "conf Port=" in {f.check for f in findings}

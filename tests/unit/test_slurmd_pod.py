@@ -9,7 +9,7 @@ import json
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label, SlurmdSpec
 from sunkd.domain.policy.slurmd import SlurmdNodeset, is_own, revision
-from sunkd.kubernetes.slurmd_pod import command, render, seen_pod
+from sunkd.kubernetes.slurmd_pod import command, dynamic_conf, render, seen_pod
 
 SPEC = SlurmdSpec(image="slurmd:22.05", image_pull_policy="Never", conf_server="ctl:6817",
                   args=("-f", "/etc/slurm/slurm.conf"), env=(Label("A", "1"),),
@@ -64,4 +64,23 @@ def test_a_slurm_name_that_is_no_label_value_is_still_annotated() -> None:
     assert isinstance(meta, dict)
     assert wk.LABEL_SLURMD_NODE not in meta["labels"]
     assert meta["annotations"][wk.ANNOTATION_SLURMD_NODE] == "Node_1.a-"
-    assert command(SlurmdSpec(image="i"), "n") == ["slurmd", "-D", "-N", "n"]
+    assert command(SlurmdSpec(image="i"), "n", "gpu") == ["slurmd", "-D", "-N", "n"]
+
+
+def test_a_dynamic_pod_registers_with_the_nodesets_feature_first() -> None:
+    dynamic = SlurmdSpec(image="i", registration="Dynamic", conf_server="ctl:6817",
+                         conf="Weight=5 Feature=a100,gpu Features=ib RealMemory=1000",
+                         args=("-v",))
+    assert command(dynamic, "node1", "gpu") == [
+        "slurmd", "-D", "-Z", "-N", "node1",
+        "--conf", "Features=gpu,a100,ib Weight=5 RealMemory=1000",
+        "--conf-server", "ctl:6817", "-v"]
+    # The site's conf naming the Nodeset's feature again does not repeat it.
+    plain = SlurmdSpec(image="i", registration="Dynamic", conf_server="c", conf="features=gpu")
+    assert dynamic_conf(plain, "gpu") == "Features=gpu"
+    assert dynamic_conf(SlurmdSpec(image="i", registration="Dynamic", conf_server="c"),
+                        "cpu") == "Features=cpu"
+    (container,) = render(dynamic, nodeset="gpu", namespace="slurm", nodeset_uid="u",
+                          slurm_node="node1", k8s_node="k", name="gpu-node1")[
+        "spec"]["containers"]  # type: ignore[index]
+    assert container["command"][:3] == ["slurmd", "-D", "-Z"]

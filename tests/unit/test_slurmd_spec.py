@@ -64,6 +64,29 @@ def test_every_field_parses() -> None:
     assert spec.priority_class_name == "system-node-critical"
 
 
+def test_dynamic_registration_parses_with_its_conf_server_and_conf() -> None:
+    spec = parse_slurmd({"image": "i", "registration": "Dynamic", "confServer": "ctl:6817",
+                         "conf": "Features=a100  Weight=5"}, "gpu")
+    assert spec is not None
+    assert (spec.registration, spec.conf_server, spec.conf) == (
+        "Dynamic", "ctl:6817", "Features=a100  Weight=5")
+
+
+def test_a_dynamic_nodeset_needs_a_node_selector() -> None:
+    # Selected by partition, a Dynamic node would be a member only once Slurm lists it,
+    # i.e. once the pod sunkd would never create registered it.
+    dynamic = {"image": "i", "registration": "Dynamic", "confServer": "c"}
+    obj = nodeset(dynamic)
+    del obj["spec"]["nodeSelector"]
+    with pytest.raises(MalformedObject) as raised:
+        slim_nodeset(obj)
+    assert raised.value.field == "spec.nodeSelector"
+    assert parse_nodeset(nodeset(dynamic)).slurmd is not None
+    static = nodeset({"image": "i"})
+    del static["spec"]["nodeSelector"]
+    assert parse_nodeset(static).slurmd is not None
+
+
 def test_defaults() -> None:
     spec = parse_slurmd({"image": "i"}, "gpu")
     assert spec == SlurmdSpec(image="i")
@@ -73,7 +96,16 @@ def test_defaults() -> None:
 @pytest.mark.parametrize(("slurmd", "field", "why"), [
     ({}, "spec.slurmd.image", "missing"),
     ("x", "spec.slurmd", "not an object"),
-    ({"image": "i", "registration": "Dynamic"}, "spec.slurmd.registration", "Static"),
+    ({"image": "i", "registration": "Elastic"}, "spec.slurmd.registration", "Static, Dynamic"),
+    ({"image": "i", "registration": "Dynamic"}, "spec.slurmd.confServer", "required for Dynamic"),
+    ({"image": "i", "registration": "Dynamic", "confServer": "c", "conf": "NodeName=x"},
+     "spec.slurmd.conf", "NodeName is not allowed"),
+    ({"image": "i", "registration": "Dynamic", "confServer": "c", "conf": "Weight"},
+     "spec.slurmd.conf", "not a Key=Value"),
+    ({"image": "i", "registration": "Dynamic", "confServer": "c", "conf": "A='b c'"},
+     "spec.slurmd.conf", "not a Key=Value"),
+    ({"image": "i", "args": ["--conf", "x"]}, "spec.slurmd.args", "sunkd's to set"),
+    ({"image": "i", "args": ["--conf-server=h:1"]}, "spec.slurmd.args", "sunkd's to set"),
     ({"image": "i", "conf": "Features=a"}, "spec.slurmd.conf", "Dynamic registration only"),
     ({"image": "i", "args": ["-N", "x"]}, "spec.slurmd.args", "sunkd's to set"),
     ({"image": "i", "args": "-v"}, "spec.slurmd.args", "not a list"),
@@ -124,6 +156,7 @@ def test_an_older_row_without_the_fields_decodes_to_no_pods() -> None:
 @settings(suppress_health_check=[HealthCheck.too_slow])  # 2 shared cores
 @given(st.dictionaries(st.sampled_from([*sorted(FULL), "registration", "conf", "privileged"]),
                        st.none() | st.integers(-2, 3) | st.text(max_size=4)
+                       | st.sampled_from(["Dynamic", "Static", "Features=x Weight=2"])
                        | st.lists(st.text(max_size=3), max_size=2)
                        | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2)))
 def test_any_input_parses_or_is_refused_with_a_field(raw: dict[str, Any]) -> None:

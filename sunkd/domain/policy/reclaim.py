@@ -29,7 +29,12 @@ from sunkd.domain.policy.planner import (
     evict_args,
     expected_drain,
 )
-from sunkd.domain.slurmdgone import slurmd_nodeset, slurmd_registered
+from sunkd.domain.slurmdgone import (
+    dynamic_absent,
+    observed_feature,
+    slurmd_nodeset,
+    slurmd_registered,
+)
 from sunkd.domain.state import NodeState, OpenTransition, Phase
 
 
@@ -61,7 +66,9 @@ def advance_to_slurm(
     adopt = transition.direction == "adopt"
     slurm = node.slurm
     k8s = node.k8s
-    assert slurm is not None and k8s is not None
+    # A Dynamic Nodeset's node is not in Slurm until its slurmd pod registers it
+    # (slurmdgone.dynamic_absent): the steps before the registration need no record.
+    assert k8s is not None
     tx = transition.transition_id
     lock_done = has_owner_taint(k8s) and (adopt or transition.did(wk.OWNER_KUBERNETES, VERB_LOCK))
     if not lock_done:
@@ -97,8 +104,11 @@ def advance_to_slurm(
                 planner.abort(node, transition, "evicting pool pods failed")
         return
     nodeset = slurmd_nodeset(planner.state, transition.pool)
-    if nodeset is not None and not slurmd_registered(node, nodeset.uid):
+    if nodeset is not None and not slurmd_registered(node, nodeset.uid,
+                                                     observed_feature(nodeset)):
         return  # the plan creates the pod; the undrain waits for its slurmd
+    if slurm is None:
+        return
     if "DRAIN" in slurm.flags:
         if our_drain(node):
             down = nodeset is not None and slurm.state.upper() == "DOWN"
@@ -126,14 +136,16 @@ def advance_to_slurm(
 
 def can_reclaim(planner: Planner, node: NodeState, assessment: Assessment) -> bool:
     slurm = node.slurm
+    # A lent Dynamic node whose record is gone (slurmdgone.dynamic_absent): its next
+    # slurmd creates it anew, after the reclaim's taint and with every pod gone.
+    drained = (slurm is not None and "DRAIN" in slurm.flags and our_drain(node)) or (
+        slurm is None and dynamic_absent(planner.state, node, planner.now))
     return (
         assessment.phase == Phase.KUBERNETES
         and node.transition is None
         and node.name not in planner.touched
         and not node.open_actions
-        and slurm is not None
-        and "DRAIN" in slurm.flags
-        and our_drain(node)
+        and drained
         and assessment.pin != wk.OWNER_KUBERNETES
     )
 

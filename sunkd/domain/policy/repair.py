@@ -156,7 +156,11 @@ def repair_settled(planner: Planner, node: NodeState, assessment: Assessment) ->
     """Put back the side effects of a settled phase that someone or something undid."""
     slurm = node.slurm
     k8s = node.k8s
-    assert slurm is not None and k8s is not None
+    assert k8s is not None
+    if slurm is None:
+        # Only a lent Dynamic node whose record is gone is settled without one
+        # (slurmdgone.dynamic_absent): no drain to put back, nothing of Slurm's there.
+        return
     if assessment.phase == Phase.SLURM:
         if not has_owner_taint(k8s):
             planner.ensure(node, wk.OWNER_KUBERNETES, VERB_LOCK,

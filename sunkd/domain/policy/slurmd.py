@@ -34,7 +34,7 @@ from sunkd.domain.ownership import assess, has_owner_taint
 from sunkd.domain.slurmdgone import REGISTER_BOUND_SECONDS as REGISTER_BOUND_SECONDS
 from sunkd.domain.slurmdgone import VERB_SLURMD_CREATE as VERB_SLURMD_CREATE
 from sunkd.domain.slurmdgone import VERB_SLURMD_DELETE as VERB_SLURMD_DELETE
-from sunkd.domain.slurmdgone import heard_since
+from sunkd.domain.slurmdgone import has_feature, heard_since, nodeset_feature
 from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
 from sunkd.domain.state import ClusterState, NodeState, Phase
 
@@ -106,6 +106,12 @@ def is_own(pod: SeenPod, nodeset: SlurmdNodeset, node: str) -> bool:
     return (bool(nodeset.uid) and pod.nodeset_label == nodeset.name
             and pod.controller_kind == wk.NODESET_KIND and pod.controller_uid == nodeset.uid
             and pod.slurm_node == node)
+
+
+def registered(nodeset: SlurmdNodeset, slurm: SlurmNodeObserved | None) -> bool:
+    """Slurm hears the node's slurmd, and for a Dynamic Nodeset reports the node with its
+    feature (`slurmdgone`: a node of the name without it is someone else's)."""
+    return in_contact(slurm) and has_feature(slurm, nodeset_feature(nodeset.name, nodeset.spec))
 
 
 def foreign_pods(pods: Iterable[SeenPod], nodeset: SlurmdNodeset, node: str) -> list[str]:
@@ -214,7 +220,7 @@ def _node_steps(nodeset: SlurmdNodeset, node: SlurmdNode, now: float) -> list[Sl
         return _wait(node, f"{len(live)} slurmd pods of this Nodeset: "
                      f"{', '.join(p.key for p in live)}")
     if live:
-        return _wait(node, _running_reason(live[0], node.slurm, now))
+        return _wait(node, _running_reason(nodeset, live[0], node.slurm, now))
     ended = [p for p in own if p.phase in _DONE]
     if ended:
         return _wait(node, f"slurmd pod {ended[0].key} {ended[0].phase}: "
@@ -233,27 +239,35 @@ def _lend_steps(nodeset: SlurmdNodeset, node: SlurmdNode,
                 live: list[SeenPod]) -> list[SlurmdStep]:
     if not live:
         return _wait(node, "no slurmd pod: nothing to delete")
+    feature = nodeset_feature(nodeset.name, nodeset.spec)
+    if not has_feature(node.slurm, feature):
+        return _wait(node, f"Slurm's node {node.name} lacks feature {feature}: not this "
+                     "Nodeset's, its drain says nothing of sunkd's pod")
     if not slurm_drained(node.slurm):
         return _wait(node, "waiting for Slurm to report the node drained, idle and in "
-                     f"contact before deleting its slurmd pod ({_state(node.slurm)})")
+                     f"contact before deleting its slurmd pod ({_state(nodeset, node.slurm)})")
     return [SlurmdStep(node.name, VERB_SLURMD_DELETE,
                        f"sunkd: {node.name} drained for Kubernetes: slurmd pod removed",
                        node.k8s_node, pod.key, pod.uid) for pod in live]
 
 
-def _running_reason(pod: SeenPod, slurm: SlurmNodeObserved | None, now: float) -> str:
-    if in_contact(slurm) and heard_since(slurm, pod.started_at):
+def _running_reason(nodeset: SlurmdNodeset, pod: SeenPod, slurm: SlurmNodeObserved | None,
+                    now: float) -> str:
+    if registered(nodeset, slurm) and heard_since(slurm, pod.started_at):
         return f"slurmd pod {pod.key} registered"
     if pod.phase == "Running" and pod.started_at is not None \
             and now - pod.started_at > REGISTER_BOUND_SECONDS:
         return (f"slurmd pod {pod.key} unregistered {now - pod.started_at:.0f} s after it "
-                f"started ({_state(slurm)}): left to the repair (policy/slurmdrepair.py)")
-    return f"slurmd pod {pod.key} starting ({_state(slurm)})"
+                f"started ({_state(nodeset, slurm)}): left to the repair (policy/slurmdrepair.py)")
+    return f"slurmd pod {pod.key} starting ({_state(nodeset, slurm)})"
 
 
-def _state(slurm: SlurmNodeObserved | None) -> str:
+def _state(nodeset: SlurmdNodeset, slurm: SlurmNodeObserved | None) -> str:
     if slurm is None:
         return "Slurm: not seen"
+    feature = nodeset_feature(nodeset.name, nodeset.spec)
+    if not has_feature(slurm, feature):
+        return f"Slurm: a node of the name without feature {feature}, not this Nodeset's"
     busy = ", busy" if slurm_busy(slurm) else ""
     return "Slurm: " + "+".join([slurm.state.upper(), *slurm.flags]) + busy
 
@@ -273,7 +287,7 @@ def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode]) -> dict[str, int
                 continue
             out["current"] += 1
             out["ready"] += pod.phase == "Running"
-            out["registered"] += (pod.phase == "Running" and in_contact(node.slurm)
+            out["registered"] += (pod.phase == "Running" and registered(nodeset, node.slurm)
                                   and heard_since(node.slurm, pod.started_at))
             out["updated"] += pod.revision == rev
             known = known and bool(pod.revision)

@@ -83,6 +83,7 @@ from sunkd.domain.slurmdgone import (
     CREATE,
     DELETE,
     REGISTER_BOUND_SECONDS,
+    nodeset_feature,
     own_slurmd_pods,
     slurmd_registered,
 )
@@ -152,7 +153,7 @@ def outdated_pod(node: NodeState, nodeset: SlurmdNodeset) -> PodRef | None:
         return None
     pods = own_slurmd_pods(node, nodeset.uid)
     if len(pods) != 1 or pods[0].deleting or pods[0].phase != "Running" \
-            or not slurmd_registered(node, nodeset.uid):
+            or not slurmd_registered(node, nodeset.uid, _feature(nodeset)):
         return None
     pod = pods[0]
     if not pod.slurmd_revision or pod.slurmd_revision == revision(nodeset.spec):
@@ -167,16 +168,23 @@ def slurms_own_down(slurm: SlurmNodeObserved) -> bool:
             and "DRAIN" not in slurm.flags and slurm.reason == wk.SLURM_REASON_NOT_RESPONDING)
 
 
-def trouble(node: NodeState, nodeset_uid: str, now: float) -> Trouble | None:
+def _feature(nodeset: SlurmdNodeset) -> str | None:
+    return nodeset_feature(nodeset.name, nodeset.spec)
+
+
+def trouble(node: NodeState, nodeset_uid: str, now: float,
+            feature: str | None = None) -> Trouble | None:
     """What is wrong with the node's slurmd pod of the Nodeset `nodeset_uid` (None:
-    nothing the repair mends; two live pods are the plan's to report)."""
+    nothing the repair mends; two live pods are the plan's to report). `feature`: the
+    Dynamic Nodeset's (`slurmdgone.nodeset_feature`), without which Slurm's node of that
+    name is not the pod's."""
     pods = own_slurmd_pods(node, nodeset_uid)
     live = [p for p in pods if not p.deleting and p.phase not in _DONE]
     if len(live) > 1:
         return None
     if live:
         pod = live[0]
-        if slurmd_registered(node, nodeset_uid):
+        if slurmd_registered(node, nodeset_uid, feature):
             return None
         create = node.outcomes.get(CREATE)
         since = pod.started_at if pod.started_at is not None else (
@@ -223,7 +231,7 @@ def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
     by the same steps."""
     if node.owner != wk.OWNER_SLURM or node.transition is not None:
         return False
-    found = trouble(node, nodeset.uid, planner.now)
+    found = trouble(node, nodeset.uid, planner.now, _feature(nodeset))
     if found is None and update:
         pod = outdated_pod(node, nodeset)
         if pod is not None:
@@ -322,7 +330,7 @@ def _undrain(planner: Planner, node: NodeState, nodeset: SlurmdNodeset) -> None:
     taint is on and no pod runs beside it (as a reclaim's resume)."""
     slurm = node.slurm
     assert slurm is not None
-    if (slurm_busy(slurm) or not slurmd_registered(node, nodeset.uid)
+    if (slurm_busy(slurm) or not slurmd_registered(node, nodeset.uid, _feature(nodeset))
             or not has_owner_taint(node.k8s) or not no_pods(node)):
         return
     down = slurm.state.upper() == "DOWN"

@@ -139,7 +139,16 @@ def handle_transition(
 def adopt_node(planner: Planner, node: NodeState, pool: PoolSpec) -> None:
     slurm = node.slurm
     k8s = node.k8s
-    assert slurm is not None and k8s is not None
+    assert k8s is not None
+    if slurm is None:
+        # Only a Dynamic Nodeset's node is not held for that (ownership.assess,
+        # slurmdgone.dynamic_absent): its slurmd pod will create it in Slurm.
+        transition = planner.start(
+            node, pool.name, OWNER_NONE, wk.OWNER_SLURM,
+            "adopt: not in Slurm yet; the Dynamic Nodeset's slurmd pod registers it; nodes "
+            "start Slurm-owned")
+        advance_to_slurm(planner, node, transition, pool.ownership)
+        return
     if is_lend_drain(slurm.reason) and slurm_drained(slurm) and not has_owner_taint(k8s):
         transition = planner.start(
             node,
