@@ -53,6 +53,8 @@ EVENT_IDENTITY_CONFLICT = "SunkdIdentityConflict"  # Warning: two Nodes claim on
 EVENT_POOL_CONFLICT = "SunkdPoolConflict"  # Warning: two Nodesets select the node
 EVENT_INVALID_PIN = "SunkdInvalidPin"  # Warning: sunkd.io/pin is not slurm|kubernetes|auto
 EVENT_GRES_MISMATCH = "SunkdGresMismatch"  # Warning: Slurm registered other GPUs (held)
+# Warning: slurmctld refused the node's slurmd registration (INVALID_REG; held)
+EVENT_INVALID_REGISTRATION = "SunkdInvalidRegistration"
 EVENT_UNPARSED_QUANTITY = "SunkdUnparsedQuantity"  # Warning: an allocatable did not parse
 
 # --- Nodeset status condition types and their reasons -----------------------------------

@@ -16,9 +16,13 @@ deleted, created or undrained until the next registration clears the flag. (Meas
 
 from __future__ import annotations
 
-from sunkd.domain.events import K8sWorkloadObserved
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from sunkd.domain.events import ActionFailed, K8sWorkloadObserved
 from sunkd.domain.ownership import assess
-from sunkd.domain.policy import VERB_RESUME, Decision, StartTransition
+from sunkd.domain.policy import VERB_DRAIN, VERB_RESUME, Decision, StartTransition
 from sunkd.domain.policy.model import VERB_WARN
 from sunkd.domain.policy.slurmd import (
     VERB_SLURMD_CREATE,
@@ -27,7 +31,10 @@ from sunkd.domain.policy.slurmd import (
     nodes_from_state,
     nodeset_of,
 )
+from sunkd.domain.ports import RefusedError
 from sunkd.domain.state import Phase
+from sunkd.slurm.actuator import SlurmActuator
+from sunkd.slurm.model import SlurmNode
 from tests.unit.domain_world import POOL, Log, k8s_obs, slurm_obs
 from tests.unit.test_slurmd_ownership import lent, own, requests, succeed, world
 from tests.unit.test_slurmd_repair import brought_up, repair_drain, step, verbs
@@ -143,3 +150,138 @@ def test_never_lent_while_invalid() -> None:
     log.add(k8s_obs("n1", pin="kubernetes"), 10.0)
     for decision in rounds(log, (10.5, 11.0, 50.0)):
         assert not isinstance(decision, StartTransition), decision
+
+
+# ------------------------------------------------------------------- against adversaries
+
+REASONS = (None, LOW_MEMORY, "bad DIMM", "Not responding", "sunkd: copied by hand")
+PODS = (("running",) * 3) + ("failed", "gone", "terminating")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_an_invalid_registration_is_never_undrained_lent_drained_or_its_pod_deleted(
+    data: st.DataObject,
+) -> None:
+    """Rounds of the daemon over a Slurm-owned node with its pod, the INVALID_REG flag
+    coming and going, with any reason (sunkd's repair drain, Slurm's, an administrator's,
+    a copy of sunkd's words), DRAIN or DOWN or neither, a job allocated or not, the pod
+    running, failed, terminating or gone, a pin to Kubernetes, and actions that succeed
+    or fail. While Slurm reports INVALID_REG: never a resume nor a lend; with the pod
+    running, never a drain nor its delete; never counted registered; a Warning while it lasts is the
+    invalid registration's and carries Slurm's state and reason."""
+    log, drained_with, now = recreated_under_repair_drain()
+    for _ in range(data.draw(st.integers(1, 8))):
+        invalid = data.draw(st.booleans())
+        reason = data.draw(st.sampled_from((drained_with, drained_with, *REASONS)))
+        flags = {"INVALID_REG"} if invalid else set()
+        if data.draw(st.integers(0, 3)):
+            flags.add("DRAIN")
+        if data.draw(st.integers(0, 4)) == 0:
+            flags.add("NOT_RESPONDING")
+        busy = data.draw(st.integers(0, 4)) == 0
+        log.add(slurm_obs("n1", state=data.draw(st.sampled_from(
+            ("IDLE", "IDLE", "DOWN", "MIXED" if busy else "IDLE"))),
+            flags=tuple(sorted(flags)), reason=reason, alloc_cpus=4 if busy else 0), now)
+        pod = data.draw(st.sampled_from(PODS))
+        pods = {"running": (own(started_at=112.0),), "failed": (own("Failed"),),
+                "terminating": (own(deleting=True),), "gone": ()}[pod]
+        log.add(K8sWorkloadObserved(node="n1", pods=pods), now)
+        if data.draw(st.integers(0, 5)) == 0:
+            log.add(k8s_obs("n1", pin=data.draw(st.sampled_from((None, "kubernetes")))), now)
+        now += data.draw(st.sampled_from((0.5, 1.0, 40.0, 130.0, 700.0)))
+        state = log.state()
+        node = state.nodes["n1"]
+        slurm = node.slurm
+        assert slurm is not None
+        refused = "INVALID_REG" in slurm.flags
+        observed = state.nodesets[POOL]
+        nodeset = nodeset_of(observed)
+        assert nodeset is not None
+        if refused:
+            views = nodes_from_state(state, nodeset, [node], now)
+            assert counts(nodeset, views)["registered"] == 0
+        decisions = step(log, now)
+        event(f"refused={refused} verbs={sorted(verbs(decisions))}")
+        for decision in decisions:
+            if refused and isinstance(decision, StartTransition):
+                assert decision.to_owner != "kubernetes", decision
+        for action in requests(decisions):
+            if not refused:
+                continue
+            assert action.verb != VERB_RESUME, action
+            if action.verb in (VERB_DRAIN, VERB_SLURMD_DELETE):
+                # Only the repair of a pod that ended or went (a drain first: harmless
+                # over INVALID_REG); the running pod Slurm refused is left as it is.
+                assert pod != "running", action
+            if action.verb == VERB_WARN and not assess(state, node, now).conflicts:
+                args = {label.key: label.value for label in action.args}
+                if args["event_reason"] != "SunkdInvalidPin":
+                    assert args["event_reason"] == "SunkdInvalidRegistration", args
+                    assert "INVALID_REG" in args["message"]
+                    assert slurm.reason is None or slurm.reason in args["message"]
+        for action in requests(decisions):
+            if data.draw(st.integers(0, 3)):
+                succeed(log, [action], now + 0.1)
+            else:
+                log.add(ActionFailed(action_id=action.action_id,
+                                     transition_id=action.transition_id, side=action.side,
+                                     verb=action.verb, node=action.node,
+                                     attempt=action.attempt, error="adversary",
+                                     retryable=data.draw(st.booleans())), now + 0.1)
+        now += 0.5
+
+
+class _Client:
+    """A slurmrestd that reports `node` and records updates."""
+
+    can_update_nodes = True
+
+    def __init__(self, node: SlurmNode) -> None:
+        self.node = node
+        self.updates: list[str] = []
+
+    async def get_node(self, name: str) -> SlurmNode:
+        return self.node
+
+    async def update_node(self, name: str, *, state: str, reason: str | None) -> None:
+        self.updates.append(state)
+        if state == "UNDRAIN":
+            self.node = self.node._replace(flags=self.node.flags - {"DRAIN"})
+
+
+@pytest.mark.parametrize("down", [False, True])
+async def test_the_actuator_refuses_an_undrain_over_invalid_reg(down: bool) -> None:
+    """A decision read before the flag came: slurmctld would refuse it; the actuator says
+    why without asking."""
+    reason = "sunkd: slurmd pod repair (missing)"
+    client = _Client(SlurmNode("n1", "DOWN" if down else "IDLE",
+                               frozenset({"DRAIN", "INVALID_REG"}), reason=reason,
+                               reason_time=100.0))
+    actuator = SlurmActuator(client)  # type: ignore[arg-type]
+    with pytest.raises(RefusedError, match="refused its slurmd registration"):
+        await actuator.resume("n1", expect_reason=reason, expect_reason_time=100.0,
+                              return_to_service=down)
+    assert client.updates == []
+    client.node = client.node._replace(state="IDLE", flags=frozenset({"DRAIN"}))
+    assert await actuator.resume("n1", expect_reason=reason, expect_reason_time=100.0)
+    assert client.updates == ["UNDRAIN"]  # the flag gone: the undrain goes out
+
+
+def test_the_metric_counts_the_held_node() -> None:
+    from prometheus_client import generate_latest
+
+    from sunkd.api.metrics import Metrics
+    from sunkd.domain.policy import effective_pools
+
+    log = brought_up()
+    log.add(slurm_obs("n1", flags=("DRAIN", "INVALID_REG"), reason=LOW_MEMORY), 10.0)
+    state = log.state()
+    metrics = Metrics()
+    metrics.set_state(state, 11.0, effective_pools(state))
+    text = generate_latest(metrics.registry).decode()
+    assert f'sunkd_nodes_invalid_registration{{pool="{POOL}"}} 1.0' in text
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=LOW_MEMORY), 12.0)
+    metrics.set_state(log.state(), 13.0, effective_pools(log.state()))
+    text = generate_latest(metrics.registry).decode()
+    assert f'sunkd_nodes_invalid_registration{{pool="{POOL}"}} 0.0' in text
