@@ -285,3 +285,13 @@ def test_the_metric_counts_the_held_node() -> None:
     metrics.set_state(log.state(), 13.0, effective_pools(log.state()))
     text = generate_latest(metrics.registry).decode()
     assert f'sunkd_nodes_invalid_registration{{pool="{POOL}"}} 0.0' in text
+
+
+def test_a_refused_registration_is_not_drained_for_kubernetes() -> None:
+    """The lend's one predicate (the policy's and the executor's re-check): a node whose
+    registration slurmctld refused is not handed over, whatever a stale view said."""
+    from sunkd.domain.slurmnode import slurm_drained
+
+    assert slurm_drained(slurm_obs("n1", flags=("DRAIN",), reason=LOW_MEMORY))
+    assert not slurm_drained(slurm_obs("n1", flags=("DRAIN", "INVALID_REG"),
+                                       reason=LOW_MEMORY))
