@@ -101,10 +101,13 @@ def drain_requested(observation: SlurmNodeObserved | None) -> bool:
 
 def slurm_drained(observation: SlurmNodeObserved | None) -> bool:
     """The one definition of "safe to hand to Kubernetes": Slurm reports the node
-    drained (DRAIN, no UNDRAIN), nothing allocated or completing, and in contact. No
+    drained (DRAIN, no UNDRAIN), nothing allocated or completing, in contact, and its
+    registration not refused (INVALID_REG: a node held as Slurm's trouble is not lent,
+    whatever an older view said; the executor asks this again right before). No
     observation (never seen, vanished) is never drained."""
     return (drain_requested(observation) and observation is not None
-            and not slurm_busy(observation) and in_contact(observation))
+            and not slurm_busy(observation) and in_contact(observation)
+            and INVALID_REG not in observation.flags)
 
 
 def slurm_usable(observation: SlurmNodeObserved | None) -> bool:

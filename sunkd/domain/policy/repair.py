@@ -217,7 +217,12 @@ def repair_settled(planner: Planner, node: NodeState, assessment: Assessment) ->
                 "repair: node lent to kubernetes was resumed in Slurm; drain it again",
                 (Label("reason", lend_reason(None)),),
             )
-        elif has_owner_taint(k8s) and slurm_drained(slurm) and our_drain(node):
+        elif (has_owner_taint(k8s) and slurm_drained(slurm) and our_drain(node)
+              and node.pods is not None
+              and not any(pod.slurmd == node.name for pod in node.pods)):
+            # A slurmd pod still on the node (an aborted reclaim's: pinned back, or its
+            # resume refused) goes first, as in a lend (the slurmd plan deletes it once
+            # Slurm reports the node drained): never untainted beside a slurmd pod.
             planner.ensure(
                 node,
                 wk.OWNER_KUBERNETES,

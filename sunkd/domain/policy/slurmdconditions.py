@@ -103,6 +103,13 @@ def slurmd_conditions(state: ClusterState, nodeset: SlurmdNodeset,
     silent: list[str] = []
     failing: list[str] = []
     for node in sorted(members, key=lambda n: n.name):
+        slurm = node.slurm
+        if registration_refused(slurm) and (_should_run(node) or any(
+                not p.deleting for p in own_slurmd_pods(node, nodeset.uid))):
+            # Also on a node whose reclaim the hold aborted: sunkd's pod is there.
+            assert slurm is not None
+            state_text = "+".join([slurm.state.upper(), *slurm.flags])
+            refused.append(f"{node.name} ({state_text}: {slurm.reason or 'no reason'})")
         if not _should_run(node):
             continue
         wanted += 1
@@ -110,11 +117,6 @@ def slurmd_conditions(state: ClusterState, nodeset: SlurmdNodeset,
         registered += ok
         if not ok:
             unregistered.append(node.name)
-        slurm = node.slurm
-        if registration_refused(slurm):
-            assert slurm is not None
-            state_text = "+".join([slurm.state.upper(), *slurm.flags])
-            refused.append(f"{node.name} ({state_text}: {slurm.reason or 'no reason'})")
         wrong = trouble(node, nodeset.uid, now, feature) if node.transition is None else None
         pods = [p for p in own_slurmd_pods(node, nodeset.uid)
                 if not p.deleting and p.phase == "Running"]
