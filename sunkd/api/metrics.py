@@ -124,6 +124,11 @@ class Metrics:
             "sunkd_nodes_gres_inconsistent",
             "Slurm-owned nodes held because Slurm's GRES is not their GPUs (GresConsistent).",
             ["pool"], registry=r)
+        self.invalid_registrations = Gauge(
+            "sunkd_nodes_invalid_registration",
+            "Nodes held because slurmctld refused their slurmd registration (INVALID_REG: "
+            "less than their NodeName= line).",
+            ["pool"], registry=r)
         self.quantity_unparsed = Gauge(
             "sunkd_nodes_quantity_unparsed",
             "Nodes whose allocatable cpu, memory or GPUs did not parse (capacity unknown).",
@@ -321,6 +326,7 @@ class Metrics:
         conflicts: dict[tuple[str, ...], int] = {}
         invalid_pins: dict[tuple[str, ...], int] = {}
         gres_bad: dict[tuple[str, ...], int] = {}
+        invalid_regs: dict[tuple[str, ...], int] = {}
         unparsed: dict[tuple[str, ...], int] = {}
         unpooled_marked = 0
         for name, node in state.nodes.items():
@@ -336,6 +342,8 @@ class Metrics:
                 invalid_pins[(pool,)] = invalid_pins.get((pool,), 0) + 1
             if assessment.gres_problem is not None:
                 gres_bad[(pool,)] = gres_bad.get((pool,), 0) + 1
+            if assessment.invalid_registration is not None:
+                invalid_regs[(pool,)] = invalid_regs.get((pool,), 0) + 1
             if node.k8s is not None and node.k8s.unparsed:
                 unparsed[(pool,)] = unparsed.get((pool,), 0) + 1
             key = (pool, node.owner, assessment.phase.value)
@@ -364,6 +372,7 @@ class Metrics:
         self._set_all("conflicts", self.conflicts, conflicts)
         self._set_all("invalid_pins", self.invalid_pins, invalid_pins)
         self._set_all("gres_inconsistent", self.gres_inconsistent, gres_bad)
+        self._set_all("invalid_registrations", self.invalid_registrations, invalid_regs)
         self._set_all("quantity_unparsed", self.quantity_unparsed, unparsed)
         self.unpooled_marked.set(unpooled_marked)
         self.pending_actions.set(len(state.pending_actions()))

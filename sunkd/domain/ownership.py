@@ -11,7 +11,8 @@ policy"):
   (its slurmd pod creates it in Slurm: `slurmdgone`, "absent").
 - HELD: something outside sunkd's control makes the node unusable or claims it:
   Slurm DOWN/FAIL/NOT_RESPONDING/... for longer than `UNHEALTHY_GRACE_SECONDS` (unless
-  sunkd's own slurmd pod is gone or starting there: `slurmdgone`), a
+  sunkd's own slurmd pod is gone or starting there: `slurmdgone`), a slurmd registration
+  slurmctld refused (INVALID_REG: at once, no grace; `slurmnode.registration_refused`), a
   foreign drain, Kubernetes NotReady, a cordon, a foreign hold taint, or the node
   vanished from one side (or, for a Dynamic Nodeset, is absent from Slurm past its
   registration bound, or is reported without the Nodeset's feature: someone else's).
@@ -55,6 +56,7 @@ from sunkd.domain.slurmdgone import (
 from sunkd.domain.slurmnode import (
     in_contact,
     registered,
+    registration_refused,
     slurm_busy,
     slurm_drained,
     slurm_unhealthy,
@@ -199,6 +201,9 @@ class Assessment:
     # Slurm registered other GPUs than the Kubernetes Node has (or they cannot be read):
     # also in `slurm_holds`, so the node is HELD, never lent (`GresConsistent=False`).
     gres_problem: str | None = None
+    # slurmctld refused the node's slurmd registration (INVALID_REG): Slurm's state and
+    # reason, for people. Also in `slurm_holds` (HELD at once, never lent or undrained).
+    invalid_registration: str | None = None
 
     @property
     def pin_problem(self) -> str | None:
@@ -280,6 +285,7 @@ def assess(state: ClusterState, node: NodeState, now: float,
     slurm = node.slurm
     unhealthy = False
     gres: str | None = None
+    invalid: str | None = None
     if slurm is None:
         if dynamic is None:
             slurm_holds.append("missing in Slurm")
@@ -298,7 +304,12 @@ def assess(state: ClusterState, node: NodeState, now: float,
                 f"{dynamic.pool}'s node but another of the same name")
         unhealthy = slurm_unhealthy(slurm)
         since = node.slurm_unhealthy_since
-        if (unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS
+        if registration_refused(slurm):
+            # No grace: no blip sets it, only a registration slurmctld refused, and only
+            # the next valid registration clears it (slurmnode.py).
+            invalid = _slurm_condition(slurm)
+            slurm_holds.append(f"slurmd registration refused by Slurm: {invalid}")
+        elif (unhealthy and since is not None and now - since >= UNHEALTHY_GRACE_SECONDS
                 and not expected_out_of_contact(state, node, now)):
             # Out of contact because sunkd's own slurmd pod is gone or starting
             # (slurmdgone.py) is the state sunkd made, not trouble.
@@ -360,6 +371,7 @@ def assess(state: ClusterState, node: NodeState, now: float,
         conflicts=tuple(conflicts),
         invalid_pin=invalid_pin,
         gres_problem=gres,
+        invalid_registration=invalid,
     )
 
 

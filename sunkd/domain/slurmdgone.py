@@ -49,7 +49,7 @@ import math
 from sunkd.domain import authorship as marks
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import K8sNodesetObserved, PodRef, SlurmdSpec, SlurmNodeObserved
-from sunkd.domain.slurmnode import in_contact, slurm_busy
+from sunkd.domain.slurmnode import in_contact, registration_refused, slurm_busy
 from sunkd.domain.state import OWNER_NONE, ClusterState, NodeState, OpenTransition
 
 VERB_SLURMD_CREATE = "slurmd-create"  # the verbs of policy/slurmd.py (re-exported there)
@@ -223,11 +223,13 @@ def slurmd_registered(node: NodeState, nodeset_uid: str, feature: str | None) ->
     left DOWN (no NOT_RESPONDING: with ReturnToService=1 slurmctld returns a DOWN node to
     service on registration only when its reason is "Not responding",
     `validate_node_specs` in src/slurmctld/node_mgr.c; a node DOWN under sunkd's drain
-    reason stays DOWN)."""
+    reason stays DOWN). Not when slurmctld refused the registration (INVALID_REG,
+    `slurmnode.registration_refused`): it hears slurmd but will neither run jobs there
+    nor undrain the node."""
     slurm = node.slurm
-    if slurm is None or not any(pod.phase == "Running" and not pod.deleting
-                                and heard_since(slurm, pod.started_at)
-                                for pod in own_slurmd_pods(node, nodeset_uid)):
+    if slurm is None or registration_refused(slurm) or not any(
+            pod.phase == "Running" and not pod.deleting and heard_since(slurm, pod.started_at)
+            for pod in own_slurmd_pods(node, nodeset_uid)):
         return False
     if not has_feature(slurm, feature):
         return False

@@ -16,7 +16,14 @@ src/common/slurm_protocol_defs.c):
 - slurmctld prints DRAINED only for a DRAIN node with nothing allocated and nothing
   completing; DRAINING otherwise; UNDRAIN can linger beside DRAIN after an undrain;
 - NOT_RESPONDING (the `*` of sinfo) means slurmctld lost contact with slurmd: job steps
-  may still run there, and slurmctld cannot tell.
+  may still run there, and slurmctld cannot tell;
+- INVALID_REG means slurmctld refused the node's last registration: slurmd reported fewer
+  CPUs, less memory or other GRES than the node's `NodeName=` line (`validate_node_specs`
+  in src/slurmctld/node_mgr.c; not with `SlurmdParameters=config_overrides`). slurmctld
+  drains the node with its reason (unless DOWN, DRAIN or FAIL already; 24.11 and later
+  also put the reason over an existing one), refuses UNDRAIN and RESUME while the flag is
+  on (`_valid_node_state_change`), and clears it only at the next valid registration.
+  The same on 22.05.8, 24.11.5 and 26.05.5 through slurmrestd (flag `INVALID_REG`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ __all__ = [
     "drain_requested",
     "in_contact",
     "registered",
+    "registration_refused",
     "slurm_busy",
     "slurm_drained",
     "slurm_unhealthy",
@@ -51,6 +59,8 @@ KIND_FLAGS = frozenset({"DYNAMIC_NORM"})
 # sunkd does not know (a newer Slurm, a broken proxy), is unhealthy.
 KNOWN_USABLE_STATES = frozenset(
     {"IDLE", "ALLOCATED", "MIXED", "COMPLETING", "PLANNED", "RESERVED"})
+# slurmctld refused the node's last slurmd registration (module docstring).
+INVALID_REG = "INVALID_REG"
 _BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 # slurmctld has no live slurmd to speak for the node: it cannot vouch that nothing runs.
 _OUT_OF_CONTACT_STATES = frozenset({"DOWN", "UNKNOWN", "FUTURE"})
@@ -91,10 +101,13 @@ def drain_requested(observation: SlurmNodeObserved | None) -> bool:
 
 def slurm_drained(observation: SlurmNodeObserved | None) -> bool:
     """The one definition of "safe to hand to Kubernetes": Slurm reports the node
-    drained (DRAIN, no UNDRAIN), nothing allocated or completing, and in contact. No
+    drained (DRAIN, no UNDRAIN), nothing allocated or completing, in contact, and its
+    registration not refused (INVALID_REG: a node held as Slurm's trouble is not lent,
+    whatever an older view said; the executor asks this again right before). No
     observation (never seen, vanished) is never drained."""
     return (drain_requested(observation) and observation is not None
-            and not slurm_busy(observation) and in_contact(observation))
+            and not slurm_busy(observation) and in_contact(observation)
+            and INVALID_REG not in observation.flags)
 
 
 def slurm_usable(observation: SlurmNodeObserved | None) -> bool:
@@ -111,3 +124,10 @@ def registered(observation: SlurmNodeObserved | None) -> bool:
     """Slurm has the node and has heard from its slurmd: not a slot that never registered
     (FUTURE) nor a node slurmctld has not heard from since it started (UNKNOWN)."""
     return observation is not None and observation.state.upper() not in ("FUTURE", "UNKNOWN")
+
+
+def registration_refused(observation: SlurmNodeObserved | None) -> bool:
+    """slurmctld refused the node's last slurmd registration (INVALID_REG, module
+    docstring): in contact, but not a node Slurm will run jobs on or let anyone undrain
+    until a registration that matches its `NodeName=` line."""
+    return observation is not None and INVALID_REG in observation.flags

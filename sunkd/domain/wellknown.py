@@ -53,6 +53,8 @@ EVENT_IDENTITY_CONFLICT = "SunkdIdentityConflict"  # Warning: two Nodes claim on
 EVENT_POOL_CONFLICT = "SunkdPoolConflict"  # Warning: two Nodesets select the node
 EVENT_INVALID_PIN = "SunkdInvalidPin"  # Warning: sunkd.io/pin is not slurm|kubernetes|auto
 EVENT_GRES_MISMATCH = "SunkdGresMismatch"  # Warning: Slurm registered other GPUs (held)
+# Warning: slurmctld refused the node's slurmd registration (INVALID_REG; held)
+EVENT_INVALID_REGISTRATION = "SunkdInvalidRegistration"
 EVENT_UNPARSED_QUANTITY = "SunkdUnparsedQuantity"  # Warning: an allocatable did not parse
 
 # --- Nodeset status condition types and their reasons -----------------------------------
@@ -68,7 +70,19 @@ REASON_SOURCES_STALE = "SourcesStale"  # Ready=False
 REASON_MOVING = "Moving"  # Progressing=True
 REASON_SETTLED = "Settled"  # Progressing=False
 REASON_NODES_HELD = "NodesHeld"  # Degraded=True
-REASON_AS_EXPECTED = "AsExpected"  # Degraded=False
+REASON_AS_EXPECTED = "AsExpected"  # Degraded=False (and SlurmdDegraded=False)
+# A Nodeset with spec.slurmd (domain/policy/slurmdconditions.py): its slurmd pods.
+CONDITION_SLURMD_READY = "SlurmdReady"  # every Slurm-owned node's slurmd registered
+CONDITION_SLURMD_PROGRESSING = "SlurmdProgressing"  # pods being replaced, repaired, started
+CONDITION_SLURMD_DEGRADED = "SlurmdDegraded"  # a node's slurmd pod needs someone
+REASON_ALL_REGISTERED = "AllRegistered"  # SlurmdReady=True
+REASON_NOT_ALL_REGISTERED = "NotAllRegistered"  # SlurmdReady=False
+REASON_ROLLING_UPDATE = "RollingUpdate"  # SlurmdProgressing=True
+REASON_REPAIRING = "Repairing"  # SlurmdProgressing=True
+REASON_STARTING = "Starting"  # SlurmdProgressing=True
+REASON_INVALID_REGISTRATION = "InvalidRegistration"  # SlurmdDegraded=True: INVALID_REG
+REASON_UNREGISTERED = "Unregistered"  # SlurmdDegraded=True: Slurm does not hear the pod
+REASON_REPAIR_FAILING = "RepairFailing"  # SlurmdDegraded=True: recreated again and again
 
 # --- Kubernetes objects sunkd owns ----------------------------------------------------
 LEASE_NAME = "sunkd-leader"  # coordination.k8s.io Lease for the optional Kubernetes election

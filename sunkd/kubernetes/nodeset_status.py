@@ -18,6 +18,7 @@ from sunkd.domain.ownership import assess, explain, slurm_state_text
 from sunkd.domain.policy import PoolSpec, membership
 from sunkd.domain.policy.slurmd import counts as slurmd_counts
 from sunkd.domain.policy.slurmd import nodes_from_state, nodeset_of, revision
+from sunkd.domain.policy.slurmdconditions import slurmd_conditions
 from sunkd.domain.state import ClusterState, Phase
 
 PHASE_NAMES = {
@@ -124,6 +125,13 @@ def build_nodeset_status(
              f"{len(gres_bad)} node(s) held: " + "; ".join(gres_bad[:5])[:1024])
             if gres_bad else
             ("True", wk.REASON_GRES_MATCH, "Slurm's GRES equals every checked node's GPUs"))
+    observed = state.nodesets.get(pool_name)
+    nodeset = nodeset_of(observed) if observed is not None else None
+    if nodeset is not None:  # spec.slurmd: SlurmdReady, SlurmdProgressing, SlurmdDegraded
+        for condition in slurmd_conditions(
+                state, nodeset, [state.nodes[name] for name in members], now):
+            wanted[condition.type] = (condition.status, condition.reason,
+                                      condition.message[:1024])
     for extra in extra_conditions:
         wanted[extra["type"]] = (extra["status"], extra["reason"], extra["message"][:1024])
     conditions = []
@@ -143,8 +151,6 @@ def build_nodeset_status(
         "nodes": entries[:MAX_NODE_ENTRIES],
         "conditions": conditions,
     }
-    observed = state.nodesets.get(pool_name)
-    nodeset = nodeset_of(observed) if observed is not None else None
     if nodeset is not None:  # spec.slurmd: its pods, counted from the reports
         nodes = nodes_from_state(state, nodeset, [state.nodes[name] for name in members], now)
         out["slurmd"] = {**slurmd_counts(nodeset, nodes), "revision": revision(nodeset.spec)}

@@ -21,7 +21,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import REASON_TIME_TOLERANCE, written_reason
 from sunkd.domain.ownership import is_ours
 from sunkd.domain.ports import ActionError, RefusedError
-from sunkd.domain.slurmnode import KIND_FLAGS, slurm_unhealthy
+from sunkd.domain.slurmnode import INVALID_REG, KIND_FLAGS, slurm_unhealthy
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import (
     SlurmApiError,
@@ -136,6 +136,13 @@ class SlurmActuator:
                 f"{node} is drained by {current.reason_set_by or 'someone else'} with reason "
                 f"{current.reason!r} (not {wk.REASON_PREFIX}...); not undraining a foreign drain"
             )
+        if INVALID_REG in current.flags:
+            # slurmctld refuses UNDRAIN and RESUME while it is on
+            # (`_valid_node_state_change` in src/slurmctld/node_mgr.c): the policy holds
+            # such a node, so this is a decision read before the flag came.
+            raise RefusedError(
+                f"{node} is {current.display_state}: slurmctld refused its slurmd "
+                "registration and refuses an undrain until a valid one; not undraining")
         if expect_reason is not None and current.reason != expect_reason:
             raise RefusedError(
                 f"{node}'s drain reason changed since the decision: expected "

@@ -562,3 +562,38 @@ def test_the_repair_never_writes_over_a_word_nor_touches_a_pod_under_a_job(
                                    for p in node.pods)  # none of sunkd's, none foreign
         settle_adversely(log, decisions, now + 0.1, data.draw)
         now += 0.5
+
+
+def test_an_aborted_reclaim_never_untaints_before_its_slurmd_pod_is_gone() -> None:
+    """A reclaim pinned back to Kubernetes after its pod was created (or aborted by a
+    refused resume): the node is Kubernetes-owned again with sunkd's slurmd pod running
+    and the owner taint on. The taint comes off only once the pod is gone, as in a lend;
+    today the repair of a lent node untaints it at once, the pod still running."""
+    log = world()
+    reason = lent(log)
+    log.add(slurm_obs("n1", state="DOWN", flags=("DRAIN", "NOT_RESPONDING"), reason=reason),
+            100.0)
+    log.add(k8s_obs("n1", pin="slurm", tainted=False), 200.0)
+    succeed(log, step(log, 200.0), 200.1)  # the owner taint
+    log.add(k8s_obs("n1", pin="slurm"), 200.2)
+    create = step(log, 201.0)
+    assert verbs(create) == [VERB_SLURMD_CREATE], create
+    succeed(log, create, 201.1)
+    log.add(K8sWorkloadObserved(node="n1", pods=(own(started_at=202.0),)), 202.0)
+    log.add(slurm_obs("n1", flags=("DRAIN",), reason=reason), 202.5)  # registered
+    log.add(k8s_obs("n1", pin="kubernetes"), 202.6)  # pinned back before the resume
+    now = 203.0
+    for _ in range(6):
+        decisions = step(log, now)
+        state = log.state()
+        pods = state.nodes["n1"].pods or ()
+        if VERB_UNLOCK in verbs(decisions):
+            assert not any(p.slurmd == "n1" for p in pods), decisions
+        succeed(log, decisions, now + 0.1)
+        if VERB_SLURMD_DELETE in verbs(decisions):
+            log.add(K8sWorkloadObserved(node="n1", pods=()), now + 0.5)
+        if VERB_UNLOCK in verbs(decisions):
+            log.add(k8s_obs("n1", pin="kubernetes", tainted=False), now + 0.6)
+        now += 1.0
+    state = log.state()
+    assert not has_owner_taint(state.nodes["n1"].k8s)  # lent again in the end

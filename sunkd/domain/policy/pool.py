@@ -36,6 +36,7 @@ from sunkd.domain.policy.repair import (
     report_conflict,
     report_gres,
     report_invalid_pin,
+    report_invalid_registration,
     report_unparsed,
 )
 from sunkd.domain.policy.slurmd import nodes_from_state, nodeset_of, slurmd_args
@@ -124,6 +125,8 @@ def _step_nodes(
             report_conflict(planner, node, assessment)
         elif assessment.invalid_pin is not None:
             report_invalid_pin(planner, node, assessment)
+        elif assessment.invalid_registration is not None:
+            report_invalid_registration(planner, node, assessment)
         elif assessment.gres_problem is not None:
             report_gres(planner, node, assessment)
         if assessment.identity_conflict:

@@ -112,6 +112,31 @@ def report_gres(planner: Planner, node: NodeState, assessment: Assessment) -> No
                        (Label("event_reason", wk.EVENT_GRES_MISMATCH), Label("message", problem)))
 
 
+def invalid_registration_message(node: NodeState, assessment: Assessment) -> str | None:
+    """The Warning for a slurmd registration slurmctld refused (INVALID_REG), with Slurm's
+    state and reason (22.05 keeps the reason that was on the node, sunkd's drain
+    included; 24.11 and later show slurmctld's, e.g. `Low RealMemory (reported:... <
+    ... of configured:...)`)."""
+    if assessment.invalid_registration is None:
+        return None
+    return (f"Slurm refused the registration of {node.name}'s slurmd (INVALID_REG): "
+            f"{assessment.invalid_registration}. slurmd reported less than the node's "
+            "NodeName= line in slurm.conf (CPUs, RealMemory, Gres): fix the line or the "
+            "host, then `scontrol reconfigure`. sunkd holds the node meanwhile: no lend, no "
+            "undrain, its slurmd pod left as it is")
+
+
+def report_invalid_registration(planner: Planner, node: NodeState,
+                                assessment: Assessment) -> None:
+    """A node whose slurmd registration slurmctld refused is held: a Warning Event on the
+    node says why, with Slurm's reason, as often as a conflict's."""
+    message = invalid_registration_message(node, assessment)
+    if message is not None and not _warned_lately(planner, node):
+        planner.ensure(node, wk.OWNER_KUBERNETES, VERB_WARN, message,
+                       (Label("event_reason", wk.EVENT_INVALID_REGISTRATION),
+                        Label("message", message)))
+
+
 def report_unparsed(planner: Planner, node: NodeState) -> None:
     """A Node whose allocatable did not parse has unknown capacity (no pods are packed by
     it): a Warning Event on the node names the resources, as often as a conflict's."""
@@ -192,7 +217,12 @@ def repair_settled(planner: Planner, node: NodeState, assessment: Assessment) ->
                 "repair: node lent to kubernetes was resumed in Slurm; drain it again",
                 (Label("reason", lend_reason(None)),),
             )
-        elif has_owner_taint(k8s) and slurm_drained(slurm) and our_drain(node):
+        elif (has_owner_taint(k8s) and slurm_drained(slurm) and our_drain(node)
+              and node.pods is not None
+              and not any(pod.slurmd == node.name for pod in node.pods)):
+            # A slurmd pod still on the node (an aborted reclaim's: pinned back, or its
+            # resume refused) goes first, as in a lend (the slurmd plan deletes it once
+            # Slurm reports the node drained): never untainted beside a slurmd pod.
             planner.ensure(
                 node,
                 wk.OWNER_KUBERNETES,

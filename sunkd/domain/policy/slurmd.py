@@ -35,7 +35,7 @@ from sunkd.domain.slurmdgone import REGISTER_BOUND_SECONDS as REGISTER_BOUND_SEC
 from sunkd.domain.slurmdgone import VERB_SLURMD_CREATE as VERB_SLURMD_CREATE
 from sunkd.domain.slurmdgone import VERB_SLURMD_DELETE as VERB_SLURMD_DELETE
 from sunkd.domain.slurmdgone import has_feature, heard_since, nodeset_feature
-from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
+from sunkd.domain.slurmnode import in_contact, registration_refused, slurm_busy, slurm_drained
 from sunkd.domain.state import ClusterState, NodeState, Phase
 
 # kubernetes side; create: args below (`slurmd_args`), delete: `pod`, `pod_uid`,
@@ -253,6 +253,9 @@ def _lend_steps(nodeset: SlurmdNodeset, node: SlurmdNode,
 
 def _running_reason(nodeset: SlurmdNodeset, pod: SeenPod, slurm: SlurmNodeObserved | None,
                     now: float) -> str:
+    if registration_refused(slurm):
+        return (f"slurmd pod {pod.key}: Slurm refused its registration "
+                f"({_state(nodeset, slurm)}): held, left as it is")
     if registered(nodeset, slurm) and heard_since(slurm, pod.started_at):
         return f"slurmd pod {pod.key} registered"
     if pod.phase == "Running" and pod.started_at is not None \
@@ -274,9 +277,10 @@ def _state(nodeset: SlurmdNodeset, slurm: SlurmNodeObserved | None) -> str:
 
 def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode]) -> dict[str, int]:
     """status.slurmd: desired (Slurm-owned nodes), current (own live pods), ready
-    (Running), registered (Running, Slurm in contact with its slurmd: `heard_since`),
-    updated (own live pods at the spec's revision; left out while a live pod's revision
-    is not reported: unknown is no number)."""
+    (Running), registered (Running, Slurm in contact with its slurmd: `heard_since`, and
+    its registration not refused: INVALID_REG), updated (own live pods at the spec's
+    revision; left out while a live pod's revision is not reported: unknown is no
+    number)."""
     rev = revision(nodeset.spec)
     out = {"desired": 0, "current": 0, "ready": 0, "registered": 0, "updated": 0}
     known = True
@@ -288,7 +292,8 @@ def counts(nodeset: SlurmdNodeset, nodes: Sequence[SlurmdNode]) -> dict[str, int
             out["current"] += 1
             out["ready"] += pod.phase == "Running"
             out["registered"] += (pod.phase == "Running" and registered(nodeset, node.slurm)
-                                  and heard_since(node.slurm, pod.started_at))
+                                  and heard_since(node.slurm, pod.started_at)
+                                  and not registration_refused(node.slurm))
             out["updated"] += pod.revision == rev
             known = known and bool(pod.revision)
     if not known:

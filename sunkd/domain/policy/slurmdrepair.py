@@ -35,6 +35,15 @@ scheduling on a node until it misses its slurmd (NOT_RESPONDING, then DOWN after
    node DOWN under it (it registers as DOWN+DRAIN: ReturnToService=1 lifts only a
    `Not responding` DOWN, `validate_node_specs` in src/slurmctld/node_mgr.c).
 
+A pod whose registration slurmctld refused (**invalid**: INVALID_REG, its slurmd reported
+less than the node's `NodeName=` line, `slurmnode.registration_refused`) is left as it
+is: a new pod on the same host would register the same way, and slurmctld refuses
+UNDRAIN and RESUME while the flag is on. The node is HELD at once (`ownership.assess`,
+a Warning Event with Slurm's state and reason, `policy/repair.py`); nothing is drained
+(slurmctld drained it, or a DOWN or DRAIN was there already), deleted, created or
+undrained until a registration clears the flag. A pod that ends meanwhile, or that
+someone deletes, is replaced as any other (with the backoff of its creates).
+
 Out of contact past `UNHEALTHY_GRACE_SECONDS`, the node is HELD meanwhile (the hold is
 mirrored as usual); the repair still runs then, as long as nothing else holds it: no
 Kubernetes hold (NotReady, a cordon, a foreign hold taint), no conflict, no GRES problem,
@@ -87,7 +96,12 @@ from sunkd.domain.slurmdgone import (
     own_slurmd_pods,
     slurmd_registered,
 )
-from sunkd.domain.slurmnode import drain_requested, slurm_busy, slurm_drained
+from sunkd.domain.slurmnode import (
+    drain_requested,
+    registration_refused,
+    slurm_busy,
+    slurm_drained,
+)
 from sunkd.domain.state import NodeState
 
 # The second create of a row waits this long after the first, each next one twice as
@@ -104,6 +118,7 @@ MISSING = "missing"
 TERMINATING = "terminating"
 ENDED = "ended"
 UNREGISTERED = "unregistered"
+INVALID = "invalid"  # slurmctld refused the registration (INVALID_REG): left as it is
 OUTDATED = "outdated"  # the rolling update's (policy/slurmdupdate.py)
 ROLLING_UPDATE = "RollingUpdate"
 
@@ -112,7 +127,7 @@ ROLLING_UPDATE = "RollingUpdate"
 class Trouble:
     """What is wrong with the node's slurmd pod; `pod` is the one to delete."""
 
-    kind: str  # MISSING, TERMINATING, ENDED, UNREGISTERED, OUTDATED
+    kind: str  # MISSING, TERMINATING, ENDED, UNREGISTERED, INVALID, OUTDATED
     why: str
     pod: PodRef | None = None
 
@@ -184,6 +199,12 @@ def trouble(node: NodeState, nodeset_uid: str, now: float,
         return None
     if live:
         pod = live[0]
+        if registration_refused(node.slurm) and pod.phase == "Running":
+            slurm = node.slurm
+            assert slurm is not None
+            return Trouble(INVALID, f"slurmd pod {pod.namespace}/{pod.name} registered and "
+                           f"Slurm refused it (INVALID_REG): {slurm.reason or '(no reason)'}",
+                           pod)
         if slurmd_registered(node, nodeset_uid, feature):
             return None
         create = node.outcomes.get(CREATE)
@@ -249,8 +270,8 @@ def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
             return True
         return False
     planner.repairing.add(node.name)
-    if not _may_repair(node, assessment):
-        return True
+    if found.kind == INVALID or not _may_repair(node, assessment):
+        return True  # an invalid registration: held and said, nothing else (docstring)
     slurm = node.slurm
     assert slurm is not None
     if "DRAIN" not in slurm.flags:
