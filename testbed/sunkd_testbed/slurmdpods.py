@@ -31,6 +31,15 @@ from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.slurm import SlurmCluster
 
 
+def install_nodeset_crd(plane: KubeControlPlane) -> None:
+    """Apply the repository's Nodeset CRD and wait until the API server serves it."""
+    from sunkd_testbed.demo import MANIFESTS
+
+    plane.kubectl("apply", "-f", str(MANIFESTS / "crds" / "nodeset.yaml"))
+    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
+                  "--timeout=60s")
+
+
 def slurmd_started(cluster: SlurmCluster, node: str) -> str:
     """The node's SlurmdStartTime as Slurm prints it ("" when none)."""
     found = re.search(r"\bSlurmdStartTime=(\S+)", cluster.scontrol("show", "node", node))

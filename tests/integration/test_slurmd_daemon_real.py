@@ -68,7 +68,7 @@ from sunkd_testbed.images import Image
 from sunkd_testbed.kubelet import KubeletNodes
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.slurm import SlurmCluster
-from sunkd_testbed.slurmdpods import hand_over, slurm_nodes
+from sunkd_testbed.slurmdpods import hand_over, install_nodeset_crd, slurm_nodes
 from tests.integration import test_slurmd_pods_real as pods_real
 from tests.integration.test_e2e import (
     assert_log_safe,
@@ -78,7 +78,6 @@ from tests.integration.test_e2e import (
 )
 from tests.integration.test_slurmd_pods_real import (
     NODES_N,
-    ROOT,
     SLURM_NODES,
     _nodeset,
     _slurmd_started,
@@ -218,9 +217,7 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
     tmp_path: Path,
 ) -> None:
     cluster, image = generation
-    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
-    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
-                  "--timeout=60s")
+    install_nodeset_crd(plane)
     # The host's slurmds go; sunkd's pods take over.
     before = hand_over(plane, bed, cluster, SLURM_NODES, {"pool": "pods"})
     body = _nodeset(image, cluster)
@@ -359,9 +356,7 @@ async def test_sunkd_run_rolls_slurmd_pods_busy_node_last(
     tmp_path: Path,
 ) -> None:
     cluster, image = generation
-    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
-    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
-                  "--timeout=60s")
+    install_nodeset_crd(plane)
     for slurm_node, k8s in zip(SLURM_NODES, bed.names, strict=True):
         plane.kubectl("label", "node", k8s, "--overwrite", "pool=pods",
                       f"{wk.LABEL_SLURM_NODE_NAME}={slurm_node}")
@@ -436,9 +431,7 @@ async def test_sunkd_killed_mid_update_converges(
     through a new slurmd, sunkd's drains lifted, no hold, no pod deleted under an
     allocation, never more than maxUnavailable (1) nodes in update."""
     cluster, image = generation
-    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
-    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
-                  "--timeout=60s")
+    install_nodeset_crd(plane)
     before = hand_over(plane, bed, cluster, SLURM_NODES, {"pool": "pods"})
     body = _nodeset(image, cluster)
     body["spec"]["ownership"] = {"mode": "Slurm", "dwellSeconds": 0, "maxInFlight": 3}

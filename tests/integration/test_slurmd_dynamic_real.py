@@ -47,11 +47,12 @@ from sunkd_testbed.kubelet import KubeletNodes, available
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.kubernetes import available as plane_available
 from sunkd_testbed.slurm import SlurmCluster
+from sunkd_testbed.slurmdpods import install_nodeset_crd
 from tests.conftest import require
 from tests.integration.slurm_helpers import slurm_test_versions, start_cluster
 from tests.integration.test_e2e import migrated_database
 from tests.integration.test_slurmd_daemon_real import Daemon, _config, _job_running
-from tests.integration.test_slurmd_pods_real import ROOT, _image
+from tests.integration.test_slurmd_pods_real import _image
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -176,9 +177,7 @@ async def test_a_dynamic_nodeset_registers_its_node_and_lends_and_reclaims_it(
     tmp_path: Path,
 ) -> None:
     cluster, image = generation
-    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
-    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
-                  "--timeout=60s")
+    install_nodeset_crd(plane)
     k8s = bed.names[0]
     plane.kubectl("label", "node", k8s, "--overwrite", f"pool={NODESET}",
                   f"{wk.LABEL_SLURM_NODE_NAME}={NODE}")

@@ -48,11 +48,11 @@ from sunkd_testbed.images import Image
 from sunkd_testbed.kubelet import KubeletNodes
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.slurm import SlurmCluster
-from sunkd_testbed.slurmdpods import hand_over
+from sunkd_testbed.slurmdpods import hand_over, install_nodeset_crd
 from tests.integration import test_slurmd_pods_real as pods_real
 from tests.integration.test_e2e import migrated_database
 from tests.integration.test_slurmd_daemon_real import Daemon, Watch, _config, _idle
-from tests.integration.test_slurmd_pods_real import ROOT, SLURM_NODES, _nodeset, _slurmd_started
+from tests.integration.test_slurmd_pods_real import SLURM_NODES, _nodeset, _slurmd_started
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 plane = pods_real.plane
@@ -112,9 +112,7 @@ async def test_sunkd_holds_slurmd_pods_whose_registration_slurm_refuses(
     tmp_path: Path,
 ) -> None:
     cluster, image = generation
-    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
-    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
-                  "--timeout=60s")
+    install_nodeset_crd(plane)
     before = hand_over(plane, bed, cluster, SLURM_NODES, {"pool": "pods"})
     body = _nodeset(image, cluster)
     body["spec"]["ownership"] = {"mode": "Auto", "dwellSeconds": 0, "maxInFlight": 3,

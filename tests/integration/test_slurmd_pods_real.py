@@ -46,7 +46,7 @@ from sunkd_testbed.kubelet import KubeletNodes, available
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.kubernetes import available as plane_available
 from sunkd_testbed.slurm import SlurmCluster
-from sunkd_testbed.slurmdpods import slurmd_nodeset, slurmd_started
+from sunkd_testbed.slurmdpods import install_nodeset_crd, slurmd_nodeset, slurmd_started
 from tests.conftest import require
 from tests.integration.slurm_helpers import jwt_client, slurm_test_versions, start_cluster
 
@@ -132,9 +132,7 @@ async def test_nodeset_slurmd_pods_register_and_a_lend_deletes_only_after_the_dr
     bed: KubeletNodes, plane: KubeControlPlane, generation: tuple[SlurmCluster, Image]
 ) -> None:
     cluster, image = generation
-    plane.kubectl("apply", "-f", str(ROOT / "manifests/crds/nodeset.yaml"))
-    plane.kubectl("wait", "--for=condition=Established", "crd/nodesets.sunkd.io",
-                  "--timeout=60s")
+    install_nodeset_crd(plane)
     before = {n: _slurmd_started(cluster, n) for n in SLURM_NODES}
     for name in SLURM_NODES:  # the host's slurmds go; the pods' take over
         cluster.kill_slurmd(name, sig=signal.SIGTERM)
