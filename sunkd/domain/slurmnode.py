@@ -107,7 +107,7 @@ def slurm_drained(observation: SlurmNodeObserved | None) -> bool:
     observation (never seen, vanished) is never drained."""
     return (drain_requested(observation) and observation is not None
             and not slurm_busy(observation) and in_contact(observation)
-            and INVALID_REG not in observation.flags)
+            and not registration_refused(observation))
 
 
 def slurm_usable(observation: SlurmNodeObserved | None) -> bool:

@@ -87,6 +87,12 @@ class SlurmdNodeset:
     uid: str  # metadata.uid: own pods' controller owner reference names it
     spec: SlurmdSpec
 
+    @property
+    def feature(self) -> str | None:
+        """The Slurm feature a Dynamic Nodeset's nodes register with (`nodeset_feature`);
+        None for Static registration."""
+        return nodeset_feature(self.name, self.spec)
+
 
 @dataclass(frozen=True, slots=True)
 class SlurmdStep:
@@ -111,7 +117,7 @@ def is_own(pod: SeenPod, nodeset: SlurmdNodeset, node: str) -> bool:
 def registered(nodeset: SlurmdNodeset, slurm: SlurmNodeObserved | None) -> bool:
     """Slurm hears the node's slurmd, and for a Dynamic Nodeset reports the node with its
     feature (`slurmdgone`: a node of the name without it is someone else's)."""
-    return in_contact(slurm) and has_feature(slurm, nodeset_feature(nodeset.name, nodeset.spec))
+    return in_contact(slurm) and has_feature(slurm, nodeset.feature)
 
 
 def foreign_pods(pods: Iterable[SeenPod], nodeset: SlurmdNodeset, node: str) -> list[str]:
@@ -239,7 +245,7 @@ def _lend_steps(nodeset: SlurmdNodeset, node: SlurmdNode,
                 live: list[SeenPod]) -> list[SlurmdStep]:
     if not live:
         return _wait(node, "no slurmd pod: nothing to delete")
-    feature = nodeset_feature(nodeset.name, nodeset.spec)
+    feature = nodeset.feature
     if not has_feature(node.slurm, feature):
         return _wait(node, f"Slurm's node {node.name} lacks feature {feature}: not this "
                      "Nodeset's, its drain says nothing of sunkd's pod")
@@ -268,7 +274,7 @@ def _running_reason(nodeset: SlurmdNodeset, pod: SeenPod, slurm: SlurmNodeObserv
 def _state(nodeset: SlurmdNodeset, slurm: SlurmNodeObserved | None) -> str:
     if slurm is None:
         return "Slurm: not seen"
-    feature = nodeset_feature(nodeset.name, nodeset.spec)
+    feature = nodeset.feature
     if not has_feature(slurm, feature):
         return f"Slurm: a node of the name without feature {feature}, not this Nodeset's"
     busy = ", busy" if slurm_busy(slurm) else ""

@@ -44,7 +44,6 @@ from sunkd.domain.policy.slurmdupdate import in_update
 from sunkd.domain.slurmdgone import (
     CREATE,
     DELETE,
-    nodeset_feature,
     own_slurmd_pods,
     slurmd_registered,
 )
@@ -92,7 +91,7 @@ def slurmd_conditions(state: ClusterState, nodeset: SlurmdNodeset,
                 for kind in (wk.CONDITION_SLURMD_READY, wk.CONDITION_SLURMD_PROGRESSING,
                              wk.CONDITION_SLURMD_DEGRADED)]
     rev = revision(nodeset.spec)
-    feature = nodeset_feature(nodeset.name, nodeset.spec)  # Dynamic: the Nodeset's feature
+    feature = nodeset.feature  # Dynamic: the Nodeset's feature
     rolling = nodeset.spec.update_strategy == ROLLING_UPDATE
     wanted = registered = 0
     unregistered: list[str] = []

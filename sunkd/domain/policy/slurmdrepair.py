@@ -92,7 +92,6 @@ from sunkd.domain.slurmdgone import (
     CREATE,
     DELETE,
     REGISTER_BOUND_SECONDS,
-    nodeset_feature,
     own_slurmd_pods,
     slurmd_registered,
 )
@@ -168,7 +167,7 @@ def outdated_pod(node: NodeState, nodeset: SlurmdNodeset) -> PodRef | None:
         return None
     pods = own_slurmd_pods(node, nodeset.uid)
     if len(pods) != 1 or pods[0].deleting or pods[0].phase != "Running" \
-            or not slurmd_registered(node, nodeset.uid, _feature(nodeset)):
+            or not slurmd_registered(node, nodeset.uid, nodeset.feature):
         return None
     pod = pods[0]
     if not pod.slurmd_revision or pod.slurmd_revision == revision(nodeset.spec):
@@ -181,10 +180,6 @@ def slurms_own_down(slurm: SlurmNodeObserved) -> bool:
     reason, NOT_RESPONDING, no DRAIN (module docstring, step 1)."""
     return (slurm.state.upper() == "DOWN" and "NOT_RESPONDING" in slurm.flags
             and "DRAIN" not in slurm.flags and slurm.reason == wk.SLURM_REASON_NOT_RESPONDING)
-
-
-def _feature(nodeset: SlurmdNodeset) -> str | None:
-    return nodeset_feature(nodeset.name, nodeset.spec)
 
 
 def trouble(node: NodeState, nodeset_uid: str, now: float,
@@ -252,7 +247,7 @@ def repair_node(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
     by the same steps."""
     if node.owner != wk.OWNER_SLURM or node.transition is not None:
         return False
-    found = trouble(node, nodeset.uid, planner.now, _feature(nodeset))
+    found = trouble(node, nodeset.uid, planner.now, nodeset.feature)
     if found is None and update:
         pod = outdated_pod(node, nodeset)
         if pod is not None:
@@ -351,7 +346,7 @@ def _undrain(planner: Planner, node: NodeState, nodeset: SlurmdNodeset) -> None:
     taint is on and no pod runs beside it (as a reclaim's resume)."""
     slurm = node.slurm
     assert slurm is not None
-    if (slurm_busy(slurm) or not slurmd_registered(node, nodeset.uid, _feature(nodeset))
+    if (slurm_busy(slurm) or not slurmd_registered(node, nodeset.uid, nodeset.feature)
             or not has_owner_taint(node.k8s) or not no_pods(node)):
         return
     down = slurm.state.upper() == "DOWN"

@@ -53,7 +53,7 @@ from sunkd.domain.policy.slurmdrepair import (
     outdated_pod,
     repair_node,
 )
-from sunkd.domain.slurmdgone import nodeset_feature, slurmd_registered
+from sunkd.domain.slurmdgone import slurmd_registered
 from sunkd.domain.slurmnode import in_contact, slurm_unhealthy
 from sunkd.domain.state import NodeState, Phase
 
@@ -83,8 +83,7 @@ def unavailable(planner: Planner, nodeset: SlurmdNodeset,
     update, under repair, or their pod not registered (unknown pods included)."""
     return {node.name for node in members if node.owner == wk.OWNER_SLURM
             and (in_update(node) or node.name in planner.repairing
-                 or not slurmd_registered(node, nodeset.uid,
-                                          nodeset_feature(nodeset.name, nodeset.spec)))}
+                 or not slurmd_registered(node, nodeset.uid, nodeset.feature))}
 
 
 def _candidate(planner: Planner, node: NodeState, nodeset: SlurmdNodeset,
