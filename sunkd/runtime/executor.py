@@ -103,6 +103,19 @@ class ActuatorExecutor:
             return await self._kubernetes(action, k8s_name)
         raise ActionError(f"unknown side {action.side!r}", retryable=False)
 
+    async def _slurm_now(self, node: str, refusing: str, confirm: str) -> SlurmNode | None:
+        """Slurm's answer for `node` now (None: not in it), read right before an action
+        that must `confirm` a state; refused without a reader or an answer (fail closed)."""
+        if self.slurm_reader is None:
+            raise ActionError(f"{refusing}: no Slurm reader to confirm it is {confirm}",
+                              retryable=True)
+        try:
+            nodes = await self.slurm_reader.get_nodes()
+        except Exception as error:
+            raise ActionError(f"cannot confirm {node} is {confirm} in Slurm: {error}",
+                              retryable=True) from error
+        return next((item for item in nodes if item.name == node), None)
+
     async def _check_drained(self, node: str, what: str = "unlock", *,
                              out_of_contact: bool = False) -> None:
         """Defence in depth for the one unsafe action: the policy decided to unlock on
@@ -111,15 +124,7 @@ class ActuatorExecutor:
         a Slurm reader it cannot ask, so it refuses (fail closed). `out_of_contact`: the
         policy saw sunkd's slurmd pod gone from the drained node (`slurmdgone`), so Slurm
         not hearing it is expected; DRAIN and no allocation are still required."""
-        if self.slurm_reader is None:
-            raise ActionError(f"refusing to {what} {node}: no Slurm reader to confirm it is "
-                              "drained", retryable=True)
-        try:
-            nodes = await self.slurm_reader.get_nodes()
-        except Exception as error:
-            raise ActionError(f"cannot confirm {node} is drained in Slurm: {error}",
-                              retryable=True) from error
-        current = next((item for item in nodes if item.name == node), None)
+        current = await self._slurm_now(node, f"refusing to {what} {node}", "drained")
         if current is not None and out_of_contact and current.is_drain \
                 and not current.is_busy:
             return
@@ -133,15 +138,7 @@ class ActuatorExecutor:
         through): Slurm must report the node, in contact, with nothing allocated or
         completing, now. Without a Slurm reader it cannot ask, so it refuses."""
         what = f"refusing to unlabel the slurmd pod of {node}"
-        if self.slurm_reader is None:
-            raise ActionError(f"{what}: no Slurm reader to confirm it is idle",
-                              retryable=True)
-        try:
-            nodes = await self.slurm_reader.get_nodes()
-        except Exception as error:
-            raise ActionError(f"cannot confirm {node} is idle in Slurm: {error}",
-                              retryable=True) from error
-        current = next((item for item in nodes if item.name == node), None)
+        current = await self._slurm_now(node, what, "idle")
         if current is None or current.is_busy or not in_contact(current.to_observed()):
             state = current.display_state if current is not None else "missing"
             raise ActionError(f"{what}: Slurm now reports it {state}", retryable=True)
