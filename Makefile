@@ -51,9 +51,10 @@ bench-smoke: venv system-deps kube-binaries
 	$(BIN)/python scripts/bench-smoke.py
 
 # The whole suite. CI (.ci/run) sets SUNKD_TEST_STRICT=1: a test that would skip because
-# PostgreSQL, Slurm or kubectl is missing fails instead.
+# PostgreSQL, Slurm or kubectl is missing fails instead. `--durations` lists the slowest
+# tests at the end, so a CI log shows where the wall time goes.
 test: venv system-deps kube-binaries slurm-roots lint bench-smoke
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 tests
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
