@@ -167,6 +167,8 @@ class SlurmdSpec:
     Volumes and mounts are Kubernetes objects kept as canonical JSON text (the codec holds
     primitives and dataclasses only); `kubernetes/normalize.py` checked their shape."""
 
+    # Written to the log only when set (`codec`): events before it lack it.
+    OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = ("template",)
     image: str = ""
     image_pull_policy: str = "IfNotPresent"
     registration: str = "Static"  # Static: `slurmd -D -N <node>`; Dynamic: `-Z`, `--conf`
@@ -186,6 +188,10 @@ class SlurmdSpec:
     update_strategy: str = "RollingUpdate"
     max_unavailable: str = "1"  # an integer or a percentage ("25%")
     max_concurrent_startup: int | None = None  # None: no bound
+    # `template`: a partial PodTemplateSpec merged onto the pod (kubernetes/slurmd_template.py),
+    # canonical JSON text; None: none. Left out of the log and the revision when None, so a
+    # spec without one keeps its revision (no pod is replaced by an upgrade of sunkd).
+    template: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

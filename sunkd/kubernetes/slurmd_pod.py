@@ -22,6 +22,7 @@ from sunkd.domain.policy.slurmd import SeenPod, revision
 from sunkd.kubernetes.client import JSON
 from sunkd.kubernetes.normalize import SLURMD_CONTAINER, ready_since
 from sunkd.kubernetes.slurmd_spec import MAX_LABEL_VALUE, conf_words
+from sunkd.kubernetes.slurmd_template import apply_template
 
 CONTAINER = SLURMD_CONTAINER
 _LABEL_VALUE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -64,7 +65,9 @@ def command(spec: SlurmdSpec, slurm_node: str, nodeset: str) -> list[str]:
 
 def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
            slurm_node: str, k8s_node: str, name: str) -> JSON:
-    """The core/v1 Pod for `slurm_node` on Kubernetes Node `k8s_node`."""
+    """The core/v1 Pod for `slurm_node` on Kubernetes Node `k8s_node`, with the spec's
+    pod template merged (`slurmd_template.apply_template`: it adds, never replaces what
+    sunkd sets here)."""
     labels = {wk.LABEL_SLURMD_NODESET: nodeset}
     if _label_value(slurm_node):
         labels[wk.LABEL_SLURMD_NODE] = slurm_node
@@ -82,7 +85,7 @@ def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
                  if quantities}
     if resources:
         container["resources"] = resources
-    return {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -109,6 +112,7 @@ def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
             "volumes": [json.loads(v) for v in spec.volumes],
         },
     }
+    return apply_template(pod, spec.template)
 
 
 def seen_pod(obj: Mapping[str, Any]) -> SeenPod:

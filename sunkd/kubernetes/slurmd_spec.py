@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sunkd.domain.events import Label, SlurmdSpec
+from sunkd.kubernetes.slurmd_template import parse_template
 from sunkd.kubernetes.wire import MalformedObject
 
 REGISTRATIONS = ("Static", "Dynamic")  # `slurmd -N <node>` | `slurmd -Z -N <node> --conf ...`
@@ -38,7 +39,7 @@ _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGT
 _KNOWN = frozenset({
     "image", "imagePullPolicy", "registration", "confServer", "conf", "args", "env",
     "resources", "volumes", "volumeMounts", "privileged", "priorityClassName",
-    "terminationGracePeriodSeconds", "updateStrategy", "maxConcurrentStartup",
+    "terminationGracePeriodSeconds", "updateStrategy", "maxConcurrentStartup", "template",
 })
 
 
@@ -198,6 +199,15 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
     if not isinstance(privileged, bool):
         raise MalformedObject(_where("privileged"), f"not a boolean: {privileged!r}")
     startup = raw.get("maxConcurrentStartup")
+    env = _env(raw.get("env"))
+    requests = _quantities(resources.get("requests"), _where("resources.requests"))
+    limits = _quantities(resources.get("limits"), _where("resources.limits"))
+    volumes = _objects(raw.get("volumes"), "volumes", ("name",))
+    volume_mounts = _objects(raw.get("volumeMounts"), "volumeMounts", ("name", "mountPath"))
+    template = parse_template(
+        raw.get("template"), volumes={json.loads(v)["name"] for v in volumes},
+        env={e.key for e in env}, mounts={json.loads(m)["mountPath"] for m in volume_mounts},
+        resources={"requests": {q.key for q in requests}, "limits": {q.key for q in limits}})
     return SlurmdSpec(
         image=_text(raw, "image", required=True) or "",
         image_pull_policy=_choice(raw, "imagePullPolicy", PULL_POLICIES, "IfNotPresent"),
@@ -205,11 +215,11 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
         conf_server=_text(raw, "confServer"),
         conf=conf,
         args=_args(raw.get("args")),
-        env=_env(raw.get("env")),
-        requests=_quantities(resources.get("requests"), _where("resources.requests")),
-        limits=_quantities(resources.get("limits"), _where("resources.limits")),
-        volumes=_objects(raw.get("volumes"), "volumes", ("name",)),
-        volume_mounts=_objects(raw.get("volumeMounts"), "volumeMounts", ("name", "mountPath")),
+        env=env,
+        requests=requests,
+        limits=limits,
+        volumes=volumes,
+        volume_mounts=volume_mounts,
         privileged=privileged,
         priority_class_name=_text(raw, "priorityClassName") or "system-node-critical",
         termination_grace_seconds=_count(
@@ -220,4 +230,5 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
         max_unavailable=unavailable,
         max_concurrent_startup=None if startup is None else _count(
             startup, _where("maxConcurrentStartup"), 1, 1_000_000),
+        template=template,
     )

@@ -271,3 +271,42 @@ async def test_slurmd_spec_defaults_and_validation(raw: Raw) -> None:
     assert body["details"]["causes"][0]["field"] == "spec.slurmd.registration"
     status, body = await raw.post(BASE, nodeset("noimage", slurmd={}))
     assert status == 422 and body["details"]["causes"][0]["field"] == "spec.slurmd.image"
+
+
+async def test_slurmd_template_is_kept_whole_and_a_bad_shape_refused(raw: Raw) -> None:
+    """spec.slurmd.template (a partial PodTemplateSpec): the schema keeps the PodSpec
+    fields as given (x-kubernetes-preserve-unknown-fields: a full PodSpec schema is
+    impractical here), sunkd parses what the server returns, and the server itself refuses
+    a template of the wrong shape before sunkd ever reads it."""
+    from sunkd.kubernetes.slurmd_spec import parse_slurmd
+
+    await install(raw)
+    template = {
+        "metadata": {"labels": {"team": "hpc"}, "annotations": {"example.com/a": "b"}},
+        "spec": {"tolerations": [{"operator": "Exists"}],
+                 "serviceAccountName": "slurmd",
+                 "initContainers": [{"name": "prep", "image": "busybox",
+                                     "command": ["true"], "resources": {}}],
+                 "containers": [{"name": "slurmd", "env": [{"name": "X", "value": "1"}],
+                                 "readinessProbe": {"exec": {"command": ["true"]}}},
+                                {"name": "munged", "image": "munge:1"}],
+                 "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory"}}]}}
+    status, obj = await raw.post(BASE, nodeset("templated", slurmd={"image": "i",
+                                                                     "template": template}))
+    assert status == 201, obj
+    assert obj["spec"]["slurmd"]["template"] == template
+    spec = parse_slurmd(obj["spec"]["slurmd"], "templated")
+    assert spec is not None and spec.template is not None
+    for name, bad, field in [
+        ("t-string", "pod", "spec.slurmd.template"),
+        ("t-label", {"metadata": {"labels": {"a": 1}}}, "spec.slurmd.template.metadata.labels.a"),
+        ("t-spec", {"spec": []}, "spec.slurmd.template.spec"),
+        ("t-containers", {"spec": {"containers": {"name": "x"}}},
+         "spec.slurmd.template.spec.containers"),
+        ("t-noname", {"spec": {"volumes": [{"emptyDir": {}}]}},
+         "spec.slurmd.template.spec.volumes[0].name"),
+    ]:
+        status, body = await raw.post(BASE, nodeset(name, slurmd={"image": "i",
+                                                                   "template": bad}))
+        assert status == 422, (name, body)
+        assert body["details"]["causes"][0]["field"] == field, (name, body)

@@ -135,8 +135,17 @@ def pod_name(nodeset: str, node: str) -> str:
     return name
 
 
+# Fields written only when set: a spec without them has the JSON (and so the revision) it
+# had before they existed.
+_OMITTED_WHEN_NONE = ("template",)
+
+
 def spec_json(spec: SlurmdSpec) -> str:
-    return json.dumps(dataclasses.asdict(spec), sort_keys=True, separators=(",", ":"))
+    raw = dataclasses.asdict(spec)
+    for key in _OMITTED_WHEN_NONE:
+        if raw.get(key) is None:
+            raw.pop(key, None)
+    return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
 def spec_from_json(text: str) -> SlurmdSpec:
