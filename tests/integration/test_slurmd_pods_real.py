@@ -103,8 +103,28 @@ def _registered(cluster: SlurmCluster, node: str, before: str) -> bool:
         cluster.node_flags(node) == "IDLE"
 
 
+# A pod template (docs/nodeset.md, "Pod template"): an extra label, an init container from
+# the same image writing into an emptyDir the slurmd container mounts (the template's
+# volume and the merge onto the `slurmd` container).
+TEMPLATE = {
+    "metadata": {"labels": {"example.com/team": "hpc"}},
+    "spec": {
+        "initContainers": [{"name": "prep", "command": ["sh", "-c", "echo ok > /scratch/ready"],
+                            "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}],
+        "containers": [{"name": "slurmd",
+                        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}],
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+    },
+}
+
+
 def _nodeset(image: Image, cluster: SlurmCluster) -> dict[str, object]:
-    return slurmd_nodeset(image, cluster)
+    obj = slurmd_nodeset(image, cluster)
+    template = json.loads(json.dumps(TEMPLATE))
+    for init in template["spec"]["initContainers"]:
+        init.update(image=image.ref, imagePullPolicy="Never")
+    obj["spec"]["slurmd"]["template"] = template  # type: ignore[index]
+    return obj
 
 
 async def _views(client: KubeClient, slurm: SlurmRestClient, bed: KubeletNodes,
@@ -161,6 +181,13 @@ async def test_nodeset_slurmd_pods_register_and_a_lend_deletes_only_after_the_dr
                  lambda: all(_registered(cluster, n, before[n]) for n in SLURM_NODES))
         registered = round(time.monotonic() - applied, 2)
         from_create = round(time.monotonic() - created, 2)
+        for slurm_node in SLURM_NODES:  # the template's label and init container, run
+            got = await client.get(PODS, f"pods-{slurm_node}", "default")
+            assert got["metadata"]["labels"]["example.com/team"] == "hpc"
+            (init,) = got["status"]["initContainerStatuses"]
+            assert init["name"] == "prep" and init["state"]["terminated"]["exitCode"] == 0
+            assert [c["name"] for c in got["spec"]["containers"]] == ["slurmd"]
+            assert got["spec"]["nodeName"] in bed.names and got["spec"]["hostNetwork"] is True
         again = plan(nodeset, await _views(client, slurm, bed, phases), time.time(),
                      sources_fresh=True)
         assert [s.verb for s in again] == [""] * NODES_N
