@@ -156,12 +156,11 @@ def _slurmd_container(item: Mapping[str, Any], where: str, *, env: set[str],
     if not isinstance(res, Mapping):
         raise MalformedObject(f"{where}.resources", "not an object")
     for kind, quantities in res.items():
-        if kind not in ("requests", "limits", "claims"):
-            raise MalformedObject(f"{where}.resources.{kind}", "not requests, limits or claims")
-        if not isinstance(quantities, (Mapping, list)):
+        if kind not in ("requests", "limits"):
+            raise MalformedObject(f"{where}.resources.{kind}", "not requests or limits")
+        if not isinstance(quantities, Mapping):
             raise MalformedObject(f"{where}.resources.{kind}", "not an object")
-        both = sorted(set(quantities) & resources.get(kind, set())) \
-            if isinstance(quantities, Mapping) else []
+        both = sorted(set(quantities) & resources.get(kind, set()))
         if both:
             raise MalformedObject(f"{where}.resources.{kind}", f"{', '.join(both)} already in "
                                   f"spec.slurmd.resources.{kind}: give it in one place")
@@ -276,8 +275,6 @@ def _merge_slurmd(container: dict[str, Any], patch: Mapping[str, Any]) -> None:
     for kind, quantities in _dict(patch.get("resources")).items():
         if kind in ("requests", "limits") and isinstance(quantities, Mapping):
             resources[kind] = {**copy.deepcopy(dict(quantities)), **_dict(resources.get(kind))}
-        elif kind == "claims" and isinstance(quantities, list):
-            resources[kind] = copy.deepcopy(quantities)
     if resources:
         container["resources"] = resources
     container["securityContext"] = {**copy.deepcopy(_dict(patch.get("securityContext"))),

@@ -125,6 +125,23 @@ def test_a_template_change_is_a_new_revision_and_round_trips() -> None:
         pool="slurm/gpu", slurmd=templated)
 
 
+def test_a_template_change_alone_rolls_the_pods_through_the_protected_update() -> None:
+    """The domain's rolling update (policy/slurmdupdate.py) sees the new revision: the
+    first node gets sunkd's update drain, one at a time (maxUnavailable 1), before any pod
+    is deleted."""
+    from sunkd.domain.policy import VERB_DRAIN
+    from tests.unit.test_slurmd_update import OLD, arg, brought_up, drains, nodeset, step
+
+    log = brought_up()
+    assert drains(step(log, 9.0)) == []
+    with_template = dataclasses.replace(OLD, template=json.dumps(
+        {"metadata": {"labels": {"team": "hpc"}}}, sort_keys=True, separators=(",", ":")))
+    nodeset(log, with_template, 10.0)
+    decisions = step(log, 11.0)
+    assert drains(decisions) == ["n1"], decisions
+    assert arg(decisions, VERB_DRAIN, "reason") == wk.REASON_SLURMD_UPDATE
+
+
 def test_the_nodeset_carries_it_through_normalize() -> None:
     observed = parse_nodeset({
         "apiVersion": "sunkd.io/v1alpha1", "kind": "Nodeset",
