@@ -543,6 +543,33 @@ def test_slurmd_pods_rbac_is_opt_in(helm_home: Path) -> None:
                                             if c[1] == "coordination.k8s.io"}) | slurmd
 
 
+def _rules(role: Obj) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    return sorted((tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])))
+                  for r in role["rules"])
+
+
+def test_slurmd_pods_rbac_equals_the_kustomize_component(helm_home: Path) -> None:
+    """`rbac.slurmdPods: true` adds to the chart's ClusterRole exactly the rules of the
+    kustomize component manifests/components/slurmd-pods (rule for rule, not only the
+    calls), and the component binds them to the same ServiceAccount kustomize's base
+    deploys; tests/integration/test_rbac_real.py proves each rule on a real API server."""
+    without = _rules(one(template(helm_home), "ClusterRole", RELEASE))
+    with_pods = _rules(one(template(helm_home, "--set", "rbac.slurmdPods=true"),
+                           "ClusterRole", RELEASE))
+    added = list(with_pods)
+    for rule in without:
+        added.remove(rule)
+    component = docs_of((MANIFESTS / "components" / "slurmd-pods" / "rbac.yaml").read_text())
+    role = one(component, "ClusterRole")
+    assert added == _rules(role)
+    binding = one(component, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    base = docs_of((MANIFESTS / "base" / "rbac.yaml").read_text()) \
+        if (MANIFESTS / "base" / "rbac.yaml").is_file() else []
+    base_subjects = [b["subjects"] for b in find(base, "ClusterRoleBinding")]
+    assert not base_subjects or binding["subjects"] in base_subjects
+
+
 def test_no_rbac_without_rbac_create(helm_home: Path) -> None:
     docs = template(helm_home, "--set", "rbac.create=false")
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role",
@@ -673,6 +700,78 @@ def test_shipped_values_load_in_sunkd(chart: dict[str, list[Obj]], variant: str,
                if m["name"] == "slurm-credentials")
 
 
+SLURMD_VALUES: Obj = {
+    "rbac": {"slurmdPods": True},
+    "slurmdDefaults": {"image": {"repository": "registry.example/slurmd", "tag": "24.11.5"},
+                       "confServer": "slurmctld.slurm:6817",
+                       "resources": {"requests": {"cpu": "500m"}},
+                       "volumes": [{"name": "munge", "hostPath": {"path": "/run/munge"}}],
+                       "volumeMounts": [{"name": "munge", "mountPath": "/run/munge"}]},
+    "nodesets": [
+        {"name": "cpu", "spec": {"slurm": {"partitions": ["cpu"]}}},
+        {"name": "gpu",
+         "spec": {"nodeSelector": {"sunkd.io/pool": "gpu"}, "slurm": {"partitions": ["gpu"]}},
+         "slurmd": {"registration": "Dynamic", "conf": "Gres=gpu:8",
+                    "resources": {"limits": {"memory": "4Gi"}},
+                    "updateStrategy": {"rollingUpdate": {"maxUnavailable": "25%"}},
+                    "maxConcurrentStartup": 4,
+                    "template": {"metadata": {"labels": {"team": "hpc"}},
+                                 "spec": {"containers": [{"name": "munged",
+                                                          "image": "munge:1"}]}}}},
+        {"name": "static",
+         "spec": {"slurm": {"partitions": ["debug"]}},
+         "slurmd": {"image": "registry.example/slurmd:22.05.8", "confServer": None,
+                    "env": [{"name": "SLURM_CONF", "value": "/etc/slurm/slurm.conf"}]}},
+    ],
+}
+
+
+def _slurmd_values(tmp: Path, values: Obj) -> Path:
+    path = tmp / "slurmd-values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_nodesets_slurmd_values_render_spec_slurmd(helm_home: Path, tmp_path: Path) -> None:
+    """A `nodesets` entry's typed `slurmd` values, over `slurmdDefaults`, become its
+    spec.slurmd (an image from repository and tag, maps merged, the entry's values win, a
+    null drops a default); an entry without `slurmd` runs no pods; and sunkd's own check
+    (the parse the daemon runs on every Nodeset it reads) accepts each."""
+    from sunkd.kubernetes.normalize import parse_nodeset
+
+    docs = template(helm_home, "-f", str(_slurmd_values(tmp_path, SLURMD_VALUES)))
+    nodesets = {d["metadata"]["name"]: d for d in find(docs, "Nodeset")}
+    assert "slurmd" not in nodesets["cpu"]["spec"]
+    gpu = nodesets["gpu"]["spec"]["slurmd"]
+    assert gpu == {
+        "image": "registry.example/slurmd:24.11.5", "confServer": "slurmctld.slurm:6817",
+        "registration": "Dynamic", "conf": "Gres=gpu:8",
+        "resources": {"requests": {"cpu": "500m"}, "limits": {"memory": "4Gi"}},
+        "volumes": [{"name": "munge", "hostPath": {"path": "/run/munge"}}],
+        "volumeMounts": [{"name": "munge", "mountPath": "/run/munge"}],
+        "updateStrategy": {"rollingUpdate": {"maxUnavailable": "25%"}},
+        "maxConcurrentStartup": 4,
+        "template": {"metadata": {"labels": {"team": "hpc"}},
+                     "spec": {"containers": [{"name": "munged", "image": "munge:1"}]}}}
+    static = nodesets["static"]["spec"]["slurmd"]
+    assert static["image"] == "registry.example/slurmd:22.05.8"
+    assert "confServer" not in static  # the entry's null drops the default
+    assert static["env"] == [{"name": "SLURM_CONF", "value": "/etc/slurm/slurm.conf"}]
+    for name, obj in nodesets.items():
+        observed = parse_nodeset({**obj, "metadata": {**obj["metadata"], "uid": "u"}})
+        assert (observed.slurmd is None) == (name == "cpu"), name
+    parsed = parse_nodeset({**nodesets["gpu"], "metadata": {"name": "gpu", "uid": "u",
+                                                            "namespace": NAMESPACE}})
+    assert parsed.slurmd is not None and parsed.slurmd.registration == "Dynamic"
+    assert parsed.slurmd.template is not None and parsed.slurmd.max_concurrent_startup == 4
+    # A digest pins the image.
+    digest = "sha256:" + "a" * 64
+    pinned = copy.deepcopy(SLURMD_VALUES)
+    pinned["slurmdDefaults"]["image"] = {"repository": "r/slurmd", "digest": digest}
+    docs = template(helm_home, "-f", str(_slurmd_values(tmp_path, pinned)))
+    assert one(docs, "Nodeset", "gpu")["spec"]["slurmd"]["image"] == f"r/slurmd@{digest}"
+
+
 def test_config_change_rolls_the_pods(helm_home: Path) -> None:
     def checksum(*args: str) -> str:
         deployment = one(template(helm_home, *args), "Deployment", RELEASE)
@@ -759,6 +858,27 @@ BAD_VALUES: list[tuple[str, str, str]] = [
      "database.sqlite.enabled needs replicaCount 1, not 2", "two pods on one SQLite file"),
     ("serviceAccount: {create: false}",
      "serviceAccount.name is required when serviceAccount.create is false", "no account"),
+    ("nodesets: [{name: gpu, spec: {slurm: {partitions: [gpu]}}, "
+     "slurmd: {image: i, registration: Elastic}}]",
+     "at '/nodesets/0/slurmd/registration'", "slurmd registration enum"),
+    ("nodesets: [{name: gpu, spec: {slurm: {partitions: [gpu]}}, slurmd: {imag: i}}]",
+     "additional properties 'imag' not allowed", "slurmd typo"),
+    ("nodesets: [{name: gpu, spec: {slurm: {partitions: [gpu]}}, slurmd: {confServer: c}}]",
+     "nodesets[gpu].slurmd.image: missing (here or in slurmdDefaults)", "slurmd no image"),
+    ("nodesets: [{name: gpu, spec: {slurm: {partitions: [gpu]}}, "
+     "slurmd: {image: {repository: r}}}]",
+     "nodesets[gpu].slurmd.image: needs a tag or a digest", "slurmd image without tag"),
+    ("nodesets: [{name: gpu, spec: {slurm: {partitions: [gpu]}, slurmd: {image: i}}, "
+     "slurmd: {image: i}}]", "nodesets[gpu]: give slurmd or spec.slurmd, not both",
+     "slurmd twice"),
+    ("nodesets: [{name: gpu.a, spec: {slurm: {partitions: [gpu]}}, slurmd: {image: i}}]",
+     "needs a name that is a DNS label", "slurmd nodeset name"),
+    ("slurmdDefaults: {terminationGracePeriodSeconds: -1}",
+     "at '/slurmdDefaults/terminationGracePeriodSeconds'", "slurmd grace"),
+    ("slurmdDefaults: {template: {metadata: {name: x}}}",
+     "additional properties 'name' not allowed", "slurmd template metadata"),
+    ("slurmdDefaults: {updateStrategy: {rollingUpdate: {maxUnavailable: 0}}}",
+     "at '/slurmdDefaults/updateStrategy/rollingUpdate/maxUnavailable'", "slurmd update"),
 ]
 
 
@@ -847,7 +967,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     require(ok, why)
     home = tmp_path_factory.mktemp("helm-real")
     values = home / "install-values.yaml"
-    values.write_text(yaml.safe_dump({"nodesets": [_example_pool()]}))
+    values.write_text(yaml.safe_dump({"nodesets": [_example_pool(), SLURMD_VALUES["nodesets"][1]],
+                                      "slurmdDefaults": SLURMD_VALUES["slurmdDefaults"]}))
     plane = KubeControlPlane(scheduler=False).start()
     try:
         plane.kubectl("create", "namespace", NAMESPACE)
@@ -882,6 +1003,18 @@ def test_install_creates_the_objects_and_the_crd(installed: Installed) -> None:
     nodeset = installed.get("-n", NAMESPACE, "get", "nodeset", "gpu-a")
     assert nodeset["spec"]["ownership"]["dwellSeconds"] == 300
     assert nodeset["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    # The typed slurmd values became a spec.slurmd the API server took (the CRD's schema,
+    # its defaults applied, the pod template kept whole), and sunkd's own check accepts it.
+    from sunkd.kubernetes.normalize import parse_nodeset
+
+    gpu = installed.get("-n", NAMESPACE, "get", "nodeset", "gpu")
+    slurmd = gpu["spec"]["slurmd"]
+    assert slurmd["image"] == "registry.example/slurmd:24.11.5"
+    assert slurmd["imagePullPolicy"] == "IfNotPresent" and slurmd["privileged"] is True
+    assert slurmd["template"] == SLURMD_VALUES["nodesets"][1]["slurmd"]["template"]
+    observed = parse_nodeset(gpu)
+    assert observed.slurmd is not None and observed.slurmd.template is not None
+    assert "WARNING: Nodeset gpu runs slurmd pods, but rbac.slurmdPods is false" in notes
 
     ns = ("-n", NAMESPACE)
     for kind, name in (("serviceaccount", RELEASE), ("deployment", RELEASE),
@@ -1045,7 +1178,8 @@ def test_upgrade_with_changed_values_then_uninstall(installed: Installed) -> Non
                        ("service", RELEASE), ("configmap", f"{RELEASE}-config"),
                        ("networkpolicy", RELEASE), ("poddisruptionbudget", RELEASE),
                        ("servicemonitor", RELEASE), ("prometheusrule", RELEASE),
-                       ("role", f"{RELEASE}-leader-election"), ("nodeset", "gpu-a")):
+                       ("role", f"{RELEASE}-leader-election"), ("nodeset", "gpu-a"),
+                       ("nodeset", "gpu")):
         assert not installed.exists(*ns, kind, name), f"{kind}/{name} left after uninstall"
     for kind in ("clusterrole", "clusterrolebinding"):
         assert not installed.exists(kind, RELEASE), f"{kind}/{RELEASE} left after uninstall"
