@@ -41,9 +41,10 @@ DNS_POLICIES = ("Default", "ClusterFirstWithHostNet", "None")
 # Why a PodSpec field is refused: the ones a site is most likely to try get their own
 # word; any other field is refused as not supported. A pod with nodeName set skips the
 # scheduler, but the kubelet still admits it through the scheduler's general predicates
-# (`generalFilter` in pkg/kubelet/lifecycle/predicate.go: node name, node affinity and
-# nodeSelector, host ports, resources) and fails it on a mismatch: hence nodeSelector and
-# affinity would only ever make the pod fail.
+# (`generalFilter` in pkg/kubelet/lifecycle/predicate.go, Kubernetes 1.37:
+# `scheduler.AdmissionCheck` for node name, node affinity and nodeSelector, host ports and
+# resources, then the node's NoExecute taints) and fails it on a mismatch: nodeSelector
+# and affinity could only ever make the pod fail.
 _OWNED = {
     "nodeName": "sunkd binds each pod to its node (the Nodeset's spec.nodeSelector picks "
                 "the nodes)",
