@@ -160,12 +160,28 @@ class OwnershipSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SlurmdAuth:
+    """Nodeset `spec.slurmd.auth` (docs/nodeset.md, "Authentication"): how the slurmd pod
+    authenticates to Slurm. `munge` with `key_secret`: the pod runs its own munged beside
+    slurmd, keyed from the Secret; `munge` without: the site provides munged's socket (its
+    own volumes). `slurm`: auth/slurm (Slurm 23.11+), the Secret's key given to slurmd."""
+
+    type: str = "munge"  # munge | slurm (slurm.conf AuthType=auth/<type>)
+    key_secret: str = ""  # the Secret's name; "" = none (munge only)
+    key_secret_key: str = ""  # the key inside it (munge.key / slurm.key by default)
+    munge_image: str | None = None  # munged's image; None = the slurmd image
+    munge_socket_dir: str = "/run/munge"  # where munged puts munge.socket.2 (AuthInfo)
+
+
+@dataclass(frozen=True, slots=True)
 class SlurmdSpec:
     """Nodeset `spec.slurmd`: the slurmd pod sunkd runs on each Slurm-owned node of the pool
     (docs/nodeset.md). Absent on a Nodeset: sunkd runs no pods (the site runs slurmd).
 
     Volumes and mounts are Kubernetes objects kept as canonical JSON text (the codec holds
     primitives and dataclasses only); `kubernetes/normalize.py` checked their shape."""
+
+    OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = ("auth",)
 
     image: str = ""
     image_pull_policy: str = "IfNotPresent"
@@ -186,6 +202,9 @@ class SlurmdSpec:
     update_strategy: str = "RollingUpdate"
     max_unavailable: str = "1"  # an integer or a percentage ("25%")
     max_concurrent_startup: int | None = None  # None: no bound
+    # How slurmd authenticates (SlurmdAuth); None: `auth` not given, the site's own way
+    # (written to the log only when set, so a spec without it keeps its revision).
+    auth: SlurmdAuth | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import SeenPod, revision
 from sunkd.kubernetes.client import JSON
 from sunkd.kubernetes.normalize import SLURMD_CONTAINER, ready_since
+from sunkd.kubernetes.slurmd_auth import render_auth
 from sunkd.kubernetes.slurmd_spec import MAX_LABEL_VALUE, conf_words
 
 CONTAINER = SLURMD_CONTAINER
@@ -82,6 +83,21 @@ def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
                  if quantities}
     if resources:
         container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "nodeName": k8s_node,
+        "hostNetwork": True,
+        "dnsPolicy": "Default",  # the node's resolver: slurmctld is a host name there
+        "priorityClassName": spec.priority_class_name,
+        "terminationGracePeriodSeconds": spec.termination_grace_seconds,
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "tolerations": [{"key": wk.TAINT_OWNER, "operator": "Equal",
+                         "value": wk.OWNER_SLURM, "effect": wk.TAINT_OWNER_EFFECT}],
+        "containers": [container],
+        "volumes": [json.loads(v) for v in spec.volumes],
+    }
+    render_auth(spec, pod_spec, container)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -94,20 +110,7 @@ def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
             "ownerReferences": [{"apiVersion": wk.API_VERSION, "kind": wk.NODESET_KIND,
                                  "name": nodeset, "uid": nodeset_uid, "controller": True}],
         },
-        "spec": {
-            "nodeName": k8s_node,
-            "hostNetwork": True,
-            "dnsPolicy": "Default",  # the node's resolver: slurmctld is a host name there
-            "priorityClassName": spec.priority_class_name,
-            "terminationGracePeriodSeconds": spec.termination_grace_seconds,
-            "restartPolicy": "Always",
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "tolerations": [{"key": wk.TAINT_OWNER, "operator": "Equal",
-                             "value": wk.OWNER_SLURM, "effect": wk.TAINT_OWNER_EFFECT}],
-            "containers": [container],
-            "volumes": [json.loads(v) for v in spec.volumes],
-        },
+        "spec": pod_spec,
     }
 
 

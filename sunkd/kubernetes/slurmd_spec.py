@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sunkd.domain.events import Label, SlurmdSpec
+from sunkd.kubernetes.slurmd_auth import check_with_spec, parse_auth
 from sunkd.kubernetes.wire import MalformedObject
 
 REGISTRATIONS = ("Static", "Dynamic")  # `slurmd -N <node>` | `slurmd -Z -N <node> --conf ...`
@@ -39,6 +40,7 @@ _KNOWN = frozenset({
     "image", "imagePullPolicy", "registration", "confServer", "conf", "args", "env",
     "resources", "volumes", "volumeMounts", "privileged", "priorityClassName",
     "terminationGracePeriodSeconds", "updateStrategy", "maxConcurrentStartup",
+    "auth",
 })
 
 
@@ -198,6 +200,12 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
     if not isinstance(privileged, bool):
         raise MalformedObject(_where("privileged"), f"not a boolean: {privileged!r}")
     startup = raw.get("maxConcurrentStartup")
+    auth = parse_auth(raw.get("auth"))
+    volumes = _objects(raw.get("volumes"), "volumes", ("name",))
+    volume_mounts = _objects(raw.get("volumeMounts"), "volumeMounts", ("name", "mountPath"))
+    env = _env(raw.get("env"))
+    check_with_spec(auth, volumes=volumes, volume_mounts=volume_mounts,
+                    env_names=tuple(e.key for e in env))
     return SlurmdSpec(
         image=_text(raw, "image", required=True) or "",
         image_pull_policy=_choice(raw, "imagePullPolicy", PULL_POLICIES, "IfNotPresent"),
@@ -205,11 +213,11 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
         conf_server=_text(raw, "confServer"),
         conf=conf,
         args=_args(raw.get("args")),
-        env=_env(raw.get("env")),
+        env=env,
         requests=_quantities(resources.get("requests"), _where("resources.requests")),
         limits=_quantities(resources.get("limits"), _where("resources.limits")),
-        volumes=_objects(raw.get("volumes"), "volumes", ("name",)),
-        volume_mounts=_objects(raw.get("volumeMounts"), "volumeMounts", ("name", "mountPath")),
+        volumes=volumes,
+        volume_mounts=volume_mounts,
         privileged=privileged,
         priority_class_name=_text(raw, "priorityClassName") or "system-node-critical",
         termination_grace_seconds=_count(
@@ -220,4 +228,5 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
         max_unavailable=unavailable,
         max_concurrent_startup=None if startup is None else _count(
             startup, _where("maxConcurrentStartup"), 1, 1_000_000),
+        auth=auth,
     )

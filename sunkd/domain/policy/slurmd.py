@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import K8sNodesetObserved, Label, PodRef, SlurmdSpec, SlurmNodeObserved
+from sunkd.domain.events import (
+    K8sNodesetObserved,
+    Label,
+    PodRef,
+    SlurmdAuth,
+    SlurmdSpec,
+    SlurmNodeObserved,
+)
 from sunkd.domain.ownership import assess, has_owner_taint
 from sunkd.domain.slurmdgone import REGISTER_BOUND_SECONDS as REGISTER_BOUND_SECONDS
 from sunkd.domain.slurmdgone import VERB_SLURMD_CREATE as VERB_SLURMD_CREATE
@@ -136,7 +143,10 @@ def pod_name(nodeset: str, node: str) -> str:
 
 
 def spec_json(spec: SlurmdSpec) -> str:
-    return json.dumps(dataclasses.asdict(spec), sort_keys=True, separators=(",", ":"))
+    raw = dataclasses.asdict(spec)
+    if raw["auth"] is None:  # not given: the text (and so the revision) of a spec before it
+        del raw["auth"]
+    return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
 def spec_from_json(text: str) -> SlurmdSpec:
@@ -145,6 +155,8 @@ def spec_from_json(text: str) -> SlurmdSpec:
         raw[key] = tuple(Label(item["key"], item["value"]) for item in raw.get(key) or ())
     for key in ("args", "volumes", "volume_mounts"):
         raw[key] = tuple(raw.get(key) or ())
+    if raw.get("auth") is not None:
+        raw["auth"] = SlurmdAuth(**raw["auth"])
     return SlurmdSpec(**raw)
 
 
@@ -156,7 +168,9 @@ def revision(spec: SlurmdSpec) -> str:
     default = SlurmdSpec()
     template = dataclasses.replace(
         spec, update_strategy=default.update_strategy, max_unavailable=default.max_unavailable,
-        max_concurrent_startup=default.max_concurrent_startup)
+        max_concurrent_startup=default.max_concurrent_startup,
+        # `auth: {type: munge}` alone renders what no `auth` does: the same pod.
+        auth=None if spec.auth == SlurmdAuth() else spec.auth)
     return hashlib.sha256(spec_json(template).encode()).hexdigest()[:10]
 
 
