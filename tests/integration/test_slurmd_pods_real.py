@@ -14,7 +14,9 @@ the actuators alone; test_slurmd_daemon_real.py runs `sunkd run` on the same bed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -206,3 +208,70 @@ async def test_nodeset_slurmd_pods_register_and_a_lend_deletes_only_after_the_dr
         bed.wait("the Nodeset's pods gone",
                  lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
 
+
+
+@pytest.mark.parametrize("auth", ["munge"])
+async def test_slurmd_pod_authenticates_with_a_key_from_a_secret(
+    bed: KubeletNodes, plane: KubeControlPlane, auth: str
+) -> None:
+    """`spec.slurmd.auth.keySecret` on the real kubelet (Slurm 22.05, the host's): the
+    cluster's munge key in a Secret, sunkd's rendered pod runs its own munged as a native
+    sidecar and the host's munged socket is hidden from slurmd (an emptyDir over the
+    cluster's munge directory), yet slurmd registers and `srun` runs in the pod."""
+    from sunkd.kubernetes.slurmd_pod import render
+    from sunkd.kubernetes.slurmd_spec import parse_slurmd
+    from sunkd_testbed.slurmdpods import slurmd_spec
+
+    image = _image("22.05")
+    node = bed.nodes[0]
+    bed.import_images([image], [node])
+    with contextlib.contextmanager(start_cluster)("node[1-3]", version="22.05") as cluster:
+        base = str(cluster.base)
+        # slurmd's own slurm.conf: the cluster's, with munged's socket where the sidecar
+        # puts it (slurmctld logs a different config hash, nothing more).
+        pod_conf = cluster.base / "etc" / "slurm-pod.conf"
+        pod_conf.write_text(re.sub(r"(?m)^AuthInfo=socket=.*$",
+                                   "AuthInfo=socket=/run/munge/munge.socket.2",
+                                   cluster.slurm_conf.read_text()))
+        plane.kubectl("create", "secret", "generic", "cluster-munge",
+                      f"--from-file=munge.key={base}/munge/munge.key")
+        raw = slurmd_spec(image, cluster)
+        raw["env"] = [{"name": "SLURM_CONF", "value": str(pod_conf)}]
+        raw["volumes"].append({"name": "no-host-munge", "emptyDir": {}})
+        raw["volumeMounts"].append({"name": "no-host-munge", "mountPath": f"{base}/munge"})
+        raw["auth"] = {"type": auth, "keySecret": {"name": "cluster-munge"}}
+        spec = parse_slurmd(raw, "pods")
+        assert spec is not None and spec.auth is not None
+        pod = render(spec, nodeset="pods", namespace="default", nodeset_uid="not-a-nodeset",
+                     slurm_node="node1", k8s_node=node.name, name="auth-node1")
+        pod["metadata"].pop("ownerReferences")  # no Nodeset here: the pod alone
+        before = slurmd_started(cluster, "node1")
+        cluster.kill_slurmd("node1", sig=signal.SIGTERM)
+        await asyncio.sleep(1.1)  # the pod's slurmd starts in a later second
+        applied = time.monotonic()
+        plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        try:
+            _auth_pod_runs(bed, cluster, base, applied, before)
+        finally:
+            plane.kubectl("delete", "pod", "auth-node1", "--wait=true", "--timeout=60s")
+            plane.kubectl("delete", "secret", "cluster-munge")
+
+
+def _auth_pod_runs(bed: KubeletNodes, cluster: SlurmCluster, base: str, applied: float,
+                   before: str) -> None:
+    from sunkd.kubernetes.slurmd_auth import MUNGED_CONTAINER
+
+    bed.wait("node1 IDLE through the pod's slurmd",
+             lambda: _registered(cluster, "node1", before), timeout=120)
+    registered = round(time.monotonic() - applied, 2)
+    seen = bed.pod("auth-node1") or {}
+    sidecar = next(s for s in seen["status"]["initContainerStatuses"]
+                   if s["name"] == MUNGED_CONTAINER)
+    assert sidecar["started"] is True and "running" in sidecar["state"], sidecar
+    # The step runs in slurmd's container: the host's socket is hidden, the sidecar's there.
+    script = (f"test ! -e {base}/munge/run/munge.socket.2"
+              " && test -S /run/munge/munge.socket.2 && cat /proc/1/comm")
+    out = cluster.run("srun", "-w", "node1", "-N1", "sh", "-c", script, timeout=60)
+    assert out.split()[-1] == "slurmd", out
+    print(f"\nslurmd pod with its own munged (key from a Secret), Slurm "
+          f"{cluster.slurm_version}: IDLE {registered} s after kubectl apply")
