@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -210,36 +211,49 @@ async def test_nodeset_slurmd_pods_register_and_a_lend_deletes_only_after_the_dr
 
 
 
-@pytest.mark.parametrize("auth", ["munge"])
+@pytest.mark.parametrize(("auth", "version"), [
+    ("munge", "22.05"), ("slurm", "24.11"), ("slurm", "26.05")])
 async def test_slurmd_pod_authenticates_with_a_key_from_a_secret(
-    bed: KubeletNodes, plane: KubeControlPlane, auth: str
+    bed: KubeletNodes, plane: KubeControlPlane, auth: str, version: str
 ) -> None:
-    """`spec.slurmd.auth.keySecret` on the real kubelet (Slurm 22.05, the host's): the
-    cluster's munge key in a Secret, sunkd's rendered pod runs its own munged as a native
-    sidecar and the host's munged socket is hidden from slurmd (an emptyDir over the
-    cluster's munge directory), yet slurmd registers and `srun` runs in the pod."""
+    """`spec.slurmd.auth.keySecret` on the real kubelet: the cluster's key in a Secret, and
+    the pod sunkd renders authenticates with it alone. munge (22.05): the pod runs its own
+    munged as a native sidecar, the host's munged socket hidden from slurmd (an emptyDir
+    over the cluster's munge directory). auth/slurm (24.11, 26.05; the cluster runs
+    `AuthType=auth/slurm CredType=cred/slurm` and no munged): slurmd reads the Secret's
+    key (SLURM_SACK_KEY), none beside its slurm.conf. Either way slurmd registers and
+    `srun` runs in the pod."""
+    from sunkd.kubernetes.slurmd_auth import SLURM_KEY_PATH
     from sunkd.kubernetes.slurmd_pod import render
     from sunkd.kubernetes.slurmd_spec import parse_slurmd
     from sunkd_testbed.slurmdpods import slurmd_spec
 
-    image = _image("22.05")
+    require(version in slurm_test_versions(), f"Slurm {version} not selected")
+    image = _image(version)
     node = bed.nodes[0]
     bed.import_images([image], [node])
-    with contextlib.contextmanager(start_cluster)("node[1-3]", version="22.05") as cluster:
+    with contextlib.contextmanager(start_cluster)("node[1-3]", version=version,
+                                                  auth=auth) as cluster:
         base = str(cluster.base)
-        # slurmd's own slurm.conf: the cluster's, with munged's socket where the sidecar
-        # puts it (slurmctld logs a different config hash, nothing more).
-        pod_conf = cluster.base / "etc" / "slurm-pod.conf"
-        pod_conf.write_text(re.sub(r"(?m)^AuthInfo=socket=.*$",
-                                   "AuthInfo=socket=/run/munge/munge.socket.2",
-                                   cluster.slurm_conf.read_text()))
-        plane.kubectl("create", "secret", "generic", "cluster-munge",
-                      f"--from-file=munge.key={base}/munge/munge.key")
+        # slurmd's own configuration directory: the cluster's files but no slurm.key
+        # (auth/slurm would read one beside slurm.conf), munged's socket where the
+        # sidecar puts it (slurmctld logs a different config hash, nothing more).
+        pod_etc = cluster.base / "pod-etc"
+        shutil.copytree(cluster.base / "etc", pod_etc,
+                        ignore=shutil.ignore_patterns("slurm.key"))
+        (pod_etc / "slurm.conf").write_text(re.sub(
+            r"(?m)^AuthInfo=socket=.*$", "AuthInfo=socket=/run/munge/munge.socket.2",
+            cluster.slurm_conf.read_text()))
+        key = cluster.slurm_key if auth == "slurm" else cluster.base / "munge" / "munge.key"
+        plane.kubectl("create", "secret", "generic", "cluster-key",
+                      f"--from-file={key.name}={key}")
         raw = slurmd_spec(image, cluster)
-        raw["env"] = [{"name": "SLURM_CONF", "value": str(pod_conf)}]
-        raw["volumes"].append({"name": "no-host-munge", "emptyDir": {}})
-        raw["volumeMounts"].append({"name": "no-host-munge", "mountPath": f"{base}/munge"})
-        raw["auth"] = {"type": auth, "keySecret": {"name": "cluster-munge"}}
+        raw["env"] = [{"name": "SLURM_CONF", "value": f"{pod_etc}/slurm.conf"}]
+        if auth == "munge":
+            raw["volumes"].append({"name": "no-host-munge", "emptyDir": {}})
+            raw["volumeMounts"].append({"name": "no-host-munge",
+                                        "mountPath": f"{base}/munge"})
+        raw["auth"] = {"type": auth, "keySecret": {"name": "cluster-key"}}
         spec = parse_slurmd(raw, "pods")
         assert spec is not None and spec.auth is not None
         pod = render(spec, nodeset="pods", namespace="default", nodeset_uid="not-a-nodeset",
@@ -251,27 +265,25 @@ async def test_slurmd_pod_authenticates_with_a_key_from_a_secret(
         applied = time.monotonic()
         plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
         try:
-            _auth_pod_runs(bed, cluster, base, applied, before)
+            bed.wait("node1 IDLE through the pod's slurmd",
+                     lambda: _registered(cluster, "node1", before), timeout=120)
+            registered = round(time.monotonic() - applied, 2)
+            seen = bed.pod("auth-node1") or {}
+            sidecars = seen["status"].get("initContainerStatuses") or []
+            if auth == "munge":  # the sidecar runs; the host's socket is hidden, its own there
+                assert [(s["name"], s["started"], "running" in s["state"])
+                        for s in sidecars] == [("munged", True, True)], sidecars
+                check = (f"test ! -e {base}/munge/run/munge.socket.2"
+                         " && test -S /run/munge/munge.socket.2")
+            else:  # no munged anywhere; the Secret's key is the only one slurmd can read
+                assert sidecars == [] and "munged" not in cluster.daemon_pids()
+                check = f"test ! -e {pod_etc}/slurm.key && test -r {SLURM_KEY_PATH}"
+            # The step runs in slurmd's container (its PID 1).
+            out = cluster.run("srun", "-w", "node1", "-N1", "sh", "-c",
+                              f"{check} && cat /proc/1/comm", timeout=60)
+            assert out.split()[-1] == "slurmd", out
         finally:
             plane.kubectl("delete", "pod", "auth-node1", "--wait=true", "--timeout=60s")
-            plane.kubectl("delete", "secret", "cluster-munge")
-
-
-def _auth_pod_runs(bed: KubeletNodes, cluster: SlurmCluster, base: str, applied: float,
-                   before: str) -> None:
-    from sunkd.kubernetes.slurmd_auth import MUNGED_CONTAINER
-
-    bed.wait("node1 IDLE through the pod's slurmd",
-             lambda: _registered(cluster, "node1", before), timeout=120)
-    registered = round(time.monotonic() - applied, 2)
-    seen = bed.pod("auth-node1") or {}
-    sidecar = next(s for s in seen["status"]["initContainerStatuses"]
-                   if s["name"] == MUNGED_CONTAINER)
-    assert sidecar["started"] is True and "running" in sidecar["state"], sidecar
-    # The step runs in slurmd's container: the host's socket is hidden, the sidecar's there.
-    script = (f"test ! -e {base}/munge/run/munge.socket.2"
-              " && test -S /run/munge/munge.socket.2 && cat /proc/1/comm")
-    out = cluster.run("srun", "-w", "node1", "-N1", "sh", "-c", script, timeout=60)
-    assert out.split()[-1] == "slurmd", out
-    print(f"\nslurmd pod with its own munged (key from a Secret), Slurm "
-          f"{cluster.slurm_version}: IDLE {registered} s after kubectl apply")
+            plane.kubectl("delete", "secret", "cluster-key")
+        print(f"\nslurmd pod, auth {auth} with the key from a Secret, Slurm "
+              f"{cluster.slurm_version}: IDLE {registered} s after kubectl apply")
