@@ -54,7 +54,7 @@ VOLUME_MUNGE_SOCKET = "sunkd-munge-socket"
 VOLUME_SLURM_KEY = "sunkd-slurm-key"
 RESERVED_VOLUMES = (VOLUME_MUNGE_KEY, VOLUME_MUNGE_SOCKET, VOLUME_SLURM_KEY)
 DEFAULT_KEYS = {"munge": "munge.key", "slurm": "slurm.key"}
-_KNOWN = frozenset({"type", "keySecret", "mungeImage", "mungeSocketDir"})
+FIELDS = frozenset({"type", "keySecret", "mungeImage", "mungeSocketDir"})
 # A Secret's name (DNS subdomain) and a key in it (`[-._a-zA-Z0-9]+`, core/v1 validation).
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
@@ -72,7 +72,7 @@ def parse_auth(raw: Any) -> SlurmdAuth | None:
         return None
     if not isinstance(raw, Mapping):
         raise MalformedObject("spec.slurmd.auth", "not an object")
-    unknown = sorted(set(raw) - _KNOWN)
+    unknown = sorted(set(raw) - FIELDS)
     if unknown:
         raise MalformedObject("spec.slurmd.auth", f"unknown field(s): {', '.join(unknown)}")
     kind = raw.get("type", "munge")

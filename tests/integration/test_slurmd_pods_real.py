@@ -254,9 +254,19 @@ async def test_slurmd_pod_authenticates_with_a_key_from_a_secret(
             raw["volumeMounts"].append({"name": "no-host-munge",
                                         "mountPath": f"{base}/munge"})
         raw["auth"] = {"type": auth, "keySecret": {"name": "cluster-key"}}
-        spec = parse_slurmd(raw, "pods")
-        assert spec is not None and spec.auth is not None
-        pod = render(spec, nodeset="pods", namespace="default", nodeset_uid="not-a-nodeset",
+        # Through the CRD on the real API server (its schema keeps `auth`), read back and
+        # parsed as sunkd does; selecting no Node, nothing else acts on it.
+        install_nodeset_crd(plane)
+        nodeset = slurmd_nodeset(image, cluster, name="auth", selector={"none": "none"})
+        nodeset["spec"]["slurmd"] = raw
+        plane.kubectl("apply", "-f", "-", input=json.dumps(nodeset))
+        async with await KubeClient.connect(str(plane.kubeconfig)) as client:
+            spec = parse_nodeset(slim_nodeset(await client.get(NODESETS, "auth",
+                                                               "default"))).slurmd
+        plane.kubectl("delete", "nodeset", "auth")
+        assert spec is not None and spec.auth is not None and spec.auth.type == auth
+        assert spec == parse_slurmd(raw, "auth")
+        pod = render(spec, nodeset="auth", namespace="default", nodeset_uid="not-a-nodeset",
                      slurm_node="node1", k8s_node=node.name, name="auth-node1")
         pod["metadata"].pop("ownerReferences")  # no Nodeset here: the pod alone
         before = slurmd_started(cluster, "node1")

@@ -193,3 +193,21 @@ def test_any_auth_is_refused_with_a_field_or_renders_a_consistent_pod(
     assert spec_from_json(spec_json(parsed)) == parsed
     if parsed.auth is None or not parsed.auth.key_secret:
         assert revision(parsed) == revision(spec()) and "initContainers" not in rendered
+
+
+@pytest.mark.parametrize("crd", ["manifests/crds/nodeset.yaml", "charts/sunkd/crds/nodeset.yaml"])
+def test_both_crds_declare_every_auth_field(crd: str) -> None:
+    # The API server prunes what the schema does not declare: a missing field would reach
+    # sunkd as no `auth` at all.
+    from pathlib import Path
+
+    import yaml
+
+    from sunkd.kubernetes.slurmd_auth import AUTH_TYPES, FIELDS
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / crd).read_text())
+    auth = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]["slurmd"]["properties"]["auth"]
+    assert set(auth["properties"]) == FIELDS
+    assert tuple(auth["properties"]["type"]["enum"]) == AUTH_TYPES
+    assert set(auth["properties"]["keySecret"]["properties"]) == {"name", "key"}
