@@ -32,6 +32,7 @@ key file they refuse stops the pod with a message only its logs show:
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping
@@ -107,6 +108,10 @@ def parse_auth(raw: Any) -> SlurmdAuth | None:
             or "/../" in f"{socket_dir}/" or "/./" in f"{socket_dir}/":
         raise MalformedObject(_where("mungeSocketDir"),
                               f"not an absolute directory path: {socket_dir!r}")
+    if f"{MUNGE_KEY_DIR}/".startswith(f"{socket_dir}/") \
+            or socket_dir.startswith(f"{MUNGE_KEY_DIR}/"):
+        raise MalformedObject(_where("mungeSocketDir"), f"{socket_dir} would hide the key's "
+                              f"directory {MUNGE_KEY_DIR} or lie in it")
     return SlurmdAuth(type=kind, key_secret=secret, key_secret_key=key,
                       munge_image=image, munge_socket_dir=socket_dir)
 
@@ -115,8 +120,6 @@ def check_with_spec(auth: SlurmdAuth | None, *, volumes: tuple[str, ...],
                     volume_mounts: tuple[str, ...], env_names: tuple[str, ...]) -> None:
     """Refuse a spec whose own volumes, mounts or env would collide with what the auth
     renders (the API server would refuse the pod, or the site's value would be lost)."""
-    import json
-
     for index, text in enumerate(volumes):
         name = json.loads(text).get("name")
         if name in RESERVED_VOLUMES:
