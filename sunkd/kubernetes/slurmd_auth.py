@@ -116,11 +116,11 @@ def parse_auth(raw: Any) -> SlurmdAuth | None:
                       munge_image=image, munge_socket_dir=socket_dir)
 
 
-def check_with_spec(auth: SlurmdAuth | None, *, volumes: tuple[str, ...],
-                    volume_mounts: tuple[str, ...], env_names: tuple[str, ...]) -> None:
+def check_with_spec(spec: SlurmdSpec) -> None:
     """Refuse a spec whose own volumes, mounts or env would collide with what the auth
     renders (the API server would refuse the pod, or the site's value would be lost)."""
-    for index, text in enumerate(volumes):
+    auth = spec.auth
+    for index, text in enumerate(spec.volumes):
         name = json.loads(text).get("name")
         if name in RESERVED_VOLUMES:
             raise MalformedObject(f"spec.slurmd.volumes[{index}].name",
@@ -128,14 +128,14 @@ def check_with_spec(auth: SlurmdAuth | None, *, volumes: tuple[str, ...],
     if auth is None or not auth.key_secret:
         return
     if auth.type == "munge":
-        for index, text in enumerate(volume_mounts):
+        for index, text in enumerate(spec.volume_mounts):
             path = str(json.loads(text).get("mountPath") or "").rstrip("/")
             if path == auth.munge_socket_dir:
                 raise MalformedObject(
                     f"spec.slurmd.volumeMounts[{index}].mountPath",
                     f"{path} is munged's socket directory, which sunkd's munged sidecar "
                     "provides (spec.slurmd.auth.keySecret); remove this mount")
-    elif SLURM_KEY_ENV in env_names:
+    elif SLURM_KEY_ENV in (e.key for e in spec.env):
         raise MalformedObject("spec.slurmd.env", f"{SLURM_KEY_ENV} is sunkd's with "
                               "spec.slurmd.auth type slurm (the key from keySecret)")
 

@@ -83,22 +83,7 @@ def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
                  if quantities}
     if resources:
         container["resources"] = resources
-    pod_spec: dict[str, Any] = {
-        "nodeName": k8s_node,
-        "hostNetwork": True,
-        "dnsPolicy": "Default",  # the node's resolver: slurmctld is a host name there
-        "priorityClassName": spec.priority_class_name,
-        "terminationGracePeriodSeconds": spec.termination_grace_seconds,
-        "restartPolicy": "Always",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "tolerations": [{"key": wk.TAINT_OWNER, "operator": "Equal",
-                         "value": wk.OWNER_SLURM, "effect": wk.TAINT_OWNER_EFFECT}],
-        "containers": [container],
-        "volumes": [json.loads(v) for v in spec.volumes],
-    }
-    render_auth(spec, pod_spec, container)
-    return {
+    pod: JSON = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -110,8 +95,23 @@ def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
             "ownerReferences": [{"apiVersion": wk.API_VERSION, "kind": wk.NODESET_KIND,
                                  "name": nodeset, "uid": nodeset_uid, "controller": True}],
         },
-        "spec": pod_spec,
+        "spec": {
+            "nodeName": k8s_node,
+            "hostNetwork": True,
+            "dnsPolicy": "Default",  # the node's resolver: slurmctld is a host name there
+            "priorityClassName": spec.priority_class_name,
+            "terminationGracePeriodSeconds": spec.termination_grace_seconds,
+            "restartPolicy": "Always",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "tolerations": [{"key": wk.TAINT_OWNER, "operator": "Equal",
+                             "value": wk.OWNER_SLURM, "effect": wk.TAINT_OWNER_EFFECT}],
+            "containers": [container],
+            "volumes": [json.loads(v) for v in spec.volumes],
+        },
     }
+    render_auth(spec, pod["spec"], container)  # spec.slurmd.auth: munged sidecar or key
+    return pod
 
 
 def seen_pod(obj: Mapping[str, Any]) -> SeenPod:

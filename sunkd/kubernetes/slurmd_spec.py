@@ -200,24 +200,18 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
     if not isinstance(privileged, bool):
         raise MalformedObject(_where("privileged"), f"not a boolean: {privileged!r}")
     startup = raw.get("maxConcurrentStartup")
-    auth = parse_auth(raw.get("auth"))
-    volumes = _objects(raw.get("volumes"), "volumes", ("name",))
-    volume_mounts = _objects(raw.get("volumeMounts"), "volumeMounts", ("name", "mountPath"))
-    env = _env(raw.get("env"))
-    check_with_spec(auth, volumes=volumes, volume_mounts=volume_mounts,
-                    env_names=tuple(e.key for e in env))
-    return SlurmdSpec(
+    spec = SlurmdSpec(
         image=_text(raw, "image", required=True) or "",
         image_pull_policy=_choice(raw, "imagePullPolicy", PULL_POLICIES, "IfNotPresent"),
         registration=registration,
         conf_server=_text(raw, "confServer"),
         conf=conf,
         args=_args(raw.get("args")),
-        env=env,
+        env=_env(raw.get("env")),
         requests=_quantities(resources.get("requests"), _where("resources.requests")),
         limits=_quantities(resources.get("limits"), _where("resources.limits")),
-        volumes=volumes,
-        volume_mounts=volume_mounts,
+        volumes=_objects(raw.get("volumes"), "volumes", ("name",)),
+        volume_mounts=_objects(raw.get("volumeMounts"), "volumeMounts", ("name", "mountPath")),
         privileged=privileged,
         priority_class_name=_text(raw, "priorityClassName") or "system-node-critical",
         termination_grace_seconds=_count(
@@ -228,5 +222,7 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
         max_unavailable=unavailable,
         max_concurrent_startup=None if startup is None else _count(
             startup, _where("maxConcurrentStartup"), 1, 1_000_000),
-        auth=auth,
+        auth=parse_auth(raw.get("auth")),
     )
+    check_with_spec(spec)  # its volumes, mounts and env beside what the auth renders
+    return spec
