@@ -71,7 +71,10 @@ def nodeset_facts(nodeset: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]
         pool=parsed.pool, name=parsed.pool.split("/", 1)[1],
         registration=spec.registration, conf_server=spec.conf_server, conf=spec.conf,
         partitions=parsed.partitions, grace_seconds=spec.termination_grace_seconds,
-        nodes=selected)
+        nodes=selected, auth=None if spec.auth is None else spec.auth.type,
+        munge_socket_dir=spec.auth.munge_socket_dir
+        if spec.auth is not None and spec.auth.type == "munge" and spec.auth.key_secret
+        else None)
 
 
 @dataclass(frozen=True, slots=True)

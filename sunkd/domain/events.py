@@ -160,6 +160,20 @@ class OwnershipSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SlurmdAuth:
+    """Nodeset `spec.slurmd.auth` (docs/nodeset.md, "Authentication"): how the slurmd pod
+    authenticates to Slurm. `munge` with `key_secret`: the pod runs its own munged beside
+    slurmd, keyed from the Secret; `munge` without: the site provides munged's socket (its
+    own volumes). `slurm`: auth/slurm (Slurm 23.11+), the Secret's key given to slurmd."""
+
+    type: str = "munge"  # munge | slurm (slurm.conf AuthType=auth/<type>)
+    key_secret: str = ""  # the Secret's name; "" = none (munge only)
+    key_secret_key: str = ""  # the key inside it (munge.key / slurm.key by default)
+    munge_image: str | None = None  # munged's image; None = the slurmd image
+    munge_socket_dir: str = "/run/munge"  # where munged puts munge.socket.2 (AuthInfo)
+
+
+@dataclass(frozen=True, slots=True)
 class SlurmdSpec:
     """Nodeset `spec.slurmd`: the slurmd pod sunkd runs on each Slurm-owned node of the pool
     (docs/nodeset.md). Absent on a Nodeset: sunkd runs no pods (the site runs slurmd).
@@ -167,8 +181,9 @@ class SlurmdSpec:
     Volumes and mounts are Kubernetes objects kept as canonical JSON text (the codec holds
     primitives and dataclasses only); `kubernetes/normalize.py` checked their shape."""
 
-    # Written to the log only when set (`codec`): events before it lack it.
-    OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = ("template",)
+    # Written to the log only when set (`codec`): events before them lack them.
+    OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = ("template", "auth")
+
     image: str = ""
     image_pull_policy: str = "IfNotPresent"
     registration: str = "Static"  # Static: `slurmd -D -N <node>`; Dynamic: `-Z`, `--conf`
@@ -192,6 +207,9 @@ class SlurmdSpec:
     # canonical JSON text; None: none. Left out of the log and the revision when None, so a
     # spec without one keeps its revision (no pod is replaced by an upgrade of sunkd).
     template: str | None = None
+    # How slurmd authenticates (SlurmdAuth); None: `auth` not given, the site's own way
+    # (written to the log only when set, so a spec without it keeps its revision).
+    auth: SlurmdAuth | None = None
 
 
 @dataclass(frozen=True, slots=True)

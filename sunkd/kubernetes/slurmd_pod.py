@@ -21,6 +21,7 @@ from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import SeenPod, revision
 from sunkd.kubernetes.client import JSON
 from sunkd.kubernetes.normalize import SLURMD_CONTAINER, ready_since
+from sunkd.kubernetes.slurmd_auth import render_auth
 from sunkd.kubernetes.slurmd_spec import MAX_LABEL_VALUE, conf_words
 from sunkd.kubernetes.slurmd_template import apply_template
 
@@ -112,6 +113,7 @@ def render(spec: SlurmdSpec, *, nodeset: str, namespace: str, nodeset_uid: str,
             "volumes": [json.loads(v) for v in spec.volumes],
         },
     }
+    render_auth(spec, pod["spec"], container)  # spec.slurmd.auth: munged sidecar or key
     return apply_template(pod, spec.template)
 
 

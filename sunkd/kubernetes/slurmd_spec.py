@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sunkd.domain.events import Label, SlurmdSpec
+from sunkd.kubernetes.slurmd_auth import check_with_spec, parse_auth
 from sunkd.kubernetes.slurmd_template import parse_template
 from sunkd.kubernetes.wire import MalformedObject
 
@@ -40,6 +41,7 @@ _KNOWN = frozenset({
     "image", "imagePullPolicy", "registration", "confServer", "conf", "args", "env",
     "resources", "volumes", "volumeMounts", "privileged", "priorityClassName",
     "terminationGracePeriodSeconds", "updateStrategy", "maxConcurrentStartup", "template",
+    "auth",
 })
 
 
@@ -208,7 +210,7 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
         raw.get("template"), volumes={json.loads(v)["name"] for v in volumes},
         env={e.key for e in env}, mounts={json.loads(m)["mountPath"] for m in volume_mounts},
         resources={"requests": {q.key for q in requests}, "limits": {q.key for q in limits}})
-    return SlurmdSpec(
+    spec = SlurmdSpec(
         image=_text(raw, "image", required=True) or "",
         image_pull_policy=_choice(raw, "imagePullPolicy", PULL_POLICIES, "IfNotPresent"),
         registration=registration,
@@ -231,4 +233,7 @@ def parse_slurmd(raw: Any, nodeset_name: str) -> SlurmdSpec | None:
         max_concurrent_startup=None if startup is None else _count(
             startup, _where("maxConcurrentStartup"), 1, 1_000_000),
         template=template,
+        auth=parse_auth(raw.get("auth")),
     )
+    check_with_spec(spec)  # its volumes, mounts and env beside what the auth renders
+    return spec

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sunkd.domain.hostlist import HostlistError, compress, expand, is_valid_name
+from sunkd.slurm.auth_checks import auth_findings
 from sunkd.slurm.prerequisites import Finding, slurmd_prerequisites
 
 __all__ = [
@@ -98,6 +99,10 @@ class NodesetFacts:
     partitions: tuple[str, ...] = ()
     grace_seconds: int = 60  # spec.slurmd.terminationGracePeriodSeconds
     nodes: tuple[NodesetNode, ...] | None = None  # None: the Nodes could not be read
+    # spec.slurmd.auth: its type (munge | slurm), None when not given (the site's own
+    # way: not checked); the munged sidecar's socket directory when sunkd runs munged.
+    auth: str | None = None
+    munge_socket_dir: str | None = None
 
 
 def _unknown(check: str, what: str, why: str) -> Finding:
@@ -273,4 +278,7 @@ def nodeset_findings(nodeset: NodesetFacts, *, config: Mapping[str, str] | None,
     if defined is not None:
         findings.append(defined)
     findings.extend(check_partition(nodeset, p, partitions) for p in nodeset.partitions)
+    if nodeset.auth is not None:
+        findings.extend(auth_findings(nodeset.auth, config,
+                                      munge_socket_dir=nodeset.munge_socket_dir))
     return findings

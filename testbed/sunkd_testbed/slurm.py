@@ -485,7 +485,9 @@ class SlurmCluster(Service):
     `extra_conf` lines are added to slurm.conf before the nodes (`TopologyPlugin=...`,
     `PrologSlurmctld=...`) and `config_files` are written beside it
     (`{"topology.conf": ...}`): Slurm reads its other config files from slurm.conf's
-    directory.
+    directory. `auth="slurm"` (Slurm 23.11+) runs the cluster with `AuthType=auth/slurm`
+    and `CredType=cred/slurm` and no munged: a random `slurm.key` beside slurm.conf (mode
+    0600, SlurmUser's: auth/slurm refuses a key any other user may read), `slurm_key`.
     """
 
     def __init__(
@@ -504,7 +506,11 @@ class SlurmCluster(Service):
         extra_conf: Sequence[str] = (),
         config_files: Mapping[str, str] | None = None,
         gpus: Mapping[str, tuple[str, int]] | None = None,
+        auth: str = "munge",
     ) -> None:
+        if auth not in ("munge", "slurm"):
+            raise ValueError(f"auth {auth!r}: munge or slurm")
+        self.auth = auth
         self.gpus = dict(gpus or {})
         self.extra_conf = tuple(extra_conf)
         self.config_files = dict(config_files or {})
@@ -547,6 +553,11 @@ class SlurmCluster(Service):
     @property
     def jwt_key_path(self) -> Path:
         return self.base / "etc" / "jwt_hs256.key"
+
+    @property
+    def slurm_key(self) -> Path:
+        """auth/slurm's key (`auth="slurm"`): `slurm.key` beside slurm.conf."""
+        return self.base / "etc" / "slurm.key"
 
     @property
     def munge_socket(self) -> Path:
@@ -631,7 +642,8 @@ class SlurmCluster(Service):
         started = time.monotonic()
         try:
             self._prepare()
-            self._start_munged()
+            if self.auth == "munge":
+                self._start_munged()
             self._write_config()
             self._detect_plugins()
             self.start_slurmctld()
@@ -935,9 +947,15 @@ class SlurmCluster(Service):
             "SlurmdUser=root",
             f"SlurmctldPort={self.ctld_port}",
             f"SlurmdPort={self.node_ports[self.node_names[0]]}",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            *(
+                [
+                    "AuthType=auth/munge",
+                    "CredType=cred/munge",
+                    f"AuthInfo=socket={self.munge_socket}",
+                ]
+                if self.auth == "munge"
+                else ["AuthType=auth/slurm", "CredType=cred/slurm"]
+            ),
             "AuthAltTypes=auth/jwt",
             f"AuthAltParameters=jwt_key={jwt_key}",
             f"StateSaveLocation={self.base / 'state'}",
@@ -993,6 +1011,10 @@ class SlurmCluster(Service):
             )
         self.slurm_conf.write_text("\n".join(lines) + "\n")
         self.slurm_conf.chmod(0o644)
+        if self.auth == "slurm":
+            self.slurm_key.write_bytes(os.urandom(1024))
+            self.slurm_key.chmod(0o600)
+            self._chown(self.slurm_key, self.slurm_user)
         for name, text in self.config_files.items():
             if "/" in name or name.startswith("."):
                 raise ValueError(f"config file {name!r}: a plain file name beside slurm.conf")

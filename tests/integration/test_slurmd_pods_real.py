@@ -14,7 +14,10 @@ the actuators alone; test_slurmd_daemon_real.py runs `sunkd run` on the same bed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -233,3 +236,91 @@ async def test_nodeset_slurmd_pods_register_and_a_lend_deletes_only_after_the_dr
         bed.wait("the Nodeset's pods gone",
                  lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
 
+
+
+@pytest.mark.parametrize(("auth", "version"), [
+    ("munge", "22.05"), ("slurm", "24.11"), ("slurm", "26.05")])
+async def test_slurmd_pod_authenticates_with_a_key_from_a_secret(
+    bed: KubeletNodes, plane: KubeControlPlane, auth: str, version: str
+) -> None:
+    """`spec.slurmd.auth.keySecret` on the real kubelet: the cluster's key in a Secret, and
+    the pod sunkd renders authenticates with it alone. munge (22.05): the pod runs its own
+    munged as a native sidecar, the host's munged socket hidden from slurmd (an emptyDir
+    over the cluster's munge directory). auth/slurm (24.11, 26.05; the cluster runs
+    `AuthType=auth/slurm CredType=cred/slurm` and no munged): slurmd reads the Secret's
+    key (SLURM_SACK_KEY), none beside its slurm.conf. Either way slurmd registers and
+    `srun` runs in the pod."""
+    from sunkd.kubernetes.slurmd_auth import SLURM_KEY_PATH
+    from sunkd.kubernetes.slurmd_pod import render
+    from sunkd.kubernetes.slurmd_spec import parse_slurmd
+    from sunkd_testbed.slurmdpods import slurmd_spec
+
+    require(version in slurm_test_versions(), f"Slurm {version} not selected")
+    image = _image(version)
+    node = bed.nodes[0]
+    bed.import_images([image], [node])
+    with contextlib.contextmanager(start_cluster)("node[1-3]", version=version,
+                                                  auth=auth) as cluster:
+        base = str(cluster.base)
+        # slurmd's own configuration directory: the cluster's files but no slurm.key
+        # (auth/slurm would read one beside slurm.conf), munged's socket where the
+        # sidecar puts it (slurmctld logs a different config hash, nothing more).
+        pod_etc = cluster.base / "pod-etc"
+        shutil.copytree(cluster.base / "etc", pod_etc,
+                        ignore=shutil.ignore_patterns("slurm.key"))
+        (pod_etc / "slurm.conf").write_text(re.sub(
+            r"(?m)^AuthInfo=socket=.*$", "AuthInfo=socket=/run/munge/munge.socket.2",
+            cluster.slurm_conf.read_text()))
+        key = cluster.slurm_key if auth == "slurm" else cluster.base / "munge" / "munge.key"
+        plane.kubectl("create", "secret", "generic", "cluster-key",
+                      f"--from-file={key.name}={key}")
+        raw = slurmd_spec(image, cluster)
+        raw["env"] = [{"name": "SLURM_CONF", "value": f"{pod_etc}/slurm.conf"}]
+        if auth == "munge":
+            raw["volumes"].append({"name": "no-host-munge", "emptyDir": {}})
+            raw["volumeMounts"].append({"name": "no-host-munge",
+                                        "mountPath": f"{base}/munge"})
+        raw["auth"] = {"type": auth, "keySecret": {"name": "cluster-key"}}
+        # Through the CRD on the real API server (its schema keeps `auth`), read back and
+        # parsed as sunkd does; selecting no Node, nothing else acts on it.
+        install_nodeset_crd(plane)
+        nodeset = slurmd_nodeset(image, cluster, name="auth", selector={"none": "none"})
+        nodeset["spec"]["slurmd"] = raw
+        plane.kubectl("apply", "-f", "-", input=json.dumps(nodeset))
+        async with await KubeClient.connect(str(plane.kubeconfig)) as client:
+            spec = parse_nodeset(slim_nodeset(await client.get(NODESETS, "auth",
+                                                               "default"))).slurmd
+        plane.kubectl("delete", "nodeset", "auth")
+        assert spec is not None and spec.auth is not None and spec.auth.type == auth
+        assert spec == parse_slurmd(raw, "auth")
+        pod = render(spec, nodeset="auth", namespace="default", nodeset_uid="not-a-nodeset",
+                     slurm_node="node1", k8s_node=node.name, name="auth-node1")
+        pod["metadata"].pop("ownerReferences")  # no Nodeset here: the pod alone
+        before = slurmd_started(cluster, "node1")
+        cluster.kill_slurmd("node1", sig=signal.SIGTERM)
+        await asyncio.sleep(1.1)  # the pod's slurmd starts in a later second
+        applied = time.monotonic()
+        plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        try:
+            bed.wait("node1 IDLE through the pod's slurmd",
+                     lambda: _registered(cluster, "node1", before), timeout=120)
+            registered = round(time.monotonic() - applied, 2)
+            seen = bed.pod("auth-node1") or {}
+            sidecars = seen["status"].get("initContainerStatuses") or []
+            if auth == "munge":  # the sidecar runs; the host's socket is hidden, its own there
+                assert [(s["name"], s["started"], "running" in s["state"])
+                        for s in sidecars] == [("munged", True, True)], sidecars
+                check = (f"test ! -e {base}/munge/run/munge.socket.2"
+                         " && test -S /run/munge/munge.socket.2")
+            else:  # no munged anywhere; the Secret's key is the only one slurmd can read
+                assert sidecars == [] and "munged" not in cluster.daemon_pids()
+                check = f"test ! -e {pod_etc}/slurm.key && test -r {SLURM_KEY_PATH}"
+            # The step runs in slurmd's container (its PID 1).
+            out = cluster.run("srun", "-w", "node1", "-N1", "sh", "-c",
+                              f"{check} && cat /proc/1/comm", timeout=60)
+            assert out.split()[-1] == "slurmd", out
+        finally:
+            plane.kubectl("delete", "pod", "auth-node1", "--wait=true", "--timeout=60s")
+            plane.kubectl("delete", "secret", "cluster-key")
+        print(f"\nslurmd pod, auth {auth} with the key from a Secret, Slurm "
+              f"{cluster.slurm_version}: IDLE {registered} s after kubectl apply")

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import K8sNodesetObserved, Label, PodRef, SlurmdSpec, SlurmNodeObserved
+from sunkd.domain.events import (
+    K8sNodesetObserved,
+    Label,
+    PodRef,
+    SlurmdAuth,
+    SlurmdSpec,
+    SlurmNodeObserved,
+)
 from sunkd.domain.ownership import assess, has_owner_taint
 from sunkd.domain.slurmdgone import REGISTER_BOUND_SECONDS as REGISTER_BOUND_SECONDS
 from sunkd.domain.slurmdgone import VERB_SLURMD_CREATE as VERB_SLURMD_CREATE
@@ -137,7 +144,7 @@ def pod_name(nodeset: str, node: str) -> str:
 
 # Fields written only when set: a spec without them has the JSON (and so the revision) it
 # had before they existed.
-_OMITTED_WHEN_NONE = ("template",)
+_OMITTED_WHEN_NONE = ("template", "auth")
 
 
 def spec_json(spec: SlurmdSpec) -> str:
@@ -154,6 +161,8 @@ def spec_from_json(text: str) -> SlurmdSpec:
         raw[key] = tuple(Label(item["key"], item["value"]) for item in raw.get(key) or ())
     for key in ("args", "volumes", "volume_mounts"):
         raw[key] = tuple(raw.get(key) or ())
+    if raw.get("auth") is not None:
+        raw["auth"] = SlurmdAuth(**raw["auth"])
     return SlurmdSpec(**raw)
 
 
@@ -165,7 +174,9 @@ def revision(spec: SlurmdSpec) -> str:
     default = SlurmdSpec()
     template = dataclasses.replace(
         spec, update_strategy=default.update_strategy, max_unavailable=default.max_unavailable,
-        max_concurrent_startup=default.max_concurrent_startup)
+        max_concurrent_startup=default.max_concurrent_startup,
+        # `auth: {type: munge}` alone renders what no `auth` does: the same pod.
+        auth=None if spec.auth == SlurmdAuth() else spec.auth)
     return hashlib.sha256(spec_json(template).encode()).hexdigest()[:10]
 
 
