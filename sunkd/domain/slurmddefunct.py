@@ -136,9 +136,9 @@ def slurmd_pod_names(state: ClusterState) -> frozenset[str]:
 def defunct_records(state: ClusterState) -> list[DefunctRecord]:
     """The defunct Dynamic records sunkd may delete (module docstring), by Nodeset then
     node. None while a source is not fresh in this term."""
-    if not state.sources_fresh():
+    if not state.sources_fresh() or not state.slurmd_created:
         return []
-    pods = slurmd_pod_names(state)
+    pods: frozenset[str] | None = None  # every pod report read only when a record may be
     found: list[DefunctRecord] = []
     for pool in sorted(state.nodesets):
         nodeset = state.nodesets[pool]
@@ -149,7 +149,11 @@ def defunct_records(state: ClusterState) -> list[DefunctRecord]:
         assert feature is not None
         for name in sorted(state.slurmd_created.get(nodeset.uid, ())):
             node = _node(state, name)
-            if node is None or record_problem(state, nodeset, node, pods):
+            if node is None or record_problem(state, nodeset, node, frozenset()):
+                continue
+            if pods is None:
+                pods = slurmd_pod_names(state)
+            if name in pods:
                 continue
             assert node.slurm is not None
             gone = ("its Kubernetes Node is gone" if node.k8s is None
