@@ -292,3 +292,21 @@ def test_a_delete_is_asked_exactly_when_every_condition_holds(
     asked = deletes(log)
     assert bool(asked) == expected, (asked, log.state().nodes.get("n1"))
     assert all(a.node == "n1" for a in asked)
+
+
+@pytest.mark.parametrize("version", ["v0.0.38", "v0.0.42", "v0.0.45"])
+def test_a_pending_jobs_required_nodes_are_read(version: str) -> None:
+    """`--nodelist` of a pending job (`required_nodes`, a hostlist in every REST family):
+    the executor's job check reads it (captured answers of 22.05, 24.11, 26.05)."""
+    import json
+    from pathlib import Path
+
+    from sunkd.slurm.normalize import normalize_jobs
+
+    body = json.loads((Path(__file__).parents[1] / "fixtures" / "slurm"
+                       / f"{version}_jobs_running.json").read_text())
+    jobs = {job.job_id: job for job in normalize_jobs(body)}
+    if version == "v0.0.38":
+        assert jobs[1].required_nodes == ("node1",), jobs[1]
+    else:
+        assert jobs[3].state == "PENDING" and jobs[3].required_nodes == ("cap2",), jobs[3]
