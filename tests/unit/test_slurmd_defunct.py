@@ -310,3 +310,14 @@ def test_a_pending_jobs_required_nodes_are_read(version: str) -> None:
         assert jobs[1].required_nodes == ("node1",), jobs[1]
     else:
         assert jobs[3].state == "PENDING" and jobs[3].required_nodes == ("cap2",), jobs[3]
+
+
+def test_a_record_made_again_under_the_name_by_someone_else_is_not_deleted() -> None:
+    """sunkd's record of n1 vanished from Slurm (an administrator deleted it); an
+    operator's own `slurmd -Z -N n1 --conf Features=gpu` made it again: sunkd's log no
+    longer proves it, until sunkd creates a pod for n1 again."""
+    log = registered()
+    log.add(SlurmNodeVanished(node="n1"), 15.0)
+    assert log.state().slurmd_created == {}
+    node_gone(log)
+    assert deletes(log) == []
