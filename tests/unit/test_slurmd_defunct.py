@@ -321,3 +321,25 @@ def test_a_record_made_again_under_the_name_by_someone_else_is_not_deleted() -> 
     assert log.state().slurmd_created == {}
     node_gone(log)
     assert deletes(log) == []
+
+
+def test_the_gauge_and_sunkd_status_report_the_record() -> None:
+    """What an operator of 22.05 sees (no REST delete): the gauge per Nodeset and a status
+    line with the `scontrol delete nodename=` an administrator can run."""
+    from sunkd.api.metrics import Metrics
+    from sunkd.cli.operator import status_rows
+    from sunkd.runtime.config import Settings
+
+    log = registered()
+    node_gone(log)
+    state = log.state()
+    metrics = Metrics()
+    metrics.set_state(state, 30.0)
+    assert metrics.registry.get_sample_value(
+        "sunkd_slurm_defunct_dynamic_nodes", {"nodeset": POOL}) == 1
+    rows = {row["node"]: row for row in status_rows(state, Settings(), 30.0)}
+    assert "scontrol delete nodename=n1" in rows["n1"]["reason"], rows["n1"]
+    log.add(SlurmNodeVanished(node="n1"), 31.0)
+    metrics.set_state(log.state(), 31.0)
+    assert metrics.registry.get_sample_value(
+        "sunkd_slurm_defunct_dynamic_nodes", {"nodeset": POOL}) == 0
