@@ -16,8 +16,9 @@ unknown counts as not defunct: fail closed):
 - **the Nodeset exists**, is `registration: Dynamic`, has a uid and a `nodeSelector`;
 - **sunkd's log shows it created a slurmd pod for that Slurm node name under that
   Nodeset** (`ClusterState.slurmd_created`, kept by the fold from the `slurmd-create`
-  actions that succeeded, by Nodeset uid): a record an operator made with the Nodeset's
-  feature, or another Nodeset's, was never sunkd's;
+  actions that succeeded, by Nodeset uid, a name dropped once Slurm no longer lists the
+  record): a record an operator made with the Nodeset's feature, or made again under a
+  name after sunkd's record was deleted, or another Nodeset's, is not proven sunkd's;
 - **Slurm reports it a Dynamic record of that Nodeset**: `DYNAMIC_NORM` and the Nodeset's
   feature (a node of the name slurm.conf defines has neither: a slurmd joining it keeps
   its `NodeName=` line, `_slurm_rpc_node_registration` in src/slurmctld/proc_req.c);
