@@ -334,9 +334,20 @@ async def test_a_defunct_dynamic_record_is_deleted_or_reported(
                 await asyncio.to_thread(cluster.scontrol, "delete", f"nodename={NODE}")
                 outcome = "reported (scontrol line in sunkd's log), record kept"
             else:
-                await watch.until("dyn1's record deleted by sunkd",
-                                  lambda: _show(cluster) == {}, 90)
-                outcome = f"deleted {time.monotonic() - seen['at']:.2f} s after NOT_RESPONDING"
+
+                async def deleted() -> bool:
+                    shown = await watch.show()
+                    if "DOWN" in _words(shown):
+                        seen.setdefault("down", time.monotonic())
+                    return shown == {}
+
+                await watch.until("dyn1's record deleted by sunkd", deleted, 90)
+                gone, lost = time.monotonic(), seen["at"]
+                down = seen.get("down")
+                to_down = "?" if down is None else f"{down - lost:.2f}"
+                to_gone = "?" if down is None else f"{gone - down:.2f}"
+                outcome = (f"NOT_RESPONDING -> deleted {gone - lost:.2f} s (-> DOWN "
+                           f"{to_down} s, Slurm's; DOWN -> deleted {to_gone} s, sunkd's)")
                 assert '"verb": "delete-node"' in daemon.log.read_text(), daemon.tail()
             assert wk.TAINT_HOLD not in await watch.taints(), daemon.tail()
             assert bed.phase(POD) is None, "a slurmd pod came back on the unselected Node"
