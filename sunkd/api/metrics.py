@@ -45,6 +45,7 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import assess, observed
 from sunkd.domain.policy import PoolSpec, membership, unpooled_marks
+from sunkd.domain.slurmddefunct import defunct_records
 from sunkd.domain.state import ClusterState, Phase
 from sunkd.domain.utilization import BUSY, IDLE, Key, Utilization, node_busy, node_counted
 
@@ -129,6 +130,13 @@ class Metrics:
             "Nodes held because slurmctld refused their slurmd registration (INVALID_REG: "
             "less than their NodeName= line).",
             ["pool"], registry=r)
+        self.defunct_dynamic = Gauge(
+            "sunkd_slurm_defunct_dynamic_nodes",
+            "Dynamic Slurm node records of a Nodeset whose slurmd pod sunkd created, now "
+            "DOWN+NOT_RESPONDING with no pod and their Kubernetes Node gone or unselected "
+            "(sunkd deletes them on Slurm 23.02+; on 22.05 `sunkd status` gives the "
+            "scontrol line).",
+            ["nodeset"], registry=r)
         self.quantity_unparsed = Gauge(
             "sunkd_nodes_quantity_unparsed",
             "Nodes whose allocatable cpu, memory or GPUs did not parse (capacity unknown).",
@@ -374,6 +382,10 @@ class Metrics:
         self._set_all("gres_inconsistent", self.gres_inconsistent, gres_bad)
         self._set_all("invalid_registrations", self.invalid_registrations, invalid_regs)
         self._set_all("quantity_unparsed", self.quantity_unparsed, unparsed)
+        defunct: dict[tuple[str, ...], int] = {}
+        for record in defunct_records(state):
+            defunct[(record.pool,)] = defunct.get((record.pool,), 0) + 1
+        self._set_all("defunct_dynamic", self.defunct_dynamic, defunct)
         self.unpooled_marked.set(unpooled_marked)
         self.pending_actions.set(len(state.pending_actions()))
         refused = self.append_failing()

@@ -21,6 +21,7 @@ from sunkd.domain.events import Event, OperatorPinned, RecordedEvent
 from sunkd.domain.fold import fold
 from sunkd.domain.ownership import assess, explain, observed, slurm_state_text
 from sunkd.domain.policy import effective_pools, membership, unpooled_marks
+from sunkd.domain.slurmddefunct import defunct_records
 from sunkd.domain.snapshot import state_from_json, state_to_json
 from sunkd.domain.state import EMPTY, ClusterState
 from sunkd.runtime.config import Settings, pool_spec
@@ -40,9 +41,10 @@ def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dic
     pools = effective_pools(state, [pool_spec(pool) for pool in settings.pools])
     pool_of = membership(state, pools)
     nodes = dict(state.nodes)
+    defunct = {record.node: record for record in defunct_records(state)}
     for name, record in state.unpooled.items():  # forgotten with a mark on (older logs)
         unpooled = record.expand(name)
-        if unpooled_marks(unpooled):
+        if unpooled_marks(unpooled) or name in defunct:
             nodes[name] = unpooled
     rows = []
     for name in sorted(nodes):
@@ -68,6 +70,10 @@ def status_rows(state: ClusterState, settings: Settings, now: float) -> list[dic
         if marks:  # it left every pool (or never had one) and sunkd's marks are still on
             since = f" since {_when(node.unpooled_since)}" if node.unpooled_since else ""
             reasons.append(f"in no pool{since}, carries sunkd's " + "; ".join(marks))
+        if name in defunct:
+            reasons.append(
+                f"{defunct[name].why}: sunkd deletes the record (Slurm 23.02+); with "
+                f"Slurm 22.05 run `scontrol delete nodename={name}`")
         rows.append({
             "node": name,
             "pool": pool_of.get(name),

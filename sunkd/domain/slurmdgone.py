@@ -54,6 +54,7 @@ from sunkd.domain.state import OWNER_NONE, ClusterState, NodeState, OpenTransiti
 
 VERB_SLURMD_CREATE = "slurmd-create"  # the verbs of policy/slurmd.py (re-exported there)
 VERB_SLURMD_DELETE = "slurmd-delete"
+VERB_DELETE_NODE = "delete-node"  # slurm side: a defunct Dynamic record (slurmddefunct.py)
 CREATE = f"{wk.OWNER_KUBERNETES}/{VERB_SLURMD_CREATE}"
 DELETE = f"{wk.OWNER_KUBERNETES}/{VERB_SLURMD_DELETE}"
 # A slurmd pod Running this long with Slurm not hearing it is unregistered (no longer

@@ -395,6 +395,7 @@ def state_to_json(state: ClusterState) -> dict[str, Any]:
         "demand_history": {pool: forecast.to_json(summary)
                            for pool, summary in state.demand_history.items()},
         "slurm_head_since": dict(state.slurm_head_since),
+        "slurmd_created": {uid: list(names) for uid, names in state.slurmd_created.items()},
         "sources": {
             source: {
                 "status": s.status,
@@ -515,4 +516,10 @@ def state_from_json(raw: Mapping[str, Any]) -> ClusterState:
         leader_identity=raw["leader_identity"],
         last_seq=raw["last_seq"],
         last_recorded_at=_float_or_none(raw["last_recorded_at"]),
+        # Absent in older snapshots: no record is proven sunkd's until its next create
+        # (fail closed: nothing is deleted on it).
+        slurmd_created={
+            str(uid): tuple(str(n) for n in names)
+            for uid, names in raw.get("slurmd_created", {}).items()
+        },
     )

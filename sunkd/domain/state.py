@@ -54,6 +54,10 @@ UNHEALTHY_SLURM_FLAGS = UNHEALTHY_FLAGS
 # starved (policy/fairness.py, `KUBERNETES_WAIT_BOUND_SECONDS`); the fold remembers the
 # last run of pending pods at least this long (`k8s_pending_last`).
 STARVATION_BOUND_SECONDS = 30.0
+# At most this many Slurm node names per Nodeset in `ClusterState.slurmd_created` (one per
+# Kubernetes Node: a larger pool keeps its newest creates, and an older name is then not
+# proven sunkd's: its record is never deleted, fail closed).
+SLURMD_CREATED_MAX = 16384
 
 
 class Phase(StrEnum):
@@ -272,6 +276,15 @@ class ClusterState:
     leader_identity: str = ""
     last_seq: int = 0
     last_recorded_at: float | None = None
+    # Per Nodeset uid: the Slurm node names sunkd's log shows it created a slurmd pod for
+    # under that Nodeset (a `slurmd-create` that succeeded), oldest first, at most
+    # `SLURMD_CREATED_MAX` (the oldest go first). The proof of authorship a defunct
+    # Dynamic record needs before sunkd deletes it (`domain/slurmddefunct.py`): a record
+    # someone else made with the Nodeset's feature was never one of sunkd's pods'. Bounded:
+    # a Nodeset's deletion drops its entry; a record Slurm no longer lists (deleted by
+    # sunkd or anyone) drops its name, so a record made again under that name by someone
+    # else is not taken for sunkd's.
+    slurmd_created: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def source_fresh(self, source: str) -> bool:
         """Fresh, as observed in the current leadership term: a new leader must not act

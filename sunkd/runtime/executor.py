@@ -25,12 +25,14 @@ from sunkd.domain.policy import (
     VERB_UNLOCK,
     VERB_WARN,
 )
+from sunkd.domain.policy.defunct import FEATURE_ARG
 from sunkd.domain.policy.slurmd import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE
 from sunkd.domain.policy.slurmdbusy import BUSY_ARG, VERB_SLURMD_LABEL
 from sunkd.domain.ports import ActionError
+from sunkd.domain.slurmdgone import VERB_DELETE_NODE
 from sunkd.domain.slurmnode import in_contact
 from sunkd.domain.state import NodeState, OpenAction
-from sunkd.slurm.model import SlurmNode
+from sunkd.slurm.model import SlurmJob, SlurmNode
 
 # Annotations mirroring a Slurm-side hold onto the Kubernetes node.
 
@@ -43,10 +45,20 @@ class SlurmActions(Protocol):
     async def resume(self, node: str, *, expect_reason: str | None = None,
                      expect_reason_time: float | None = None,
                      return_to_service: bool = False) -> bool: ...
+    async def delete_node(self, node: str, *, feature: str) -> bool: ...
 
 
 class SlurmReader(Protocol):
     async def get_nodes(self) -> list[SlurmNode]: ...
+
+
+# A job in one of these states holds nothing on a node any more (squeue(1) "JOB STATE
+# CODES"); any other state (PENDING, RUNNING, SUSPENDED, COMPLETING, CONFIGURING,
+# REQUEUED, ...) may run on or wait for its nodes.
+ENDED_JOB_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+    "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
+})
 
 
 class KubernetesActions(Protocol):
@@ -155,7 +167,47 @@ class ActuatorExecutor:
                 action.node, expect_reason=_arg(action, "expect_reason") or None,
                 expect_reason_time=float(when) if when else None,
                 return_to_service=_arg(action, RETURN_TO_SERVICE_ARG) == "1")
+        if action.verb == VERB_DELETE_NODE:
+            feature = _arg(action, FEATURE_ARG)
+            if not feature:
+                raise ActionError(f"delete-node {action.node}: no feature argument",
+                                  retryable=False)
+            if not await self._check_defunct(action.node, feature):
+                return False  # Slurm no longer lists it: already so
+            return await self.slurm.delete_node(action.node, feature=feature)
         raise ActionError(f"unknown Slurm verb {action.verb!r}", retryable=False)
+
+    async def _check_defunct(self, node: str, feature: str) -> bool:
+        """Before a defunct Dynamic record is deleted (`domain/slurmddefunct.py`), ask
+        Slurm again: the node DYNAMIC_NORM with the Nodeset's `feature`, DOWN and
+        NOT_RESPONDING, nothing allocated or completing, and no job in Slurm's job list
+        (not ended) running on it or requiring it (`--nodelist`). False: Slurm no longer
+        lists the node. Refused (retryable) otherwise, and without a reader of both."""
+        what = f"refusing to delete the Slurm node record {node}"
+        current = await self._slurm_now(node, what, "defunct")
+        if current is None:
+            return False
+        if ("DYNAMIC_NORM" not in current.flags or feature not in current.features
+                or current.state.upper() != "DOWN" or "NOT_RESPONDING" not in current.flags
+                or current.is_busy):
+            raise ActionError(f"{what}: Slurm now reports it {current.display_state} "
+                              f"(features {','.join(current.features) or 'none'})",
+                              retryable=True)
+        get_jobs = getattr(self.slurm_reader, "get_jobs", None)
+        if get_jobs is None:
+            raise ActionError(f"{what}: no Slurm job reader to confirm no job needs it",
+                              retryable=True)
+        try:
+            jobs: list[SlurmJob] = await get_jobs()
+        except Exception as error:
+            raise ActionError(f"{what}: cannot read Slurm's jobs: {error}",
+                              retryable=True) from error
+        needing = sorted(job.job_id for job in jobs if job.state not in ENDED_JOB_STATES
+                         and (node in job.nodes or node in job.required_nodes))
+        if needing:
+            raise ActionError(f"{what}: job(s) {', '.join(map(str, needing[:5]))} run on "
+                              "it or require it", retryable=True)
+        return True
 
     async def _kubernetes(self, action: OpenAction, node: str) -> bool:
         actuator = self.kubernetes

@@ -192,6 +192,68 @@ class SlurmActuator:
         log.info("slurm.return_to_service", node=node, transport=self.transport)
         return True
 
+    async def delete_node(self, node: str, *, feature: str) -> bool:
+        """Delete a defunct Dynamic node record (`DELETE /slurm/vX/node/{name}`, Slurm
+        23.02+). True = deleted, False = already gone. The policy asks only for a record
+        of a Nodeset's `feature` whose slurmd pod sunkd created and which is gone with its
+        Kubernetes Node (`domain/slurmddefunct.py`), and the executor asked Slurm's nodes
+        and jobs again; this reads the node once more right before and refuses anything
+        but a DYNAMIC_NORM record with the feature, DOWN+NOT_RESPONDING, nothing
+        allocated or completing. slurmctld deletes only dynamic nodes and refuses one with
+        jobs itself (`delete_nodes` in src/slurmctld/node_mgr.c).
+
+        22.05's slurmrestd (v0.0.38) has no node delete: refused (never retried soon) with
+        the line an administrator can run; sunkd never runs scontrol for it."""
+        if not self._client.can_delete_nodes:
+            raise RefusedError(
+                f"{node} is a defunct Dynamic node record, but slurmrestd "
+                f"{self._client.version} has no node delete (DELETE /slurm/v0.0.39/node/"
+                "{name}, Slurm 23.02+); an administrator can run "
+                f"`scontrol delete nodename={node}`")
+        try:
+            current = await self._client.get_node(node)
+        except SlurmApiError as error:
+            if _is_unknown_node(error):
+                return False
+            raise ActionError(f"reading {node}: {error}", retryable=True) from error
+        except SlurmAuthError as error:
+            raise ActionError(f"reading {node}: {error}", retryable=False) from error
+        except SlurmError as error:
+            raise ActionError(f"reading {node}: {error}", retryable=True) from error
+        why = _not_defunct(current, feature)
+        if why:
+            raise RefusedError(f"not deleting {node}: Slurm now reports it {why}")
+        if self._may_write is not None and not self._may_write():
+            raise ActionError(f"delete {node}: not (or no longer safely) the leader; "
+                              "not writing", retryable=True)
+        try:
+            await asyncio.wait_for(self._client.delete_node(node), self._write_timeout)
+        except TimeoutError as error:
+            raise ActionError(f"delete {node}: no answer within {self._write_timeout:g} s",
+                              retryable=True) from error
+        except SlurmAuthError as error:
+            raise ActionError(f"delete {node}: {error} (deleting nodes needs SlurmUser, "
+                              "root or AdminLevel=Operator)", retryable=False) from error
+        except SlurmApiError as error:
+            if not _is_unknown_node(error):
+                raise ActionError(f"delete {node}: {error}",
+                                  retryable=error.status >= 500) from error
+        except SlurmError as error:
+            raise ActionError(f"delete {node}: {error}", retryable=True) from error
+        try:
+            await self._client.get_node(node)
+        except SlurmApiError as error:
+            if _is_unknown_node(error):
+                log.info("slurm.delete_node", node=node, feature=feature)
+                return True
+            raise ActionError(f"delete of {node} not confirmed: {error}",
+                              retryable=True) from error
+        except SlurmError as error:
+            raise ActionError(f"delete of {node} not confirmed: {error}",
+                              retryable=True) from error
+        raise ActionError(f"delete of {node} not confirmed: Slurm still reports it",
+                          retryable=True)
+
     # ----------------------------------------------------------------- internals
 
     async def _read(self, node: str) -> SlurmNode:
@@ -261,6 +323,20 @@ def _foreign_word(node: SlurmNode) -> bool:
     if not node.reason or is_our_reason(node.reason):
         return False
     return node.is_drain or slurm_unhealthy(node.to_observed())
+
+
+def _not_defunct(node: SlurmNode, feature: str) -> str:
+    """Why `node` is not a defunct record of the Nodeset whose feature is `feature` ("":
+    it is): a Dynamic node (DYNAMIC_NORM) with the feature, DOWN and NOT_RESPONDING,
+    nothing allocated or completing."""
+    shown = f"{node.display_state} (features {','.join(node.features) or 'none'})"
+    if "DYNAMIC_NORM" not in node.flags or feature not in node.features:
+        return f"{shown}: not a Dynamic node with feature {feature}"
+    if node.state.upper() != "DOWN" or "NOT_RESPONDING" not in node.flags:
+        return f"{shown}: not DOWN+NOT_RESPONDING"
+    if node.is_busy:
+        return f"{shown}: a job is allocated or completing"
+    return ""
 
 
 def _is_unknown_node(error: SlurmApiError) -> bool:

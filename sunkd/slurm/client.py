@@ -247,6 +247,13 @@ class SlurmRestClient:
         """REST node update exists from v0.0.39 (Slurm 23.02) on."""
         return version_tuple(self.version) >= version_tuple(FIRST_WRITABLE_VERSION)
 
+    @property
+    def can_delete_nodes(self) -> bool:
+        """`DELETE /slurm/vX/node/{name}` exists from v0.0.39 (Slurm 23.02) on, with the
+        node update (slurmrestd's openapi/slurmctld plugin, nodes.c); 22.05's v0.0.38
+        has no delete (only `scontrol delete nodename=`)."""
+        return version_tuple(self.version) >= version_tuple(FIRST_WRITABLE_VERSION)
+
     # ---------------------------------------------------------------- transport
 
     def _headers(self) -> dict[str, str]:
@@ -307,7 +314,9 @@ class SlurmRestClient:
                 raise SlurmPayloadError(f"{method} {path}", f"incomplete answer body: {error}",
                                         cause="truncated") from error
             except aiohttp.ClientResponseError as error:  # bad status line, bad headers
-                if method == "GET" and DATA_AFTER_CLOSE in str(error.message):
+                # GET and DELETE are idempotent (RFC 9110 section 9.2.2): asking again
+                # is harmless (a node deleted by the first ask is then unknown).
+                if method in ("GET", "DELETE") and DATA_AFTER_CLOSE in str(error.message):
                     status, content_type, raw = await self._first_answer(method, path,
                                                                          headers)
                     self.last_elapsed = time.monotonic() - started
@@ -502,6 +511,16 @@ class SlurmRestClient:
         if reason is not None:
             body["reason"] = reason
         await self.call("POST", f"node/{name}", body)
+
+    async def delete_node(self, name: str) -> None:
+        """DELETE node/{name} (v0.0.39+): slurmctld deletes a dynamic node record
+        (`delete_nodes` in src/slurmctld/node_mgr.c refuses a node slurm.conf defines and
+        one with jobs). Errors raise as for any call (an unknown node included)."""
+        if not self.can_delete_nodes:
+            raise SlurmError(
+                f"slurmrestd {self.version} cannot delete nodes (needs {FIRST_WRITABLE_VERSION}+)"
+            )
+        await self.call("DELETE", f"node/{name}")
 
 
 async def gather_nodes_and_jobs(client: SlurmRestClient) -> tuple[list[SlurmNode], list[SlurmJob]]:

@@ -7,10 +7,11 @@ copy of it on the same connection: `HTTP/1.1 511 ...` with `Connection: Close` a
 tests/fixtures/slurm/v0.0.45_nodes_bad_token_raw.http). RFC 9112 section 9.6: a client
 that receives `close` closes the connection after reading the answer that carries it.
 aiohttp's strict llhttp parser instead refuses the whole read ("Data after `Connection:
-close`") and the first, complete answer is lost. So the client, for a GET only
-(repeating it is harmless), asks again here: one request on a fresh connection, parsed
-by h11 (python-hyper's HTTP/1.1 state machine, chosen over a hand-written parser), which
-stops at the first answer's end and ignores whatever follows.
+close`") and the first, complete answer is lost. So the client, for a GET or a DELETE
+only (idempotent: repeating it is harmless), asks again here: one request on a fresh
+connection, parsed by h11 (python-hyper's HTTP/1.1 state machine, chosen over a
+hand-written parser), which stops at the first answer's end and ignores whatever
+follows. slurmrestd 26.05.5 doubles a DELETE node's 422 error answer the same way.
 """
 
 from __future__ import annotations

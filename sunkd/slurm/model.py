@@ -156,6 +156,9 @@ class SlurmJob:
     start_time: float | None = None
     end_time: float | None = None
     state_reason: str | None = None
+    # `--nodelist` of the job (`required_nodes`, a hostlist): a pending job waits for
+    # these very nodes
+    required_nodes: tuple[str, ...] = ()
 
     @property
     def partitions(self) -> tuple[str, ...]:

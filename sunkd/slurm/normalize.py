@@ -443,6 +443,13 @@ def normalize_job(raw: Any, where: str = "job") -> SlurmJob:
         nodes = tuple(expand(nodes_raw))
     except HostlistError as error:
         raise SlurmPayloadError(f"{where}.nodes", str(error)) from error
+    required_raw = raw.get("required_nodes") or ""
+    if not isinstance(required_raw, str):
+        raise SlurmPayloadError(f"{where}.required_nodes", "expected a hostlist string")
+    try:
+        required = tuple(expand(clean_text(required_raw)))
+    except HostlistError as error:
+        raise SlurmPayloadError(f"{where}.required_nodes", str(error)) from error
     limit = _unwrap_number(raw.get("time_limit"), f"{where}.time_limit")
     return SlurmJob(
         job_id=job_id,
@@ -456,6 +463,7 @@ def normalize_job(raw: Any, where: str = "job") -> SlurmJob:
         start_time=_time(raw.get("start_time"), f"{where}.start_time"),
         end_time=_time(raw.get("end_time"), f"{where}.end_time"),
         state_reason=_text(raw.get("state_reason"), f"{where}.state_reason"),
+        required_nodes=required,
     )
 
 

@@ -275,3 +275,86 @@ async def test_a_dynamic_nodeset_registers_its_node_and_lends_and_reclaims_it(
           f"pin -> lent {figures['pin_to_lent']} s; pin back -> IDLE through a new pod "
           f"{figures['pin_back_to_idle']} s; record deleted while lent, pin back -> created "
           f"anew, IDLE {figures['record_deleted_pin_back_to_idle']} s")
+
+
+async def test_a_defunct_dynamic_record_is_deleted_or_reported(
+    bed: KubeletNodes, plane: KubeControlPlane, generation: tuple[SlurmCluster, Image],
+    tmp_path: Path,
+) -> None:
+    """dyn1 registered through sunkd's pod; the Node then leaves the Nodeset (its `pool`
+    label removed) and an administrator deletes the pod, as when a host is retired: Slurm
+    stops hearing dyn1 (NOT_RESPONDING, DOWN after SlurmdTimeout=5 s), and the record is
+    defunct (docs/nodeset.md, "Defunct Dynamic records"). 24.11 and 26.05: sunkd deletes
+    it through slurmrestd (figure: NOT_RESPONDING seen -> record gone). 22.05 (no REST
+    node delete): the record stays, and sunkd's log gives `scontrol delete nodename=dyn1`."""
+    cluster, image = generation
+    install_nodeset_crd(plane)
+    k8s = bed.names[0]
+    plane.kubectl("label", "node", k8s, "--overwrite", f"pool={NODESET}",
+                  f"{wk.LABEL_SLURM_NODE_NAME}={NODE}")
+    plane.kubectl("annotate", "node", k8s, f"{wk.ANNOTATION_PIN}-")
+    async with migrated_database() as database_url, \
+            await KubeClient.connect(str(plane.kubeconfig)) as client:
+        daemon = Daemon(_config(tmp_path / "sunkd.toml", database_url, cluster,
+                                plane.kubeconfig), cluster)
+        watch = Bed(client, cluster, bed, daemon)
+        await daemon.start()
+        try:
+            plane.kubectl("apply", "-f", "-", input=json.dumps(_nodeset(image, cluster)))
+
+            async def registered() -> bool:
+                shown = await watch.show()
+                return (_words(shown) == {"IDLE"} and bed.phase(POD) == "Running"
+                        and NODESET in shown.get("ActiveFeatures", "").split(","))
+
+            await watch.until("dyn1 registered by its Dynamic slurmd pod", registered, 180)
+
+            async def adopted() -> bool:  # the adoption ended: nothing recreates the pod
+                obj = await client.get(NODESETS, NODESET, "default")
+                return ((obj.get("status") or {}).get("slurmd") or {}).get("registered") == 1
+
+            await watch.until("status.slurmd.registered = 1", adopted, 60)
+            plane.kubectl("label", "node", k8s, "pool-")
+            await asyncio.sleep(3)  # sunkd sees the Node leave before the pod goes
+            plane.kubectl("delete", "pod", POD, "--wait=true", "--timeout=60s")
+            seen: dict[str, float] = {}
+
+            async def not_responding() -> bool:
+                if "NOT_RESPONDING" in _words(await watch.show()):
+                    seen.setdefault("at", time.monotonic())
+                return "at" in seen
+
+            await watch.until("Slurm no longer hears dyn1", not_responding, 60)
+            if (cluster.slurm_version or "").startswith("22."):
+                await watch.until("dyn1 DOWN", lambda: "DOWN" in _words(_show(cluster)), 60)
+                await watch.until(
+                    "sunkd's log naming the scontrol line",
+                    lambda: f"scontrol delete nodename={NODE}" in daemon.log.read_text(), 60)
+                assert _show(cluster), "22.05: sunkd deleted the record without REST"
+                await asyncio.to_thread(cluster.scontrol, "delete", f"nodename={NODE}")
+                outcome = "reported (scontrol line in sunkd's log), record kept"
+            else:
+
+                async def deleted() -> bool:
+                    shown = await watch.show()
+                    if "DOWN" in _words(shown):
+                        seen.setdefault("down", time.monotonic())
+                    return shown == {}
+
+                await watch.until("dyn1's record deleted by sunkd", deleted, 90)
+                gone, lost = time.monotonic(), seen["at"]
+                down = seen.get("down")
+                to_down = "?" if down is None else f"{down - lost:.2f}"
+                to_gone = "?" if down is None else f"{gone - down:.2f}"
+                outcome = (f"NOT_RESPONDING -> deleted {gone - lost:.2f} s (-> DOWN "
+                           f"{to_down} s, Slurm's; DOWN -> deleted {to_gone} s, sunkd's)")
+                assert '"verb": "delete-node"' in daemon.log.read_text(), daemon.tail()
+            assert wk.TAINT_HOLD not in await watch.taints(), daemon.tail()
+            assert bed.phase(POD) is None, "a slurmd pod came back on the unselected Node"
+        finally:
+            await daemon.stop()
+            plane.kubectl("delete", "nodeset", NODESET, "--wait=true", "--timeout=60s",
+                          check=False)
+            bed.wait("the Nodeset's pod gone", lambda: bed.phase(POD) is None)
+    print(f"\nsunkd run, Dynamic Nodeset, Slurm {cluster.slurm_version}: Node unselected and "
+          f"pod deleted -> dyn1 defunct: {outcome}")

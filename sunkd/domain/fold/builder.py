@@ -106,6 +106,7 @@ class Builder:
         self.demand_history: dict[str, DemandSummary] | None = None
         self.slurm_head_since: dict[str, float] | None = None
         self.sources: dict[str, SourceState] | None = None
+        self.slurmd_created: dict[str, tuple[str, ...]] | None = None
         self.leader_epoch = base.leader_epoch
         self.leader_identity = base.leader_identity
         self.last_seq = base.last_seq
@@ -189,6 +190,20 @@ class Builder:
             self.demand_history = dict(self.base.demand_history)
         self.demand_history[pool] = summary
 
+    def created(self) -> Mapping[str, tuple[str, ...]]:
+        return self.slurmd_created if self.slurmd_created is not None \
+            else self.base.slurmd_created
+
+    def set_created(self, uid: str, names: tuple[str, ...]) -> None:
+        """The Slurm node names sunkd created a slurmd pod for under Nodeset `uid`
+        (empty: the entry goes)."""
+        if self.slurmd_created is None:
+            self.slurmd_created = dict(self.base.slurmd_created)
+        if names:
+            self.slurmd_created[uid] = names
+        else:
+            self.slurmd_created.pop(uid, None)
+
     def reports(self) -> Mapping[str, tuple[PodRef, ...]]:
         return self.pod_reports if self.pod_reports is not None else self.base.pod_reports
 
@@ -258,4 +273,8 @@ class Builder:
             leader_identity=self.leader_identity,
             last_seq=self.last_seq,
             last_recorded_at=self.last_recorded_at,
+            slurmd_created=(
+                self.slurmd_created if self.slurmd_created is not None
+                else base.slurmd_created
+            ),
         )

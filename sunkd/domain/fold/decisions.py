@@ -27,8 +27,10 @@ from sunkd.domain.events import (
     TransitionStarted,
 )
 from sunkd.domain.fold.builder import Builder, NodeDraft, event_time
+from sunkd.domain.slurmdgone import VERB_DELETE_NODE, VERB_SLURMD_CREATE
 from sunkd.domain.state import (
     OWNER_NONE,
+    SLURMD_CREATED_MAX,
     SOURCE_FRESH,
     ActionOutcome,
     OpenAction,
@@ -155,6 +157,8 @@ def _on_outcome(b: Builder, p: Any, seq: int, event: RecordedEvent) -> None:
     if key in _MARKING:
         retryable = False if succeeded else outcome.retryable  # type: ignore[union-attr]
         _mark(d, key, d.open_actions.get(outcome.action_id), succeeded, retryable, at)
+    if succeeded and key in _AUTHORING:
+        _author(b, key, d.name, d.open_actions.get(outcome.action_id))
     if outcome.action_id in d.open_actions:
         open_actions = dict(d.open_actions)
         del open_actions[outcome.action_id]
@@ -185,6 +189,28 @@ def _on_outcome(b: Builder, p: Any, seq: int, event: RecordedEvent) -> None:
 
 
 _MARKING = frozenset({marks.DRAIN, marks.UNDRAIN, marks.HOLD, marks.UNHOLD})
+_CREATED = f"{wk.OWNER_KUBERNETES}/{VERB_SLURMD_CREATE}"
+_DELETED_RECORD = f"{wk.OWNER_SLURM}/{VERB_DELETE_NODE}"
+_AUTHORING = frozenset({_CREATED, _DELETED_RECORD})
+
+
+def _author(b: Builder, key: str, name: str, action: OpenAction | None) -> None:
+    """A slurmd pod sunkd created for Slurm node `name` under a Nodeset (the action's
+    `nodeset_uid`) is recorded in `slurmd_created`; a defunct record sunkd deleted drops
+    the name (the next create records it again)."""
+    if action is None:
+        return
+    uid = next((label.value for label in action.args if label.key == "nodeset_uid"), "")
+    if not uid:
+        return
+    names = b.created().get(uid, ())
+    if key == _CREATED:
+        if names and names[-1] == name:
+            return
+        kept = tuple(n for n in names if n != name)
+        b.set_created(uid, (*kept, name)[-SLURMD_CREATED_MAX:])
+    elif name in names:
+        b.set_created(uid, tuple(n for n in names if n != name))
 
 
 def _mark(d: NodeDraft, key: str, action: OpenAction | None, succeeded: bool,

@@ -188,7 +188,10 @@ def _on_nodeset(b: Builder, p: Any, seq: int, event: RecordedEvent) -> None:
         b.nodesets = dict(b.base.nodesets)
     pool = nodeset.pool or subject
     if nodeset.deleted:
-        b.nodesets.pop(pool, None)
+        gone = b.nodesets.pop(pool, None)
+        for uid in {nodeset.uid, gone.uid if gone is not None else ""} - {""}:
+            if uid in b.created():
+                b.set_created(uid, ())  # its pods went with it: no record is its any more
     else:
         b.nodesets[pool] = nodeset
     b.repool(event_time(event))

@@ -48,6 +48,10 @@ def _on_slurm_vanished(b: Builder, p: Any, seq: int, event: RecordedEvent) -> No
     d.drain_mark = None
     if d.k8s is None:
         d.gone_since = event_time(event)
+    name = d.name
+    for uid, names in list(b.created().items()):
+        if name in names:  # the record sunkd's pod made is gone: a new one is not proven
+            b.set_created(uid, tuple(n for n in names if n != name))
 
 
 def _on_slurm_demand(b: Builder, p: Any, seq: int, event: RecordedEvent) -> None:

@@ -31,7 +31,8 @@ The package is split by concern (each module says why it exists):
 - `transitions`: driving an open transition (or aborting it), adoption, and which
   queued actions an ended transition leaves stale (`stale_action`);
 - `holds`: mirroring each side's holds to the other; `repair`: undoing tampering;
-- `pool`: one pool's round, as a sequence of named steps.
+- `pool`: one pool's round, as a sequence of named steps;
+- `defunct`: deleting defunct Dynamic Slurm records (`domain/slurmddefunct.py`).
 Other code imports only from `sunkd.domain.policy` (this module).
 """
 
@@ -41,6 +42,7 @@ from collections.abc import Sequence, Set
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.policy.ahead import forecast_wanted, lead_seconds
+from sunkd.domain.policy.defunct import delete_defunct
 from sunkd.domain.policy.fairness import (
     FAIR_SHARE,
     KUBERNETES_WAIT_BOUND_SECONDS,
@@ -177,6 +179,7 @@ def decide(state: ClusterState, pools: Sequence[PoolSpec], now: float) -> list[D
         plan_pool(planner, pool, nodes)
     for name, claimed_by in sorted(overlaps.items()):
         report_overlap(planner, state.nodes[name], claimed_by)
+    delete_defunct(planner)  # defunct Dynamic Slurm records (policy/defunct.py)
     _forget_gone(planner, state, member_of.keys() | overlaps.keys())
     return planner.decisions
 
