@@ -1,0 +1,218 @@
+"""The Nodeset finalizer (domain/policy/slurmdfinalizer.py) against adversaries: stale
+sources, busy and out-of-contact nodes, someone's DOWN, foreign finalizers, pods
+terminating or reappearing, unknown pods, a Dynamic node of the name without the feature.
+
+Properties: never a pod deleted unless Slurm reports its node drained, idle and in
+contact; never the finalizer removed while a pod of sunkd's is left (terminating ones
+included) or any Node's pods are unknown; never a finalizer added to a Nodeset marked for
+deletion; nothing at all on stale sources; and the happy paths do act (a test that cannot
+fail is a defect).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sunkd.domain import wellknown as wk
+from sunkd.domain.events import SlurmNodeObserved
+from sunkd.domain.policy.slurmdfinalizer import (
+    DELETE,
+    DRAIN,
+    VERB_FINALIZER_ADD,
+    VERB_FINALIZER_REMOVE,
+    EndingNode,
+    EndingNodeset,
+    OwnPod,
+    drain_reason,
+    plan_end,
+    still_busy,
+)
+from sunkd.domain.slurmnode import slurm_drained
+
+OURS = wk.FINALIZER_SLURMD_PODS
+FOREIGN = "example.com/keep"
+
+
+def nodeset(*, deleting: bool = True, slurmd: bool = True,
+            finalizers: tuple[str, ...] = (OURS,), feature: str | None = None) -> EndingNodeset:
+    return EndingNodeset("gpu", "slurm", "uid-gpu", slurmd, deleting, finalizers, feature)
+
+
+def slurm(state: str = "IDLE", flags: tuple[str, ...] = ("DRAIN",), alloc: int = 0,
+          reason: str | None = "sunkd: slurmd pods removed (Nodeset deleted)",
+          features: tuple[str, ...] = ()) -> SlurmNodeObserved:
+    return SlurmNodeObserved(node="n1", state=state, flags=flags, cpus=4, alloc_cpus=alloc,
+                             reason=reason if "DRAIN" in flags or state == "DOWN" else None,
+                             features=features)
+
+
+def pod(name: str = "n1", deleting: bool = False) -> OwnPod:
+    return OwnPod(f"slurm/gpu-{name}", f"u-{name}", deleting=deleting)
+
+
+def node(name: str = "n1", pods: tuple[OwnPod, ...] | None = None,
+         observed: SlurmNodeObserved | None = None, *, foreign: bool = False,
+         no_slurm: bool = False) -> EndingNode:
+    return EndingNode(name, f"k-{name}", None if no_slurm else (observed or slurm()),
+                      (pod(name),) if pods is None else pods, foreign)
+
+
+def verbs(ns: EndingNodeset, *nodes: EndingNode, fresh: bool = True,
+          known: bool = True) -> list[tuple[str, str]]:
+    return [(s.node, s.verb) for s in plan_end(ns, nodes, sources_fresh=fresh,
+                                               all_pods_known=known) if s.verb]
+
+
+# ------------------------------------------------------------------------ the finalizer
+
+
+def test_a_live_nodeset_with_slurmd_gets_the_finalizer_beside_foreign_ones() -> None:
+    assert verbs(nodeset(deleting=False, finalizers=(FOREIGN,))) == [("", VERB_FINALIZER_ADD)]
+    assert verbs(nodeset(deleting=False, finalizers=(FOREIGN, OURS))) == []
+
+
+def test_no_finalizer_added_on_stale_sources_or_unknown_uid() -> None:
+    assert verbs(nodeset(deleting=False, finalizers=()), fresh=False) == []
+    ns = EndingNodeset("gpu", "slurm", "", True, False, ())
+    assert verbs(ns) == []
+
+
+def test_a_nodeset_marked_for_deletion_gets_no_new_finalizer() -> None:
+    # The API server refuses a new finalizer once deletionTimestamp is set; and the pods
+    # then are the garbage collector's anyway: sunkd only drains nicely what it can.
+    ns = nodeset(finalizers=(FOREIGN,))
+    assert verbs(ns, node(observed=slurm(flags=()))) == [("n1", DRAIN)]
+    assert verbs(ns, node(pods=())) == []
+
+
+def test_finalizer_removed_only_once_no_pod_is_left() -> None:
+    ns = nodeset(finalizers=(FOREIGN, OURS))
+    assert verbs(ns, node(pods=()), node("n2", pods=())) == [("", VERB_FINALIZER_REMOVE)]
+    # a terminating pod counts as left until it is gone
+    assert verbs(ns, node(pods=(pod(deleting=True),))) == []
+    # pods unknown on a node, or on some Node anywhere: kept
+    assert verbs(ns, node(pods=()), known=False) == []
+    unknown = EndingNode("n1", "k-n1", slurm(), None)
+    assert verbs(ns, unknown) == []
+
+
+def test_spec_slurmd_removed_from_a_live_nodeset_drains_deletes_then_releases() -> None:
+    ns = nodeset(deleting=False, slurmd=False)
+    steps = plan_end(ns, [node(observed=slurm(flags=()))], sources_fresh=True,
+                     all_pods_known=True)
+    drain = [s for s in steps if s.verb == DRAIN]
+    assert drain and drain_reason(ns) == "sunkd: slurmd pods removed (spec.slurmd removed)"
+    assert verbs(ns, node()) == [("n1", DELETE)]
+    assert verbs(ns, node(pods=())) == [("", VERB_FINALIZER_REMOVE)]
+    # never put on again while spec.slurmd is absent
+    assert verbs(nodeset(deleting=False, slurmd=False, finalizers=()), node(pods=())) == []
+
+
+# ------------------------------------------------------------------------- per node
+
+
+def test_the_deletion_drains_then_deletes_idle_nodes_and_waits_for_busy_ones() -> None:
+    ns = nodeset()
+    idle_undrained = node("n1", observed=slurm(flags=()))
+    idle_drained = node("n2")
+    busy = node("n3", observed=slurm("ALLOCATED", alloc=4))
+    steps = plan_end(ns, [idle_undrained, idle_drained, busy], sources_fresh=True,
+                     all_pods_known=True)
+    assert [(s.node, s.verb) for s in steps if s.verb] == [("n1", DRAIN), ("n2", DELETE)]
+    assert still_busy(steps) == ["n3"]
+    assert any(s.node == "" and "finalizer kept" in s.reason for s in steps)
+    # the drain of a busy node that has none yet comes at once: no new job lands there
+    assert verbs(ns, node(observed=slurm("MIXED", flags=(), alloc=1))) == [("n1", DRAIN)]
+
+
+def test_never_a_delete_out_of_contact_completing_or_unreported() -> None:
+    ns = nodeset()
+    for observed in (slurm("DOWN", ("DRAIN", "NOT_RESPONDING")),
+                     slurm("IDLE", ("COMPLETING", "DRAIN")),
+                     slurm("IDLE", ("DRAIN", "UNDRAIN")),
+                     slurm("IDLE", ("DRAIN", "INVALID_REG"))):
+        assert verbs(ns, node(observed=observed)) == [], observed
+    assert verbs(ns, node(no_slurm=True)) == []
+
+
+def test_someones_down_is_not_drained_over_and_their_drain_is_enough() -> None:
+    ns = nodeset()
+    down = slurm("DOWN", flags=(), reason="bad DIMM")
+    assert verbs(ns, node(observed=down, foreign=True)) == []
+    theirs = slurm(reason="maintenance")
+    assert verbs(ns, node(observed=theirs, foreign=True)) == [("n1", DELETE)]
+
+
+def test_a_dynamic_nodes_namesake_without_the_feature_is_not_ours() -> None:
+    ns = nodeset(feature="gpu")
+    assert verbs(ns, node(observed=slurm())) == []
+    assert verbs(ns, node(observed=slurm(features=("gpu",)))) == [("n1", DELETE)]
+
+
+def test_stale_sources_decide_nothing() -> None:
+    assert verbs(nodeset(), node(), node("n2", pods=()), fresh=False) == []
+
+
+# ------------------------------------------------------------------------- property
+
+STATES = st.sampled_from(["IDLE", "ALLOCATED", "MIXED", "DOWN", "UNKNOWN", "FUTURE"])
+FLAGS = st.lists(st.sampled_from(["DRAIN", "UNDRAIN", "NOT_RESPONDING", "COMPLETING",
+                                  "INVALID_REG"]), unique=True).map(lambda f: tuple(sorted(f)))
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[EndingNodeset, list[EndingNode], bool, bool]:
+    finalizers = tuple(draw(st.lists(st.sampled_from([OURS, FOREIGN, "x.io/other"]),
+                                     unique=True)))
+    ns = EndingNodeset("gpu", "slurm", draw(st.sampled_from(["uid-gpu", ""])),
+                       draw(st.booleans()), draw(st.booleans()), finalizers,
+                       draw(st.sampled_from([None, "gpu"])))
+    nodes = []
+    for i in range(draw(st.integers(0, 4))):
+        observed = None if draw(st.booleans()) and draw(st.booleans()) else SlurmNodeObserved(
+            node=f"n{i}", state=draw(STATES), flags=draw(FLAGS),
+            alloc_cpus=draw(st.sampled_from([0, 0, 2])), cpus=4,
+            reason=draw(st.sampled_from([None, "sunkd: slurmd pods removed (Nodeset deleted)",
+                                         "admin"])),
+            features=draw(st.sampled_from([(), ("gpu",)])))
+        pods = None if draw(st.integers(0, 5)) == 0 else tuple(
+            OwnPod(f"slurm/gpu-n{i}-{j}", f"u{i}{j}", deleting=draw(st.booleans()))
+            for j in range(draw(st.integers(0, 2))))
+        nodes.append(EndingNode(f"n{i}", draw(st.sampled_from([f"k{i}", None])), observed,
+                                pods, draw(st.booleans())))
+    return ns, nodes, draw(st.booleans()), draw(st.booleans())
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_property_never_unsafe(world: tuple[EndingNodeset, list[EndingNode], bool, bool]
+                               ) -> None:
+    ns, nodes, fresh, known = world
+    steps = plan_end(ns, nodes, sources_fresh=fresh, all_pods_known=known)
+    acted = [s for s in steps if s.verb]
+    if not fresh or not ns.uid:
+        assert not acted
+        return
+    by_name = {n.name: n for n in nodes}
+    for step in acted:
+        if step.verb == DELETE:
+            target = by_name[step.node]
+            assert ns.ending and slurm_drained(target.slurm)
+            assert target.pods is not None
+            assert step.uid in {p.uid for p in target.pods if not p.deleting}
+            if ns.feature is not None:
+                assert target.slurm is not None and ns.feature in target.slurm.features
+        elif step.verb == DRAIN:
+            target = by_name[step.node]
+            assert ns.ending and target.pods and not target.foreign_word
+            assert target.slurm is not None and "DRAIN" not in target.slurm.flags
+        elif step.verb == VERB_FINALIZER_REMOVE:
+            assert ns.ending and OURS in ns.finalizers and known
+            assert all(n.pods is not None and not n.pods for n in nodes)
+            assert not any(s.verb in (DELETE, DRAIN) for s in acted)
+        elif step.verb == VERB_FINALIZER_ADD:
+            assert not ns.deleting and ns.slurmd and OURS not in ns.finalizers
+            assert acted == [step]
+        else:
+            raise AssertionError(step)
