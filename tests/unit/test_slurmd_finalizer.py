@@ -15,7 +15,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import SlurmNodeObserved
+from sunkd.domain.codec import decode_payload, encode_payload
+from sunkd.domain.events import (
+    K8sNodesetObserved,
+    K8sWorkloadObserved,
+    PodRef,
+    SlurmdSpec,
+    SlurmNodeObserved,
+    SourceHealth,
+)
+from sunkd.domain.policy import VERB_DRAIN, Decision, StartTransition, effective_pools
+from sunkd.domain.policy.slurmd import VERB_SLURMD_DELETE
 from sunkd.domain.policy.slurmdfinalizer import (
     DELETE,
     DRAIN,
@@ -29,6 +39,11 @@ from sunkd.domain.policy.slurmdfinalizer import (
     still_busy,
 )
 from sunkd.domain.slurmnode import slurm_drained
+from sunkd.kubernetes.nodeset_status import build_nodeset_status
+from sunkd.kubernetes.normalize import parse_nodeset
+from tests.unit.domain_world import POOL, POOL_LABEL, Log, slurm_obs
+from tests.unit.test_domain_policy import _cluster
+from tests.unit.test_slurmd_ownership import UID, requests, step, succeed
 
 OURS = wk.FINALIZER_SLURMD_PODS
 FOREIGN = "example.com/keep"
@@ -195,24 +210,140 @@ def test_property_never_unsafe(world: tuple[EndingNodeset, list[EndingNode], boo
         assert not acted
         return
     by_name = {n.name: n for n in nodes}
-    for step in acted:
-        if step.verb == DELETE:
-            target = by_name[step.node]
+    for one in acted:
+        if one.verb == DELETE:
+            target = by_name[one.node]
             assert ns.ending and slurm_drained(target.slurm)
             assert target.pods is not None
-            assert step.uid in {p.uid for p in target.pods if not p.deleting}
+            assert one.uid in {p.uid for p in target.pods if not p.deleting}
             if ns.feature is not None:
                 assert target.slurm is not None and ns.feature in target.slurm.features
-        elif step.verb == DRAIN:
-            target = by_name[step.node]
+        elif one.verb == DRAIN:
+            target = by_name[one.node]
             assert ns.ending and target.pods and not target.foreign_word
             assert target.slurm is not None and "DRAIN" not in target.slurm.flags
-        elif step.verb == VERB_FINALIZER_REMOVE:
+        elif one.verb == VERB_FINALIZER_REMOVE:
             assert ns.ending and OURS in ns.finalizers and known
             assert all(n.pods is not None and not n.pods for n in nodes)
             assert not any(s.verb in (DELETE, DRAIN) for s in acted)
-        elif step.verb == VERB_FINALIZER_ADD:
+        elif one.verb == VERB_FINALIZER_ADD:
             assert not ns.deleting and ns.slurmd and OURS not in ns.finalizers
-            assert acted == [step]
+            assert acted == [one]
         else:
-            raise AssertionError(step)
+            raise AssertionError(one)
+
+
+# ------------------------------------------------------------- the daemon's round (decide)
+
+
+def _world(*, deleting: bool, finalizer: bool = True, busy: str = "n3") -> Log:
+    """n1..n3 Slurm-owned, each running sunkd's registered slurmd pod; `busy` runs a job."""
+    log = _cluster(3)
+    log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(POOL_LABEL,),
+                               partitions=("gpu",), slurmd=SPEC, deleting=deleting,
+                               slurmd_finalizer=finalizer), 2.5)
+    for name in ("n1", "n2", "n3"):
+        log.add(K8sWorkloadObserved(node=name, pods=(_pod(name, busy=name == busy),)), 2.5)
+        if name == busy:
+            log.add(slurm_obs(name, "ALLOCATED", alloc_cpus=4), 2.5)
+    return log
+
+
+SPEC = SlurmdSpec(image="slurmd:22.05", termination_grace_seconds=30)
+
+
+def _pod(name: str, *, deleting: bool = False, busy: bool = False) -> PodRef:
+    return PodRef("default", f"gpu-{name}", "Running", uid=f"p-{name}", pool_pod=False,
+                  slurmd=name, slurmd_nodeset=UID, started_at=2.0, deleting=deleting,
+                  slurmd_busy=busy)
+
+
+def _by_node(decisions: list[Decision]) -> list[tuple[str, str]]:
+    """The requests but the busy label's (the PDB protects n3's pod meanwhile)."""
+    return sorted((a.node, a.verb) for a in requests(decisions) if a.verb != "slurmd-label")
+
+
+def test_decide_puts_the_finalizer_on_a_live_nodeset_once() -> None:
+    log = _world(deleting=False, finalizer=False, busy="")
+    added = step(log, 3.0)
+    assert _by_node(added) == [("n1", VERB_FINALIZER_ADD)]
+    (action,) = requests(added)
+    args = {a.key: a.value for a in action.args}
+    assert (args["nodeset"], args["nodeset_uid"]) == (POOL, UID)
+    assert requests(step(log, 3.5)) == []  # open: not asked twice
+
+
+def test_decide_deletes_a_terminating_nodesets_pods_idle_first_busy_after_its_job() -> None:
+    log = _world(deleting=True)
+    drained = step(log, 3.0)
+    assert _by_node(drained) == [("n1", VERB_DRAIN), ("n2", VERB_DRAIN), ("n3", VERB_DRAIN)]
+    reasons = {a.node: next(x.value for x in a.args if x.key == "reason")
+               for a in requests(drained) if a.verb == VERB_DRAIN}
+    assert set(reasons.values()) == {"sunkd: slurmd pods removed (Nodeset deleted)"}
+    succeed(log, drained, 3.1)
+    for name in ("n1", "n2"):
+        log.add(slurm_obs(name, flags=("DRAIN",), reason=reasons[name]), 3.2)
+    log.add(slurm_obs("n3", "ALLOCATED", flags=("DRAIN",), reason=reasons["n3"],
+                      alloc_cpus=4), 3.2)
+    deleted = step(log, 4.0)
+    assert _by_node(deleted) == [("n1", VERB_SLURMD_DELETE), ("n2", VERB_SLURMD_DELETE)]
+    grace = {a.node: next(x.value for x in a.args if x.key == "grace_seconds")
+             for a in requests(deleted) if a.verb == VERB_SLURMD_DELETE}
+    assert grace == {"n1": "30", "n2": "30"}
+    succeed(log, deleted, 4.1)
+    log.add(K8sWorkloadObserved(node="n1", pods=()), 4.5)
+    log.add(K8sWorkloadObserved(node="n2", pods=(_pod("n2", deleting=True),)), 4.5)
+    assert _by_node(step(log, 5.0)) == []  # n3's job runs, n2's pod terminating
+    state = log.state()
+    status = build_nodeset_status(state, effective_pools(state), POOL, 1, 5.0)
+    progressing = next(c for c in status["conditions"]
+                       if c["type"] == wk.CONDITION_SLURMD_PROGRESSING)
+    assert progressing["reason"] == wk.REASON_DELETING
+    assert "waiting for jobs on n3" in progressing["message"]
+    log.add(K8sWorkloadObserved(node="n2", pods=()), 5.5)
+    log.add(slurm_obs("n3", flags=("DRAIN",), reason=reasons["n3"]), 6.0)
+    # the busy label comes off first (the same side of n3: one action at a time)
+    unlabel = step(log, 6.2)
+    assert [a.verb for a in requests(unlabel)] == ["slurmd-label"]
+    succeed(log, unlabel, 6.3)
+    log.add(K8sWorkloadObserved(node="n3", pods=(_pod("n3"),)), 6.4)
+    last = step(log, 6.5)
+    assert _by_node(last) == [("n3", VERB_SLURMD_DELETE)]
+    succeed(log, last, 6.6)
+    log.add(K8sWorkloadObserved(node="n3", pods=()), 7.0)
+    released = step(log, 7.5)
+    assert _by_node(released) == [("n1", VERB_FINALIZER_REMOVE)]
+    # no move started on the way (a terminating Nodeset's pool starts none), no create
+    assert not [d for d in released if isinstance(d, StartTransition)]
+
+
+def test_decide_keeps_the_finalizer_while_a_pods_node_is_unknown_or_stale() -> None:
+    log = _world(deleting=True, busy="")
+    for name in ("n1", "n2", "n3"):
+        log.add(K8sWorkloadObserved(node=name, pods=()), 3.0)
+    log.add(SourceHealth(source="slurm", status="stale"), 3.0, subject="slurm")
+    assert requests(step(log, 3.5)) == []
+    log.add(SourceHealth(source="slurm", status="fresh"), 4.0, subject="slurm")
+    assert _by_node(step(log, 4.5)) == [("n1", VERB_FINALIZER_REMOVE)]
+
+
+# ------------------------------------------------------------------ what the source reads
+
+
+def test_the_source_reads_the_deletion_and_only_sunkds_finalizer() -> None:
+    def parsed(meta: dict[str, object]) -> K8sNodesetObserved:
+        return parse_nodeset({"metadata": {"name": "gpu", "namespace": "slurm",
+                                           "uid": "u", **meta},
+                              "spec": {"slurmd": {"image": "slurmd:22.05"}}})
+
+    plain = parsed({})
+    assert (plain.deleting, plain.slurmd_finalizer) == (False, False)
+    marked = parsed({"deletionTimestamp": "2026-12-06T05:00:00Z",
+                     "finalizers": [FOREIGN, OURS]})
+    assert (marked.deleting, marked.slurmd_finalizer) == (True, True)
+    assert not parsed({"finalizers": [FOREIGN]}).slurmd_finalizer
+    assert not parsed({"finalizers": OURS}).slurmd_finalizer  # not a list: not ours
+    # written to the log only when set: older logs and plain Nodesets encode as before
+    assert "deleting" not in encode_payload(plain) and "slurmd_finalizer" not in \
+        encode_payload(plain)
+    assert decode_payload(K8sNodesetObserved.KIND, encode_payload(marked)) == marked

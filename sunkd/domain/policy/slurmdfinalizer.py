@@ -35,9 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import SlurmNodeObserved
-from sunkd.domain.slurmdgone import has_feature
+from sunkd.domain.events import K8sNodesetObserved, Label, SlurmNodeObserved
+from sunkd.domain.ownership import foreign_word
+from sunkd.domain.slurmdgone import has_feature, observed_feature, own_slurmd_pods
 from sunkd.domain.slurmnode import in_contact, slurm_busy, slurm_drained
+from sunkd.domain.state import NodeState
 
 VERB_FINALIZER_ADD = "finalizer-add"  # kubernetes; args `nodeset`, `nodeset_uid`
 VERB_FINALIZER_REMOVE = "finalizer-remove"  # kubernetes; args `nodeset`, `nodeset_uid`
@@ -201,3 +203,64 @@ def still_busy(steps: Sequence[EndStep]) -> list[str]:
 def nodes_left(steps: Sequence[EndStep]) -> list[str]:
     """The nodes with a pod of sunkd's left (or unknown), in the round's steps."""
     return sorted({s.node for s in steps if s.node})
+
+
+# ------------------------------------------------------------------ from the folded state
+
+
+def ending_nodeset(observed: K8sNodesetObserved) -> EndingNodeset | None:
+    """The finalizer's view of an observed Nodeset (None when it is gone)."""
+    if observed.deleted:
+        return None
+    namespace, _, name = observed.pool.partition("/")
+    return EndingNodeset(name, namespace, observed.uid, observed.slurmd is not None,
+                         observed.deleting,
+                         (wk.FINALIZER_SLURMD_PODS,) if observed.slurmd_finalizer else (),
+                         observed_feature(observed))
+
+
+def nodes_from_state(nodeset: EndingNodeset,
+                     members: Sequence[NodeState]) -> tuple[list[EndingNode], bool]:
+    """The pool's members with sunkd's pods of this Nodeset (the source judged them by its
+    uid, `PodRef.slurmd_nodeset`), and whether every member's pods are known."""
+    out = []
+    known = True
+    for node in members:
+        pods = None if node.pods is None else tuple(
+            OwnPod(f"{p.namespace}/{p.name}", p.uid, p.phase, p.deleting)
+            for p in own_slurmd_pods(node, nodeset.uid))
+        known = known and pods is not None
+        out.append(EndingNode(node.name, (node.k8s_name or node.name)
+                              if node.k8s is not None else None, node.slurm, pods,
+                              foreign_word(node.slurm, node.drain_mark)))
+    return out, known
+
+
+def deleting_condition(nodeset: EndingNodeset, steps: Sequence[EndStep]) -> tuple[str, str]:
+    """SlurmdProgressing (True, `Deleting`)'s message: what the Terminating Nodeset waits
+    for."""
+    busy = still_busy(steps)
+    left = [n for n in nodes_left(steps) if n not in busy]
+    parts = []
+    if busy:
+        parts.append(f"waiting for jobs on {', '.join(busy[:5])}")
+    if left:
+        parts.append(f"slurmd pods going on {', '.join(left[:5])}")
+    kept = next((s.reason for s in steps if not s.node and not s.verb), "")
+    what = "; ".join(parts) or kept or "no slurmd pod left"
+    return wk.REASON_DELETING, (f"{_why(nodeset)}: each node drained, its slurmd pod "
+                                f"deleted once Slurm reports it idle: {what}")
+
+
+def finalizer_args(nodeset: EndingNodeset) -> tuple[Label, ...]:
+    """The args of VERB_FINALIZER_ADD/REMOVE: which Nodeset, by uid."""
+    return (Label("nodeset", f"{nodeset.namespace}/{nodeset.name}"),
+            Label("nodeset_uid", nodeset.uid))
+
+
+def finalizer_delete_args(nodeset: EndingNodeset, step: EndStep,
+                          grace_seconds: int) -> tuple[Label, ...]:
+    """The args of a pod delete (as `policy/slurmd.py` `slurmd_args` writes them)."""
+    return (Label("k8s_node", step.k8s_node or ""), Label("pod", step.pod),
+            *finalizer_args(nodeset), Label("pod_uid", step.uid),
+            Label("grace_seconds", str(grace_seconds)))
