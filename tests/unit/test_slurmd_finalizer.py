@@ -347,3 +347,25 @@ def test_the_source_reads_the_deletion_and_only_sunkds_finalizer() -> None:
     assert "deleting" not in encode_payload(plain) and "slurmd_finalizer" not in \
         encode_payload(plain)
     assert decode_payload(K8sNodesetObserved.KIND, encode_payload(marked)) == marked
+
+
+def test_decide_spec_slurmd_removed_drains_deletes_and_releases_without_stopping_moves(
+        ) -> None:
+    log = _world(deleting=False, busy="")
+    log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(POOL_LABEL,),
+                               partitions=("gpu",), slurmd=None, slurmd_finalizer=True), 2.8)
+    drained = step(log, 3.0)
+    assert _by_node(drained) == [("n1", VERB_DRAIN), ("n2", VERB_DRAIN), ("n3", VERB_DRAIN)]
+    reason = next(x.value for x in requests(drained)[0].args if x.key == "reason")
+    assert reason == "sunkd: slurmd pods removed (spec.slurmd removed)"
+    succeed(log, drained, 3.1)
+    for name in ("n1", "n2", "n3"):
+        log.add(slurm_obs(name, flags=("DRAIN",), reason=reason), 3.2)
+    deleted = step(log, 4.0)
+    assert [v for _, v in _by_node(deleted)] == [VERB_SLURMD_DELETE] * 3
+    assert {next(x.value for x in a.args if x.key == "grace_seconds")
+            for a in requests(deleted)} == {"60"}  # no spec left: the default grace
+    succeed(log, deleted, 4.1)
+    for name in ("n1", "n2", "n3"):
+        log.add(K8sWorkloadObserved(node=name, pods=()), 4.5)
+    assert _by_node(step(log, 5.0)) == [("n1", VERB_FINALIZER_REMOVE)]
