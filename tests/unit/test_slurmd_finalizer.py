@@ -14,6 +14,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sunkd.api.metrics import Metrics
 from sunkd.domain import wellknown as wk
 from sunkd.domain.codec import decode_payload, encode_payload
 from sunkd.domain.events import (
@@ -35,6 +36,7 @@ from sunkd.domain.policy.slurmdfinalizer import (
     EndingNodeset,
     OwnPod,
     drain_reason,
+    ending_waits,
     plan_end,
     still_busy,
 )
@@ -369,3 +371,26 @@ def test_decide_spec_slurmd_removed_drains_deletes_and_releases_without_stopping
     for name in ("n1", "n2", "n3"):
         log.add(K8sWorkloadObserved(node=name, pods=()), 4.5)
     assert _by_node(step(log, 5.0)) == [("n1", VERB_FINALIZER_REMOVE)]
+
+
+def test_the_gauge_says_why_a_terminating_nodeset_waits() -> None:
+    log = _world(deleting=True)
+    log.add(K8sWorkloadObserved(node="n2", pods=(_pod("n2", deleting=True),)), 3.0)
+    log.add(K8sWorkloadObserved(node="n1", pods=()), 3.0)
+    state = log.state()
+    pools = effective_pools(state)
+    members = [state.nodes[n] for n in ("n1", "n2", "n3")]
+    waits = ending_waits(state.nodesets[POOL], members, sources_fresh=True)
+    # n3 runs a job but is not drained yet (its drain is this round's step), n2's pod
+    # terminates
+    assert waits == {"terminating": 1}
+    log.add(slurm_obs("n3", "ALLOCATED", flags=("DRAIN",), reason="x", alloc_cpus=4), 3.5)
+    state = log.state()
+    members = [state.nodes[n] for n in ("n1", "n2", "n3")]
+    assert ending_waits(state.nodesets[POOL], members, sources_fresh=True) == {
+        "terminating": 1, "busy": 1}
+    assert ending_waits(state.nodesets[POOL], members, sources_fresh=False) == {"stale": 1}
+    metrics = Metrics()
+    metrics.set_state(state, 4.0, pools)
+    text = metrics.render().decode()
+    assert 'sunkd_nodeset_ending_waits{pool="default/gpu",why="busy"} 1.0' in text

@@ -47,7 +47,11 @@ DRAIN = "drain"  # policy/model.VERB_DRAIN (slurm side), with arg `reason`
 DELETE = "slurmd-delete"  # slurmdgone.VERB_SLURMD_DELETE
 WHY_DELETED = "Nodeset deleted"
 WHY_SPEC_REMOVED = "spec.slurmd removed"
-_DONE = frozenset({"Succeeded", "Failed"})
+BUSY = "busy"
+TERMINATING = "terminating"
+UNKNOWN = "unknown"
+FOREIGN = "foreign"
+STALE = "stale"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,9 @@ class EndStep:
     pod: str = ""
     uid: str = ""
     busy: bool = False  # waiting for a job (the condition names these nodes)
+    # why it waits, for the gauge sunkd_nodeset_ending_waits: busy, terminating, unknown
+    # (pods, or Slurm's word on the node), foreign (someone's word), stale; "" when acting
+    kind: str = ""
 
 
 def _why(nodeset: EndingNodeset) -> str:
@@ -119,9 +126,10 @@ def plan_end(nodeset: EndingNodeset, nodes: Sequence[EndingNode], *,
     or may run, a pod of sunkd's for this Nodeset (in its pool or not); `all_pods_known`:
     every Kubernetes Node's pods are known (a pod elsewhere would be missed otherwise)."""
     if not nodeset.uid:
-        return (EndStep("", "", "the Nodeset's uid is unknown: its pods cannot be told apart"),)
+        return (EndStep("", "", "the Nodeset's uid is unknown: its pods cannot be told apart",
+                        kind=UNKNOWN),)
     if not sources_fresh:
-        return (EndStep("", "", "sources not fresh: nothing is decided"),)
+        return (EndStep("", "", "sources not fresh: nothing is decided", kind=STALE),)
     if not nodeset.ending:
         if nodeset.ours:
             return ()
@@ -133,7 +141,7 @@ def plan_end(nodeset: EndingNodeset, nodes: Sequence[EndingNode], *,
     for node in sorted(nodes, key=lambda n: n.name):
         if node.pods is None:
             steps.append(EndStep(node.name, "", "pods unknown: unknown is not none",
-                                 node.k8s_node))
+                                 node.k8s_node, kind=UNKNOWN))
             left.append(node.name)
             continue
         if not node.pods:
@@ -154,15 +162,17 @@ def plan_end(nodeset: EndingNodeset, nodes: Sequence[EndingNode], *,
     return tuple(steps)
 
 
-def _wait(node: EndingNode, reason: str, *, busy: bool = False) -> list[EndStep]:
-    return [EndStep(node.name, "", reason, node.k8s_node, busy=busy)]
+def _wait(node: EndingNode, reason: str, *, busy: bool = False,
+          kind: str = UNKNOWN) -> list[EndStep]:
+    return [EndStep(node.name, "", reason, node.k8s_node, busy=busy,
+                    kind=BUSY if busy else kind)]
 
 
 def _node_steps(nodeset: EndingNodeset, node: EndingNode) -> list[EndStep]:
     pods = node.pods or ()
     live = [p for p in pods if not p.deleting]
     if not live:
-        return _wait(node, "slurmd pod terminating: left until it is gone")
+        return _wait(node, "slurmd pod terminating: left until it is gone", kind=TERMINATING)
     if node.k8s_node is None:
         return _wait(node, "no Kubernetes Node")
     slurm = node.slurm
@@ -174,7 +184,7 @@ def _node_steps(nodeset: EndingNodeset, node: EndingNode) -> list[EndStep]:
     if "DRAIN" not in slurm.flags:
         if node.foreign_word:
             return _wait(node, f"someone's word on the node ({_state(slurm)}: "
-                         f"{slurm.reason}): sunkd does not drain over it")
+                         f"{slurm.reason}): sunkd does not drain over it", kind=FOREIGN)
         return [EndStep(node.name, DRAIN, f"sunkd: {nodeset.namespace}/{nodeset.name} "
                         f"ending: drain {node.name} before its slurmd pod goes",
                         node.k8s_node)]
@@ -264,3 +274,19 @@ def finalizer_delete_args(nodeset: EndingNodeset, step: EndStep,
     return (Label("k8s_node", step.k8s_node or ""), Label("pod", step.pod),
             *finalizer_args(nodeset), Label("pod_uid", step.uid),
             Label("grace_seconds", str(grace_seconds)))
+
+
+def ending_waits(observed: K8sNodesetObserved | None, members: Sequence[NodeState], *,
+                 sources_fresh: bool) -> dict[str, int]:
+    """Per reason (`EndStep.kind`), how many of a Terminating (or spec.slurmd-removed)
+    Nodeset's nodes wait with a slurmd pod left (the gauge sunkd_nodeset_ending_waits);
+    {"stale": 1} on stale sources; {} when the Nodeset is not ending."""
+    nodeset = ending_nodeset(observed) if observed is not None else None
+    if nodeset is None or not nodeset.ending or not (nodeset.slurmd or nodeset.ours):
+        return {}
+    views, known = nodes_from_state(nodeset, members)
+    out: dict[str, int] = {}
+    for step in plan_end(nodeset, views, sources_fresh=sources_fresh, all_pods_known=known):
+        if not step.verb and step.kind and (step.node or step.kind == STALE):
+            out[step.kind] = out.get(step.kind, 0) + 1
+    return out
