@@ -206,7 +206,8 @@ def _slurmd_ending(planner: Planner, pool: PoolSpec, census: Census) -> bool:
     if nodeset is None or not (nodeset.slurmd or nodeset.ours):
         return False
     members = {node.name: node for node in census.members}
-    views, known = ending_nodes(nodeset, census.members)
+    # Not ending: only the finalizer's presence counts (no node is looked at each round).
+    views, known = ending_nodes(nodeset, census.members) if nodeset.ending else ([], True)
     anchor = min(members) if members else None
     grace = observed.slurmd.termination_grace_seconds if observed is not None \
         and observed.slurmd is not None else SlurmdSpec().termination_grace_seconds
