@@ -70,6 +70,7 @@ from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.slurm import SlurmCluster
 from sunkd_testbed.slurmdpods import delete_nodeset, hand_over, install_nodeset_crd, slurm_nodes
 from tests.integration import test_slurmd_pods_real as pods_real
+from tests.integration.slurm_helpers import slurm_test_versions
 from tests.integration.test_e2e import (
     assert_log_safe,
     current_state,
@@ -828,8 +829,10 @@ def _job_running(cluster: SlurmCluster, job: int) -> bool:
 
 
 # The finalizer's steps are the lend's gate (drained, idle, in contact), which every
-# generation's run above exercises: the host's 22.05 only (no other cluster started).
-@pytest.mark.parametrize("generation", ["22.05"], indirect=True)
+# generation's run above exercises: the host's 22.05 only (no other cluster started), and
+# only when the run asks for 22.05 (SUNKD_TEST_SLURM_VERSIONS).
+@pytest.mark.parametrize("generation", [v for v in slurm_test_versions() if v == "22.05"],
+                         indirect=True)
 async def test_sunkd_run_deleting_a_nodeset_spares_the_busy_nodes_pod(
     bed: KubeletNodes, plane: KubeControlPlane, generation: tuple[SlurmCluster, Image],
     tmp_path: Path,
