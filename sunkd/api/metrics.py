@@ -45,6 +45,7 @@ from sunkd.domain.events import (
 )
 from sunkd.domain.ownership import assess, observed
 from sunkd.domain.policy import PoolSpec, membership, unpooled_marks
+from sunkd.domain.policy.slurmdfinalizer import ending_waits
 from sunkd.domain.slurmddefunct import defunct_records
 from sunkd.domain.state import ClusterState, Phase
 from sunkd.domain.utilization import BUSY, IDLE, Key, Utilization, node_busy, node_counted
@@ -137,6 +138,13 @@ class Metrics:
             "(sunkd deletes them on Slurm 23.02+; on 22.05 `sunkd status` gives the "
             "scontrol line).",
             ["nodeset"], registry=r)
+        self.ending_waits = Gauge(
+            "sunkd_nodeset_ending_waits",
+            "Nodes of a Terminating Nodeset (or one whose spec.slurmd was removed) whose "
+            "slurmd pod sunkd's finalizer still waits for, by why: busy (a job), "
+            "terminating, unknown (pods, or Slurm's word), foreign (someone's DOWN), "
+            "stale (sources).",
+            ["pool", "why"], registry=r)
         self.quantity_unparsed = Gauge(
             "sunkd_nodes_quantity_unparsed",
             "Nodes whose allocatable cpu, memory or GPUs did not parse (capacity unknown).",
@@ -386,6 +394,18 @@ class Metrics:
         for record in defunct_records(state):
             defunct[(record.pool,)] = defunct.get((record.pool,), 0) + 1
         self._set_all("defunct_dynamic", self.defunct_dynamic, defunct)
+        waits: dict[tuple[str, ...], int] = {}
+        for each in pools:
+            nodeset = state.nodesets.get(each.name)
+            if nodeset is None or not (nodeset.deleting or (
+                    nodeset.slurmd is None and nodeset.slurmd_finalizer)):
+                continue  # the common case: no member is looked at
+            names = [n for n, p in members.items() if p == each.name and n in state.nodes]
+            for why, count in ending_waits(
+                    nodeset, [state.nodes[n] for n in sorted(names)],
+                    sources_fresh=state.sources_fresh()).items():
+                waits[(each.name, why)] = count
+        self._set_all("ending_waits", self.ending_waits, waits)
         self.unpooled_marked.set(unpooled_marked)
         self.pending_actions.set(len(state.pending_actions()))
         refused = self.append_failing()

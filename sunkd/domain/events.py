@@ -355,6 +355,8 @@ class K8sDemandObserved(Payload):
 @dataclass(frozen=True, slots=True)
 class K8sNodesetObserved(Payload):
     KIND: ClassVar[str] = "k8s.nodeset.observed"
+    # Written to the log only when set (`codec`): events before them lack them.
+    OMIT_DEFAULTS: ClassVar[tuple[str, ...]] = ("deleting", "slurmd_finalizer")
     pool: str = ""  # "<namespace>/<name>"
     generation: int = 0
     node_selector: tuple[Label, ...] = ()
@@ -366,6 +368,10 @@ class K8sNodesetObserved(Payload):
     uid: str = ""  # metadata.uid: the owner reference of the slurmd pods names it
     slurmd: SlurmdSpec | None = None  # spec.slurmd; None: sunkd runs no slurmd pods
     topology: TopologyChoice | None = None  # spec.topology; None: the config's default
+    # metadata.deletionTimestamp is set (the Nodeset is Terminating), and sunkd's finalizer
+    # (wellknown.FINALIZER_SLURMD_PODS) is in metadata.finalizers: policy/slurmdfinalizer.py.
+    deleting: bool = False
+    slurmd_finalizer: bool = False
 
 
 @dataclass(frozen=True, slots=True)

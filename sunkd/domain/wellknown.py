@@ -83,6 +83,7 @@ REASON_STARTING = "Starting"  # SlurmdProgressing=True
 REASON_INVALID_REGISTRATION = "InvalidRegistration"  # SlurmdDegraded=True: INVALID_REG
 REASON_UNREGISTERED = "Unregistered"  # SlurmdDegraded=True: Slurm does not hear the pod
 REASON_REPAIR_FAILING = "RepairFailing"  # SlurmdDegraded=True: recreated again and again
+REASON_DELETING = "Deleting"  # SlurmdProgressing=True: the Nodeset's pods go (finalizer)
 
 # --- Kubernetes objects sunkd owns ----------------------------------------------------
 LEASE_NAME = "sunkd-leader"  # coordination.k8s.io Lease for the optional Kubernetes election
@@ -101,6 +102,10 @@ NODESET_KIND = "Nodeset"  # kind in the slurmd pods' owner reference
 LABEL_SLURMD_BUSY = "sunkd.io/slurmd-busy"
 SLURMD_BUSY_VALUE = "true"  # value of LABEL_SLURMD_BUSY
 PDB_SLURMD_BUSY_SUFFIX = "-slurmd-busy"  # the PDB's name: <nodeset> + this suffix
+# On each Nodeset with spec.slurmd (domain/policy/slurmdfinalizer.py): the Nodeset stays
+# (Terminating) after a delete until sunkd removed its slurmd pods the lend's way (drained,
+# idle, in contact); the garbage collector would delete them at once otherwise.
+FINALIZER_SLURMD_PODS = "sunkd.io/slurmd-pods"
 
 # --- Slurm reasons --------------------------------------------------------------------
 # Every reason sunkd writes starts with REASON_PREFIX; a reason that does not is foreign, and
@@ -112,6 +117,9 @@ REASON_MIRROR = "sunkd: k8s "  # drain mirroring Kubernetes (NotReady, cordon), 
 REASON_SLURMD_REPAIR = "sunkd: slurmd pod repair"
 # drain while sunkd replaces a Slurm-owned node's outdated slurmd pod (rolling update)
 REASON_SLURMD_UPDATE = "sunkd: slurmd pod update"
+# drain before sunkd deletes the slurmd pods of a Nodeset deleted (or whose spec.slurmd
+# was removed), + " (Nodeset deleted)" / " (spec.slurmd removed)"; left on the node after
+REASON_SLURMD_REMOVED = "sunkd: slurmd pods removed"
 # The reason slurmctld gives a node it sets DOWN for not hearing its slurmd past
 # SlurmdTimeout (`node_not_resp`/`set_node_down` in src/slurmctld/node_mgr.c); the one
 # DOWN that ReturnToService=1 lifts on registration.

@@ -36,7 +36,7 @@ import structlog
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.ports import ActionError
-from sunkd.kubernetes import slurmd_actuator
+from sunkd.kubernetes import slurmd_actuator, slurmd_finalizer
 from sunkd.kubernetes.client import (
     EVENTS,
     JSON,
@@ -98,6 +98,8 @@ SLURMD_API_CALLS: tuple[ApiCall, ...] = (
             "actuator: the Nodeset's PDB over its busy slurmd pods"),
     ApiCall("patch", "policy", "poddisruptionbudgets",
             "actuator: the Nodeset's PDB put back when someone changed it"),
+    ApiCall("patch", NODESETS.group, "nodesets",
+            "actuator: sunkd's finalizer on a Nodeset with spec.slurmd (put on, taken off)"),
 )
 
 
@@ -405,6 +407,10 @@ class KubernetesActuator:
     async def slurmd(self, verb: str, slurm_node: str, k8s_node: str,
                      args: Mapping[str, str]) -> bool:
         """Create or delete a Nodeset's slurmd pod (`kubernetes/slurmd_actuator.py`)."""
+        if verb in slurmd_finalizer.VERBS:
+            finalizer = slurmd_finalizer.NodesetFinalizer(
+                self.client, self.nodeset_resource, self._check_leader)
+            return await finalizer.act(verb, args)
         pods = slurmd_actuator.SlurmdPods(self.client, self._check_leader)
         return await pods.act(verb, slurm_node, k8s_node, args)
 

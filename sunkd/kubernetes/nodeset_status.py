@@ -19,6 +19,8 @@ from sunkd.domain.policy import PoolSpec, membership
 from sunkd.domain.policy.slurmd import counts as slurmd_counts
 from sunkd.domain.policy.slurmd import nodes_from_state, nodeset_of, revision
 from sunkd.domain.policy.slurmdconditions import slurmd_conditions
+from sunkd.domain.policy.slurmdfinalizer import deleting_condition, ending_nodeset, plan_end
+from sunkd.domain.policy.slurmdfinalizer import nodes_from_state as ending_nodes
 from sunkd.domain.state import ClusterState, Phase
 
 PHASE_NAMES = {
@@ -132,6 +134,13 @@ def build_nodeset_status(
                 state, nodeset, [state.nodes[name] for name in members], now):
             wanted[condition.type] = (condition.status, condition.reason,
                                       condition.message[:1024])
+        ending = ending_nodeset(observed) if observed is not None else None
+        if ending is not None and ending.deleting and state.sources_fresh():
+            # Terminating: SlurmdProgressing says what the finalizer waits for.
+            views, known = ending_nodes(ending, [state.nodes[name] for name in members])
+            reason, message = deleting_condition(ending, plan_end(
+                ending, views, sources_fresh=True, all_pods_known=known))
+            wanted[wk.CONDITION_SLURMD_PROGRESSING] = ("True", reason, message[:1024])
     for extra in extra_conditions:
         wanted[extra["type"]] = (extra["status"], extra["reason"], extra["message"][:1024])
     conditions = []

@@ -618,6 +618,11 @@ def pool_name(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
+def _has_finalizer(finalizers: Any) -> bool:
+    """sunkd's finalizer is in `metadata.finalizers` (a list of names; anything else: no)."""
+    return isinstance(finalizers, list) and wk.FINALIZER_SLURMD_PODS in finalizers
+
+
 def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
     spec = obj.get("spec") or {}
     slurm = spec.get("slurm") or {}
@@ -646,6 +651,8 @@ def parse_nodeset(obj: JSON, *, deleted: bool = False) -> K8sNodesetObserved:
         uid=str(meta.get("uid") or ""),
         slurmd=slurmd,
         topology=parse_topology(spec.get("topology")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        slurmd_finalizer=_has_finalizer(meta.get("finalizers")),
     )
 
 

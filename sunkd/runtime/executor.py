@@ -28,6 +28,7 @@ from sunkd.domain.policy import (
 from sunkd.domain.policy.defunct import FEATURE_ARG
 from sunkd.domain.policy.slurmd import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE
 from sunkd.domain.policy.slurmdbusy import BUSY_ARG, VERB_SLURMD_LABEL
+from sunkd.domain.policy.slurmdfinalizer import VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE
 from sunkd.domain.ports import ActionError
 from sunkd.domain.slurmdgone import VERB_DELETE_NODE
 from sunkd.domain.slurmnode import in_contact
@@ -249,7 +250,8 @@ class ActuatorExecutor:
                 changed = await actuator.evict(
                     namespace, name, uid=uids.get(pod) or None, node=node) or changed
             return changed
-        if action.verb in (VERB_SLURMD_CREATE, VERB_SLURMD_DELETE, VERB_SLURMD_LABEL):
+        if action.verb in (VERB_SLURMD_CREATE, VERB_SLURMD_DELETE, VERB_SLURMD_LABEL,
+                           VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE):
             args = {label.key: label.value for label in action.args}
             return await actuator.slurmd(action.verb, action.node, node, args)
         raise ActionError(f"unknown Kubernetes verb {action.verb!r}", retryable=False)

@@ -40,6 +40,17 @@ def install_nodeset_crd(plane: KubeControlPlane) -> None:
                   "--timeout=60s")
 
 
+def delete_nodeset(plane: KubeControlPlane, name: str, *, check: bool = False,
+                   namespace: str = "default") -> None:
+    """Delete a Nodeset once sunkd no longer runs: sunkd's finalizer taken off first, as
+    docs/nodeset.md tells an operator (no sunkd left to remove its pods the drained way;
+    the garbage collector then deletes them)."""
+    plane.kubectl("patch", "nodeset", name, "-n", namespace, "--type=merge", "-p",
+                  '{"metadata":{"finalizers":null}}', check=False)
+    plane.kubectl("delete", "nodeset", name, "-n", namespace, "--wait=true",
+                  "--timeout=60s", check=check)
+
+
 def slurmd_started(cluster: SlurmCluster, node: str) -> str:
     """The node's SlurmdStartTime as Slurm prints it ("" when none)."""
     found = re.search(r"\bSlurmdStartTime=(\S+)", cluster.scontrol("show", "node", node))

@@ -532,7 +532,7 @@ def test_rbac_grants_exactly_the_api_calls(chart: dict[str, list[Obj]], variant:
 
 def test_slurmd_pods_rbac_is_opt_in(helm_home: Path) -> None:
     """`rbac.slurmdPods` adds exactly SLURMD_API_CALLS (pods create, delete and
-    patch; PDBs get, create and patch) to the
+    patch; PDBs get, create and patch; nodesets patch, the finalizer) to the
     ClusterRole; the default grants none of it (test_rbac_grants_exactly_the_api_calls)."""
     from sunkd.kubernetes.actuator import SLURMD_API_CALLS
 

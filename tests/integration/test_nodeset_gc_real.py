@@ -4,9 +4,10 @@ garbage collector; no kubelet: a pod the collector deletes keeps a deletionTimes
 moment a kubelet would send slurmd SIGTERM).
 
 The pods are sunkd's own (`slurmd_pod.render`: the Nodeset as controller owner reference,
-no `blockOwnerDeletion`). sunkd puts no finalizer on a Nodeset yet (docs/nodeset.md, "Not
-built yet"); these are the facts a finalizer would rest on, with a finalizer of the test's
-own:
+no `blockOwnerDeletion`). sunkd puts its finalizer (`sunkd.io/slurmd-pods`) on each Nodeset
+with spec.slurmd (docs/nodeset.md, "Deleting a Nodeset"; the daemon's run of it is
+test_slurmd_daemon_real.py); these are the facts it rests on, shown here with a finalizer
+of the test's own (no sunkd runs here):
 
 - background deletion (kubectl's default) without a finalizer: the pod is deleted at
   once, whatever runs in it (what happens today);
@@ -36,7 +37,10 @@ import pytest
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import SlurmdSpec
+from sunkd.domain.policy.slurmdfinalizer import VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE
+from sunkd.domain.ports import ActionError
 from sunkd.kubernetes.client import NODESETS, PODS, KubeApiError, KubeClient
+from sunkd.kubernetes.slurmd_finalizer import NodesetFinalizer
 from sunkd.kubernetes.slurmd_pod import render
 from sunkd_testbed.kubernetes import KubeControlPlane
 from tests.integration.kube_backends import CRD_MANIFEST, real_plane_or_skip
@@ -45,7 +49,7 @@ from tests.integration.kube_helpers import create_node, ensure_namespace
 pytestmark = pytest.mark.slow
 NAMESPACE = "gc"
 NODE = "gc-node"
-FINALIZER = "sunkd.io/test-finalizer"  # the test's own: sunkd sets none yet
+FINALIZER = "sunkd.io/test-finalizer"  # the test's own: no sunkd runs here
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +206,47 @@ async def test_foreground_deletion_is_a_race(client: KubeClient) -> None:
 
 async def _not(value: Any) -> bool:
     return not await value
+
+
+async def test_sunkds_finalizer_write_keeps_foreign_ones_and_waits_for_every_pod(
+        client: KubeClient) -> None:
+    """`NodesetFinalizer` (the actuator of sunkd's finalizer) on the real API server: put
+    on beside another controller's finalizer (kept, in order); refused once the Nodeset is
+    marked for deletion; taken off only once no pod the Nodeset owns is left: refused
+    while the pod runs and while it terminates (no kubelet confirms it here), done once it
+    is gone, and the other finalizer stays (the Nodeset with it)."""
+    nodeset, pod = await nodeset_with_pod(client, "sunkdfin", finalizer=True)
+    finalizer = NodesetFinalizer(client, NODESETS, lambda what: None)
+    args = {"nodeset": f"{NAMESPACE}/sunkdfin", "nodeset_uid": nodeset["metadata"]["uid"]}
+
+    async def finalizers() -> list[str]:
+        return list((await client.get(NODESETS, "sunkdfin", NAMESPACE))["metadata"]
+                    .get("finalizers") or [])
+
+    try:
+        assert await finalizer.act(VERB_FINALIZER_ADD, args) is True
+        assert await finalizers() == [FINALIZER, wk.FINALIZER_SLURMD_PODS]
+        assert await finalizer.act(VERB_FINALIZER_ADD, args) is False  # already so
+        stranger = {**args, "nodeset_uid": "not-its-uid"}
+        assert await finalizer.act(VERB_FINALIZER_REMOVE, stranger) is False
+        await delete_nodeset(client, "sunkdfin", "Background")
+        assert await terminating(client, "sunkdfin")
+        with pytest.raises(ActionError, match="slurmd pods are left"):
+            await finalizer.act(VERB_FINALIZER_REMOVE, args)
+        await client.delete(PODS, pod, NAMESPACE, grace_period_seconds=30)
+        assert await pod_state(client, pod) == "deleting"
+        with pytest.raises(ActionError, match="slurmd pods are left"):
+            await finalizer.act(VERB_FINALIZER_REMOVE, args)
+        await client.delete(PODS, pod, NAMESPACE, grace_period_seconds=0)
+        await until("the pod gone", lambda: _gone(client, pod))
+        assert await finalizer.act(VERB_FINALIZER_REMOVE, args) is True
+        assert await finalizers() == [FINALIZER]
+        assert await terminating(client, "sunkdfin")  # the other finalizer holds it
+    finally:
+        await release(client, "sunkdfin")
+        with contextlib.suppress(KubeApiError):
+            await client.delete(PODS, pod, NAMESPACE, grace_period_seconds=0)
+
+
+async def _gone(client: KubeClient, pod: str) -> bool:
+    return await pod_state(client, pod) == "gone"

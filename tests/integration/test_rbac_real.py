@@ -45,6 +45,7 @@ import yaml
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import SlurmdSpec
 from sunkd.domain.policy.slurmd import SlurmdNodeset
+from sunkd.domain.policy.slurmdfinalizer import VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE
 from sunkd.domain.ports import ActionError
 from sunkd.kubernetes.actuator import API_CALLS, SLURMD_API_CALLS, KubernetesActuator
 from sunkd.kubernetes.client import (
@@ -59,6 +60,7 @@ from sunkd.kubernetes.client import (
 )
 from sunkd.kubernetes.lease import LeaseElector
 from sunkd.kubernetes.slurmd_actuator import SlurmdPods, pdb_name
+from sunkd.kubernetes.slurmd_finalizer import NodesetFinalizer
 from sunkd.kubernetes.source import KubernetesSource
 from sunkd_testbed.kubernetes import KubeControlPlane
 from tests.integration.kube_backends import (
@@ -231,6 +233,20 @@ async def exercise_slurmd(client: KubeClient, admin: KubeClient, nodeset: Slurmd
             await pods.label(nodeset=nodeset, uid=uid, busy=busy, **where)
     with contextlib.suppress(ActionError):
         await pods.delete(nodeset=nodeset, uid=uid, grace_seconds=5, **where)
+    # sunkd's finalizer on the Nodeset (it has spec.slurmd for this), then off again: the
+    # removal is refused while the deleted pod terminates (no kubelet confirms it here),
+    # so the admin takes it off, and spec.slurmd with it, for the next run.
+    await admin.merge_patch(NODESETS, "pool", {"spec": {"slurmd": {
+        "image": nodeset.spec.image}}}, WORK)
+    finalizer = NodesetFinalizer(client, NODESETS, lambda what: None)
+    args = {"nodeset": f"{WORK}/pool", "nodeset_uid": nodeset.uid}
+    try:
+        for verb in (VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE):
+            with contextlib.suppress(ActionError):
+                await finalizer.act(verb, args)
+    finally:
+        await admin.merge_patch(NODESETS, "pool", {"metadata": {"finalizers": None},
+                                                   "spec": {"slurmd": None}}, WORK)
 
 
 def audited(plane: KubeControlPlane, since: int) -> tuple[set[Call], set[Call]]:
@@ -371,11 +387,11 @@ async def slurmd_rbac(env: Env) -> AsyncIterator[Env]:
 async def test_slurmd_calls_are_refused_without_the_component(env: Env) -> None:
     """manifests/base/rbac.yaml alone grants none of SLURMD_API_CALLS: the authorizer says
     no to each, and sunkd's attempt to create a slurmd pod is refused (nothing after it
-    is reached)."""
+    is reached), and so is its finalizer on the Nodeset."""
     for call in sorted(SLURMD_LISTED):
         assert not await can(env.admin, *call, namespace=WORK), call
     _made, refused = await run_slurmd_exercise(env)
-    assert refused == {("create", "", "pods")}, refused
+    assert refused == {("create", "", "pods"), ("patch", "sunkd.io", "nodesets")}, refused
 
 
 async def test_the_slurmd_pods_component_allows_exactly_what_sunkd_does(

@@ -68,8 +68,9 @@ from sunkd_testbed.images import Image
 from sunkd_testbed.kubelet import KubeletNodes
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.slurm import SlurmCluster
-from sunkd_testbed.slurmdpods import hand_over, install_nodeset_crd, slurm_nodes
+from sunkd_testbed.slurmdpods import delete_nodeset, hand_over, install_nodeset_crd, slurm_nodes
 from tests.integration import test_slurmd_pods_real as pods_real
+from tests.integration.slurm_helpers import slurm_test_versions
 from tests.integration.test_e2e import (
     assert_log_safe,
     current_state,
@@ -335,8 +336,7 @@ async def test_sunkd_run_drives_slurmd_pods_through_lend_and_reclaim(
                         "metadata": {"annotations": {wk.ANNOTATION_PIN: None}}})
                 except KubeApiError:
                     pass
-            plane.kubectl("delete", "nodeset", "pods", "--wait=true", "--timeout=60s",
-                          check=False)
+            delete_nodeset(plane, "pods")
             bed.wait("the Nodeset's pods gone",
                      lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
     print(f"\nsunkd run, Nodeset spec.slurmd, Slurm {cluster.slurm_version}: "
@@ -410,8 +410,7 @@ async def test_sunkd_run_rolls_slurmd_pods_busy_node_last(
             await watch.until("status.slurmd.updated = 3", status_updated, within=60)
         finally:
             await daemon.stop()
-            plane.kubectl("delete", "nodeset", "pods", "--wait=true", "--timeout=60s",
-                          check=False)
+            delete_nodeset(plane, "pods")
             bed.wait("the Nodeset's pods gone",
                      lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
     print(f"\nsunkd run, rolling update of {NODES_N} slurmd pods, Slurm "
@@ -494,8 +493,7 @@ async def test_sunkd_killed_mid_update_converges(
                               lambda: not _job_running(cluster, ran), within=60)
         finally:
             await daemon.stop()
-            plane.kubectl("delete", "nodeset", "pods", "--wait=true", "--timeout=60s",
-                          check=False)
+            delete_nodeset(plane, "pods")
             bed.wait("the Nodeset's pods gone",
                      lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
     print(f"\nsunkd killed -9 mid-update, Slurm {cluster.slurm_version}: "
@@ -828,3 +826,106 @@ def _epoch(text: str) -> float | None:
 def _job_running(cluster: SlurmCluster, job: int) -> bool:
     out = cluster.run("squeue", "-h", "-j", str(job), "-o", "%T", check=False)
     return bool(re.search(r"RUNNING|PENDING|COMPLETING|CONFIGURING", out))
+
+
+# The finalizer's steps are the lend's gate (drained, idle, in contact), which every
+# generation's run above exercises: the host's 22.05 only (no other cluster started), and
+# only when the run asks for 22.05 (SUNKD_TEST_SLURM_VERSIONS).
+@pytest.mark.parametrize("generation", [v for v in slurm_test_versions() if v == "22.05"],
+                         indirect=True)
+async def test_sunkd_run_deleting_a_nodeset_spares_the_busy_nodes_pod(
+    bed: KubeletNodes, plane: KubeControlPlane, generation: tuple[SlurmCluster, Image],
+    tmp_path: Path,
+) -> None:
+    """`kubectl delete nodeset` with a job on node1: sunkd's finalizer keeps the Nodeset
+    Terminating; node2's and node3's pods go (drained, idle, in contact), node1's stays
+    while its job runs (SlurmdProgressing says Deleting, naming node1); the job ends ->
+    node1's pod goes, the finalizer comes off, the garbage collector lets the Nodeset go.
+    Every node is left drained with sunkd's reason."""
+    cluster, image = generation
+    install_nodeset_crd(plane)
+    before = hand_over(plane, bed, cluster, SLURM_NODES, {"pool": "pods"})
+    body = _nodeset(image, cluster)
+    body["spec"]["ownership"] = {"mode": "Slurm", "dwellSeconds": 0, "maxInFlight": 3}
+    plane.kubectl("apply", "-f", "-", input=json.dumps(body))
+    async with migrated_database() as database_url, \
+            await KubeClient.connect(str(plane.kubeconfig)) as client:
+        daemon = Daemon(_config(tmp_path / "sunkd.toml", database_url, cluster,
+                                plane.kubeconfig), cluster)
+        watch = Watch(client, cluster, bed, daemon)
+        await daemon.start()
+
+        async def nodeset() -> dict[str, Any] | None:
+            try:
+                return await client.get(NODESETS, "pods", "default")
+            except KubeApiError as error:
+                if error.status == 404:
+                    return None
+                raise
+
+        async def finalized() -> bool:
+            meta = ((await nodeset()) or {}).get("metadata") or {}
+            return wk.FINALIZER_SLURMD_PODS in (meta.get("finalizers") or [])
+
+        try:
+            async def all_up() -> bool:
+                for node in SLURM_NODES:
+                    if not (_slurmd_started(cluster, node) not in ("", before[node])
+                            and _idle(await watch.flags(node))
+                            and watch.pod(node) == "Running"):
+                        return False
+                return True
+
+            await watch.until("3 nodes IDLE through sunkd's slurmd pods", all_up, within=180)
+            await watch.until("sunkd's finalizer on the Nodeset", finalized, within=30)
+            job = cluster.sbatch(nodelist="node1", wrap="sleep 20")
+            await watch.until("node1 busy", lambda: _busy(watch, "node1"), within=30)
+            await asyncio.sleep(2)  # sunkd's Slurm poll (1 s) has seen the job too
+            plane.kubectl("delete", "nodeset", "pods", "--wait=false")
+
+            async def idle_pods_gone() -> bool:
+                return watch.pod("node2") is None and watch.pod("node3") is None
+
+            async def says_deleting() -> bool:
+                status = ((await nodeset()) or {}).get("status") or {}
+                for c in status.get("conditions") or []:
+                    if (c.get("type") == wk.CONDITION_SLURMD_PROGRESSING
+                            and c.get("reason") == wk.REASON_DELETING
+                            and "node1" in c.get("message", "")):
+                        return True
+                return False
+
+            await watch.until("node2's and node3's pods gone", idle_pods_gone, within=60)
+            await watch.until("SlurmdProgressing Deleting, naming node1", says_deleting,
+                              within=30)
+            while _job_running(cluster, job):
+                obj = await nodeset()
+                assert obj is not None and obj["metadata"].get("deletionTimestamp"), obj
+                assert watch.pod("node1") == "Running", "slurmd pod deleted under a job"
+                daemon.alive()
+                await asyncio.sleep(0.1)
+            job_end = time.monotonic()
+            await watch.until("node1's pod gone", lambda: watch.pod("node1") is None,
+                              within=60)
+            pod_gone = round(time.monotonic() - job_end, 2)
+
+            async def gone() -> bool:
+                return await nodeset() is None
+
+            await watch.until("the Nodeset gone", gone, within=60)
+            nodeset_gone = round(time.monotonic() - job_end, 2)
+            for node in SLURM_NODES:
+                shown = cluster.scontrol("show", "node", node)
+                assert "DRAIN" in (await watch.flags(node)), shown
+                assert "sunkd: slurmd pods removed (Nodeset deleted)" in shown, shown
+        finally:
+            await daemon.stop()
+            delete_nodeset(plane, "pods")
+            bed.wait("the Nodeset's pods gone",
+                     lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
+            with contextlib.suppress(Exception):
+                cluster.scontrol("update", f"nodename={','.join(SLURM_NODES)}",
+                                 "state=resume", check=False)
+    print(f"\nsunkd run, Nodeset deleted with a 20 s job on node1, Slurm "
+          f"{cluster.slurm_version}: job end -> node1's pod gone {pod_gone} s, "
+          f"-> Nodeset gone {nodeset_gone} s")

@@ -47,7 +47,7 @@ from sunkd_testbed.kubelet import KubeletNodes, available
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.kubernetes import available as plane_available
 from sunkd_testbed.slurm import SlurmCluster
-from sunkd_testbed.slurmdpods import install_nodeset_crd
+from sunkd_testbed.slurmdpods import delete_nodeset, install_nodeset_crd
 from tests.conftest import require
 from tests.integration.slurm_helpers import slurm_test_versions, start_cluster
 from tests.integration.test_e2e import migrated_database
@@ -267,8 +267,7 @@ async def test_a_dynamic_nodeset_registers_its_node_and_lends_and_reclaims_it(
                 await watch.pin(None)
             except KubeApiError:
                 pass
-            plane.kubectl("delete", "nodeset", NODESET, "--wait=true", "--timeout=60s",
-                          check=False)
+            delete_nodeset(plane, NODESET)
             bed.wait("the Nodeset's pod gone", lambda: bed.phase(POD) is None)
     print(f"\nsunkd run, Dynamic Nodeset, Slurm {cluster.slurm_version}: apply -> "
           f"{NODE} registered (IDLE, feature {NODESET}) {figures['apply_to_registered']} s; "

@@ -48,7 +48,7 @@ from sunkd_testbed.images import Image
 from sunkd_testbed.kubelet import KubeletNodes
 from sunkd_testbed.kubernetes import KubeControlPlane
 from sunkd_testbed.slurm import SlurmCluster
-from sunkd_testbed.slurmdpods import hand_over, install_nodeset_crd
+from sunkd_testbed.slurmdpods import delete_nodeset, hand_over, install_nodeset_crd
 from tests.integration import test_slurmd_pods_real as pods_real
 from tests.integration.test_e2e import migrated_database
 from tests.integration.test_slurmd_daemon_real import Daemon, Watch, _config, _idle
@@ -265,8 +265,7 @@ async def test_sunkd_holds_slurmd_pods_whose_registration_slurm_refuses(
                         "spec": {"taints": taints}})
                 except KubeApiError:
                     pass
-            plane.kubectl("delete", "nodeset", "pods", "--wait=true", "--timeout=60s",
-                          check=False)
+            delete_nodeset(plane, "pods")
             bed.wait("the Nodeset's pods gone",
                      lambda: all(bed.phase(f"pods-{n}") is None for n in SLURM_NODES))
     print(f"\nINVALID_REG with slurmd pods, Slurm {cluster.slurm_version}: slurm.conf "

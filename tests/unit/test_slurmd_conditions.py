@@ -51,6 +51,7 @@ def test_without_spec_slurmd_there_is_no_slurmd_condition() -> None:
 def test_a_bring_up_is_progressing_starting() -> None:
     log = _cluster(1)
     log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(POOL_LABEL,),
+                               slurmd_finalizer=True,
                                partitions=("gpu",), slurmd=SlurmdSpec(image="i")), 2.0)
     log.add(K8sWorkloadObserved(node="n1", pods=()), 2.0)
     found = summary(conditions(log, 3.0))

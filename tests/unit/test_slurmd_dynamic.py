@@ -63,6 +63,7 @@ def fresh(spec: SlurmdSpec = DYNAMIC) -> Log:
     """Fresh sources, a Dynamic Nodeset, and Node n1 that Slurm has never reported."""
     log = _cluster(0)
     log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(k8s_obs("n1").labels[0],),
+                               slurmd_finalizer=True,
                                partitions=("gpu",), slurmd=spec), 1.0)
     log.add(k8s_obs("n1", tainted=False), 1.0)
     return log
@@ -145,7 +146,7 @@ def test_a_static_nodesets_node_never_reported_stays_unknown() -> None:
 
 def test_two_nodesets_selecting_the_node_make_it_no_ones_dynamic_node() -> None:
     log = fresh()
-    log.add(K8sNodesetObserved(pool="other/gpu2", uid="U2", node_selector=(
+    log.add(K8sNodesetObserved(slurmd_finalizer=True, pool="other/gpu2", uid="U2", node_selector=(
         k8s_obs("n1").labels[0],), partitions=("gpu",), slurmd=DYNAMIC), 1.0)
     state = log.state()
     assert dynamic_nodeset(state, state.nodes["n1"]) is None

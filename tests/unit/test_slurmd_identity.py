@@ -118,6 +118,7 @@ def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
     log = _cluster(3, kubernetes=("n3",))
     spec = SlurmdSpec(image="i")
     log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
+                               slurmd_finalizer=True,
                                partitions=("gpu",), slurmd=spec), 2.0)
     own = PodRef("default", "gpu-n1", "Running", uid="u1", pool_pod=False, slurmd="n1",
                  slurmd_nodeset="U", started_at=2.5)
@@ -130,6 +131,7 @@ def test_the_nodeset_status_counts_its_slurmd_pods() -> None:
     assert status["slurmd"] == {"desired": 2, "current": 2, "ready": 1, "registered": 1,
                                 "revision": revision(spec)}
     log.add(K8sNodesetObserved(pool=POOL, uid="U", node_selector=(POOL_LABEL,),
+                               slurmd_finalizer=True,
                                partitions=("gpu",)), 4.0)
     state = log.state()
     assert "slurmd" not in build_nodeset_status(state, effective_pools(state), POOL, 1, 10.0)
@@ -187,10 +189,10 @@ def test_another_nodesets_slurmd_pod_for_the_same_node_is_not_this_nodesets() ->
 
 def test_the_source_reports_the_owning_nodesets_uid() -> None:
     facts = slim_pod(pod())
-    nodesets = {"hpc/gpu": K8sNodesetObserved(pool="hpc/gpu", uid="U",
+    nodesets = {"hpc/gpu": K8sNodesetObserved(slurmd_finalizer=True, pool="hpc/gpu", uid="U",
                                               slurmd=SlurmdSpec(image="i"))}
     assert slurmd_node(facts, nodesets) == ("n1", "U")
-    stranger = {"hpc/gpu": K8sNodesetObserved(pool="hpc/gpu", uid="V",
+    stranger = {"hpc/gpu": K8sNodesetObserved(slurmd_finalizer=True, pool="hpc/gpu", uid="V",
                                               slurmd=SlurmdSpec(image="i"))}
     assert slurmd_node(facts, stranger) == ("", "")
 
@@ -270,7 +272,7 @@ def test_the_source_reports_a_slurmd_pods_revision_and_no_other_pods() -> None:
     source reads it for slurmd pods (claim and owner agree) and for no other pod."""
     facts = slim_pod(pod())
     assert facts.slurmd_revision == revision(SlurmdSpec(image="i"))
-    nodesets = {"hpc/gpu": K8sNodesetObserved(pool="hpc/gpu", uid="U",
+    nodesets = {"hpc/gpu": K8sNodesetObserved(slurmd_finalizer=True, pool="hpc/gpu", uid="U",
                                               slurmd=SlurmdSpec(image="i"))}
     unannotated = pod()
     del unannotated["metadata"]["annotations"][wk.ANNOTATION_SLURMD_REVISION]

@@ -68,6 +68,7 @@ def own(phase: str = "Running", **kw: object) -> PodRef:
 def world(*, slurmd: bool = True) -> Log:
     log = _cluster(1)
     log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(POOL_LABEL,),
+                               slurmd_finalizer=slurmd,
                                partitions=("gpu",),
                                slurmd=SlurmdSpec(image="i") if slurmd else None), 2.0)
     log.add(K8sWorkloadObserved(node="n1", pods=(own(started_at=2.0),)), 2.0)
@@ -473,6 +474,7 @@ def slurm_owned_with_pod() -> Log:
     """n1 Slurm-owned; sunkd created its slurmd pod and the pod runs."""
     log = _cluster(1)
     log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(POOL_LABEL,),
+                               slurmd_finalizer=True,
                                partitions=("gpu",), slurmd=SlurmdSpec(image="i")), 2.0)
     create = step(log, 3.0)
     assert verbs(create) == [VERB_SLURMD_CREATE], create

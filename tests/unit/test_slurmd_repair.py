@@ -79,6 +79,7 @@ def brought_up() -> Log:
     """n1 Slurm-owned; sunkd created its slurmd pod (the bring-up) and it registered."""
     log = _cluster(1)
     log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(POOL_LABEL,),
+                               slurmd_finalizer=True,
                                partitions=("gpu",), slurmd=SlurmdSpec(image="i")), 2.0)
     create = step(log, 3.0)
     assert verbs(create) == [VERB_SLURMD_CREATE], create

@@ -56,6 +56,7 @@ def pod(node: str, spec: SlurmdSpec = OLD, *, uid: str = "", **kw: object) -> Po
 
 def nodeset(log: Log, spec: SlurmdSpec, now: float) -> None:
     log.add(K8sNodesetObserved(pool=POOL, uid=UID, node_selector=(POOL_LABEL,),
+                               slurmd_finalizer=True,
                                partitions=("gpu",), slurmd=spec), now)
 
 

@@ -10,7 +10,7 @@ are handed out in decision order, and earlier steps mark nodes as touched.
 from __future__ import annotations
 
 from sunkd.domain import wellknown as wk
-from sunkd.domain.events import OwnershipSpec
+from sunkd.domain.events import Label, OwnershipSpec, SlurmdSpec
 from sunkd.domain.policy.demand import (
     Census,
     PoolDemand,
@@ -26,6 +26,7 @@ from sunkd.domain.policy.model import (
     MODE_KUBERNETES,
     MODE_SLURM,
     PREFER_KUBERNETES,
+    VERB_DRAIN,
     PoolSpec,
 )
 from sunkd.domain.policy.planner import Planner, active_pod_count
@@ -42,6 +43,16 @@ from sunkd.domain.policy.repair import (
 from sunkd.domain.policy.slurmd import nodes_from_state, nodeset_of, slurmd_args
 from sunkd.domain.policy.slurmd import plan as slurmd_plan
 from sunkd.domain.policy.slurmdbusy import VERB_SLURMD_LABEL, label_args, label_steps
+from sunkd.domain.policy.slurmdfinalizer import DELETE as DELETE_STEP
+from sunkd.domain.policy.slurmdfinalizer import DRAIN as DRAIN_STEP
+from sunkd.domain.policy.slurmdfinalizer import (
+    drain_reason,
+    ending_nodeset,
+    finalizer_args,
+    finalizer_delete_args,
+    plan_end,
+)
+from sunkd.domain.policy.slurmdfinalizer import nodes_from_state as ending_nodes
 from sunkd.domain.policy.slurmdupdate import repair_and_update
 from sunkd.domain.policy.transitions import adopt_node, handle_transition
 from sunkd.domain.slurmdgone import slurmd_nodeset
@@ -55,7 +66,8 @@ def plan_pool(planner: Planner, pool: PoolSpec, members: list[NodeState]) -> Non
     surplus_lends = _surplus_lends(spec, census, demand)
     _step_nodes(planner, pool, census, surplus_lends)
     _slurmd_pods(planner, pool, census)
-    _start_moves(planner, pool, census, demand)
+    if not _slurmd_ending(planner, pool, census):
+        _start_moves(planner, pool, census, demand)
     for node in census.members:
         # Said only of a node nothing else this round is about (its Warning must not take
         # the round, or the side, of a move or a repair): unknown capacity is no hold.
@@ -155,10 +167,14 @@ def _slurmd_pods(planner: Planner, pool: PoolSpec, census: Census) -> None:
     if nodeset is None:
         return
     members = {node.name: node for node in census.members}
-    repaired = repair_and_update(planner, pool, nodeset, census.members, census.assessments)
     views = nodes_from_state(planner.state, nodeset, census.members, planner.now)
-    for step in slurmd_plan(nodeset, views, planner.now,
-                            sources_fresh=planner.state.sources_fresh()):
+    # A Nodeset marked for deletion creates, repairs and updates no pod: its finalizer's
+    # steps (`_slurmd_ending`) remove them. Its busy labels stay (the PDB still counts).
+    ending = observed is not None and observed.deleting
+    repaired = set() if ending else repair_and_update(
+        planner, pool, nodeset, census.members, census.assessments)
+    for step in () if ending else slurmd_plan(nodeset, views, planner.now,
+                                               sources_fresh=planner.state.sources_fresh()):
         node = members.get(step.node)
         if not step.verb or node is None or step.node in repaired:
             continue
@@ -175,6 +191,38 @@ def _slurmd_pods(planner: Planner, pool: PoolSpec, census: Census) -> None:
         if node is not None:
             planner.ensure(node, wk.OWNER_KUBERNETES, VERB_SLURMD_LABEL, label.reason,
                            label_args(label, nodeset), await_observation=False)
+
+
+def _slurmd_ending(planner: Planner, pool: PoolSpec, census: Census) -> bool:
+    """sunkd's finalizer on the pool's Nodeset (`policy/slurmdfinalizer.py`): put on while
+    it has `spec.slurmd`; once it is marked for deletion (or `spec.slurmd` is removed),
+    drain each node running a slurmd pod of sunkd's, delete the pod once Slurm reports the
+    node drained, idle and in contact, and take the finalizer off once none is left.
+    Each is an action like any other; the finalizer's ride on the pool's first member (a
+    Nodeset has no node of its own in the log). True when the Nodeset is marked for
+    deletion: the pool starts no new move."""
+    observed = planner.state.nodesets.get(pool.name)
+    nodeset = ending_nodeset(observed) if observed is not None else None
+    if nodeset is None or not (nodeset.slurmd or nodeset.ours):
+        return False
+    members = {node.name: node for node in census.members}
+    # Not ending: only the finalizer's presence counts (no node is looked at each round).
+    views, known = ending_nodes(nodeset, census.members) if nodeset.ending else ([], True)
+    anchor = min(members) if members else None
+    grace = observed.slurmd.termination_grace_seconds if observed is not None \
+        and observed.slurmd is not None else SlurmdSpec().termination_grace_seconds
+    for step in plan_end(nodeset, views, sources_fresh=planner.state.sources_fresh(),
+                         all_pods_known=known):
+        if step.verb == DRAIN_STEP:
+            planner.ensure(members[step.node], wk.OWNER_SLURM, VERB_DRAIN, step.reason,
+                           (Label("reason", drain_reason(nodeset)),))
+        elif step.verb == DELETE_STEP:
+            planner.ensure(members[step.node], wk.OWNER_KUBERNETES, DELETE_STEP, step.reason,
+                           finalizer_delete_args(nodeset, step, grace))
+        elif step.verb and anchor is not None:
+            planner.ensure(members[anchor], wk.OWNER_KUBERNETES, step.verb, step.reason,
+                           finalizer_args(nodeset))
+    return nodeset.deleting
 
 
 def _move_budget(planner: Planner, spec: OwnershipSpec, census: Census) -> int:
