@@ -109,6 +109,20 @@ def test_the_block_goes_back_ahead_of_the_rise() -> None:
                                 "08:00 UTC (trough 20:00-08:00, 3 wanted then, lead 60 min)")
 
 
+def test_the_day_keeps_what_kubernetes_won_and_lends_up_to_its_level() -> None:
+    state = _pool(("n5", "n6"), ("n5", "n6"), _summary())
+    noon = T0 + 24 * HOUR + 12 * HOUR
+    starts = _starts(state, noon, forecast_block_hours=8)
+    assert [(d.node, d.to_owner) for d in starts] == [("n1", "kubernetes")]
+    assert starts[0].reason == ("block: 1 node(s) to Kubernetes for the day's level of 3 "
+                                "(trough 20:00-08:00 UTC)")
+    # Four held by day, one above the level: Slurm's backlog takes none of them back
+    # until the trough (its next job, one node, has the Slurm nodes it needs).
+    four = _pool(("n3", "n4", "n5", "n6"), ("n5", "n6"), _summary())
+    assert _starts(four, noon, forecast_block_hours=8) == []
+    assert [d.node for d in _starts(four, noon + 9 * HOUR, forecast_block_hours=8)] == ["n3"]
+
+
 def _or_nan(values: st.SearchStrategy[float]) -> st.SearchStrategy[float]:
     return st.one_of(values, st.just(math.nan), st.just(math.inf))
 

@@ -20,11 +20,12 @@ profile (domain/forecast.py: the per-hour statistics the fold keeps), one block 
 - `lead` before the window ends (the pool's measured lend time, times the rounds
   `max_in_flight` needs for the block's nodes), the block goes back: Kubernetes is lent
   up to the day's level, nodes whose jobs end soonest first, and only nodes drained by
-  the window's end (as a lend ahead does);
-- outside the window (the day), Slurm's demand takes back, beyond its next job, only
-  what Kubernetes holds above the day's level (pending pods still lend as without
-  blocks, and the forecast still lends ahead within its lead time): two levels a day,
-  so a node moves about twice a day, not with each burst.
+  the end of the hour after the window (as a lend ahead does for its peak's hour);
+- outside the window (the day), the pool lends up to the day's level when it holds
+  less (only nodes drained within the hour), pending pods lend as without blocks, and
+  Slurm's demand takes back only what its next job lacks: what Kubernetes holds in the
+  day it keeps until the next trough. A node moves about twice a day, not with each
+  burst.
 
 No block is planned (today's behaviour) while any hour of the day is unseen (fewer than
 `forecast.MIN_SAMPLES` peaks) or the window's mean tracked error is above
@@ -170,6 +171,10 @@ class BlockNow:
         return (f"block: {nodes} node(s) to Slurm for the trough {self.block.label()} UTC "
                 f"(Kubernetes forecast to want at most {self.block.keep}, "
                 f"{self.block.level} after it)")
+
+    def day_why(self, nodes: int) -> str:
+        return (f"block: {nodes} node(s) to Kubernetes for the day's level of "
+                f"{self.block.level} (trough {self.block.label()} UTC)")
 
     def return_why(self, nodes: int, lead: float) -> str:
         rise = datetime.fromtimestamp(self.ends, tz=UTC).strftime("%H:%M")

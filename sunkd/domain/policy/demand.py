@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.codec import legacy_node_job_ends
+from sunkd.domain.forecast import HOUR
 from sunkd.domain.ownership import (
     Assessment,
     assess,
@@ -22,7 +23,7 @@ from sunkd.domain.ownership import (
     sources_unknown,
 )
 from sunkd.domain.policy.ahead import ahead, forecast_surplus
-from sunkd.domain.policy.blocks import DAY, TROUGH, BlockNow, block_now, return_lead
+from sunkd.domain.policy.blocks import RETURN, TROUGH, BlockNow, block_now, return_lead
 from sunkd.domain.policy.fairness import (
     fair_share,
     holdings,
@@ -183,42 +184,41 @@ def _block_demand(
     state: ClusterState, pool: PoolSpec, members: list[NodeState], block: BlockNow,
     lend_target: int, slurm_needed: int, now: float,
 ) -> tuple[int, int, str | None, float | None, int, str | None]:
-    """The block's targets (policy/blocks.py): in the trough Slurm's demand takes back,
-    beyond its next job, what Kubernetes holds above the block's keep; from `returns_at`
-    the pool lends up to the day's level (within the bounds a lend ahead obeys); in the
-    day Slurm takes back only above that level and the forecast lends ahead as usual.
-    Returns lend_target, slurm_needed, the lend ahead's why, by and extra, and the
-    trough's reclaim why."""
+    """The block's targets (policy/blocks.py). In the trough Slurm's demand takes back,
+    beyond its next job, what Kubernetes holds above the block's keep. From `returns_at`
+    and all day the pool lends up to the day's level (within the bounds a lend ahead
+    obeys, only nodes drained within the hour after the window's end, or after now in
+    the day) and Slurm's demand takes back only what its next job lacks: what
+    Kubernetes won in the day it keeps until the next trough. Returns lend_target,
+    slurm_needed, the lend ahead's why, by and extra, and the trough's reclaim why."""
     spec = pool.ownership
-    level = block.level
     claim = slurm_claim(state, pool)
     k8s, slurm = holdings(members, moving_counts_for="to")
-    surplus = max(k8s - level, 0)
-    block_why: str | None = None
-    if slurm_needed > 0:
-        slurm_needed = min(slurm_needed, max(claim - slurm, surplus))
-        if block.phase == TROUGH and surplus > claim - slurm:
-            block_why = block.trough_why(surplus)
-    if block.phase == DAY:
-        # The day: the forecast still lends ahead within its lead time (policy/ahead.py).
-        wanted = ahead(state, pool, members, now)
-        if wanted is not None and wanted.target > lend_target:
-            return (wanted.target, slurm_needed, wanted.why, wanted.by,
-                    wanted.target - lend_target, None)
-        return lend_target, slurm_needed, None, None, 0, None
     if block.phase == TROUGH:
+        surplus = max(k8s - block.block.keep, 0)
+        block_why: str | None = None
+        if slurm_needed > 0:
+            slurm_needed = min(slurm_needed, max(claim - slurm, surplus))
+            if surplus > claim - slurm:
+                block_why = block.trough_why(surplus)
         return lend_target, slurm_needed, None, None, 0, block_why
+    if slurm_needed > 0:
+        slurm_needed = min(slurm_needed, max(claim - slurm, 0))
     # Lends in flight count as Slurm's, as for a lend ahead (policy/ahead.py).
     k8s_from, slurm_from = holdings(members, moving_counts_for="from")
     room = slurm_from - claim
     if spec.prefer != PREFER_KUBERNETES:
         room = min(room, fair_share(len(members)) - k8s_from)
-    target = min(level - k8s_from, room)
+    target = min(block.block.level - k8s_from, room)
     if target <= lend_target:
         return lend_target, slurm_needed, None, None, 0, None
-    summary = state.demand_history[pool.name]
-    why = block.return_why(target, return_lead(summary, spec, block.block))
-    return target, slurm_needed, why, block.ends, target - lend_target, None
+    if block.phase == RETURN:
+        summary = state.demand_history[pool.name]
+        why = block.return_why(target, return_lead(summary, spec, block.block))
+        by = block.ends + HOUR
+    else:
+        why, by = block.day_why(target), now + HOUR
+    return target, slurm_needed, why, by, target - lend_target, None
 
 
 def _slurm_nodes_needed(state: ClusterState, pool: PoolSpec) -> int:
