@@ -89,7 +89,7 @@ def test_the_trough_goes_to_slurm_with_the_block_s_reason_and_the_day_keeps_its_
     starts = _starts(state, night, forecast_block_hours=8)
     assert [(d.node, d.to_owner) for d in starts] == [("n4", "slurm")]
     assert starts[0].reason == ("block: 2 node(s) to Slurm for the trough 20:00-08:00 UTC "
-                                "(Kubernetes forecast to want at most 1, 3 after it)")
+                                "(Kubernetes forecast to want at most 1, 3 by day)")
     # The block never evicts: n5 and n6 run pods, they stay (one would be surplus).
     wide = _starts(state, night, forecast_block_hours=8, max_in_flight=3)
     assert [(d.node, d.to_owner) for d in wide] == [("n4", "slurm")]

@@ -27,9 +27,9 @@ profile (domain/forecast.py: the per-hour statistics the fold keeps), one block 
   day it keeps until the next trough. A node moves about twice a day, not with each
   burst.
 
-No block is planned (today's behaviour) while any hour of the day is unseen (fewer than
-`forecast.MIN_SAMPLES` peaks) or the window's mean tracked error is above
-`forecast.ERROR_LIMIT`; a flat profile plans none (its block would have no nodes). The
+No block is planned (the forecast alone acts, as without blocks) while any hour of the
+day is unseen (fewer than `forecast.MIN_SAMPLES` peaks) or the window's mean tracked
+error is above `forecast.ERROR_LIMIT`; a flat profile plans none (its block would have no nodes). The
 peak hours' own errors do not stop a block (a peak whose pods wait out the starvation
 bound misses its profile: docs/evaluation.md): their spread raises the day's level.
 Pure: a function of the summary and the time it is given.
@@ -170,7 +170,7 @@ class BlockNow:
     def trough_why(self, nodes: int) -> str:
         return (f"block: {nodes} node(s) to Slurm for the trough {self.block.label()} UTC "
                 f"(Kubernetes forecast to want at most {self.block.keep}, "
-                f"{self.block.level} after it)")
+                f"{self.block.level} by day)")
 
     def day_why(self, nodes: int) -> str:
         return (f"block: {nodes} node(s) to Kubernetes for the day's level of "
