@@ -29,9 +29,10 @@ profile (domain/forecast.py: the per-hour statistics the fold keeps), one block 
 
 No block is planned (the forecast alone acts, as without blocks) while any hour of the
 day is unseen (fewer than `forecast.MIN_SAMPLES` peaks) or the window's mean tracked
-error is above `forecast.ERROR_LIMIT`; a flat profile plans none (its block would have no nodes). The
-peak hours' own errors do not stop a block (a peak whose pods wait out the starvation
-bound misses its profile: docs/evaluation.md): their spread raises the day's level.
+error is above `forecast.ERROR_LIMIT`; a flat profile plans none (its block would have
+no nodes). The peak hours' own errors do not stop a block (a peak whose pods wait out
+the starvation bound misses its profile: docs/evaluation.md): their spread raises the
+day's level.
 Pure: a function of the summary and the time it is given.
 """
 
