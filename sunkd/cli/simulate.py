@@ -28,9 +28,10 @@ KNOBS = {
     "forecastHorizon": "forecast_horizon_seconds",
     "forecastHorizonSeconds": "forecast_horizon_seconds",
     "headroomQuantile": "headroom_quantile",
+    "forecastBlockHours": "forecast_block_hours",
 }
 _FLOATS = {"dwell_seconds", "drain_timeout_seconds", "reclaim_grace_seconds",
-           "forecast_horizon_seconds", "headroom_quantile"}
+           "forecast_horizon_seconds", "headroom_quantile", "forecast_block_hours"}
 _CHOICES = {"mode": ("Auto", "Slurm", "Kubernetes"), "prefer": ("Slurm", "Kubernetes")}
 _SWITCHES = {"forecast"}
 
@@ -79,7 +80,8 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
     pool.add_argument("--knobs", action="append", default=[], metavar="KEY=VALUE,...",
                       help="sunkd's knobs: prefer, dwell, maxInFlight, minSlurm, "
                            "minKubernetes, maxKubernetes, drainTimeout, reclaimGrace, mode, "
-                                "forecast (on/off), forecastHorizon, headroomQuantile")
+                                "forecast (on/off), forecastHorizon, headroomQuantile, "
+                                "forecastBlockHours")
     pool.add_argument("--poll-interval", type=float, default=5.0, help="Slurm poll (s)")
     pool.add_argument("--move-cost", type=float, default=0.0,
                       help="extra seconds on the last step of every move")

@@ -157,6 +157,9 @@ class OwnershipSpec:
     forecast: bool = False
     forecast_horizon_seconds: float = 4 * 3600.0
     headroom_quantile: float = 0.9
+    # Daily blocks behind the forecast (policy/blocks.py): the shortest trough, in hours,
+    # the pool lends to Slurm in one block and takes back once ahead of the rise (0: off).
+    forecast_block_hours: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

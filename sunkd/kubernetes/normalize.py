@@ -448,6 +448,10 @@ def slim_nodeset(obj: JSON) -> JSON:
     if not 0.5 <= ownership.headroom_quantile < 1:
         raise MalformedObject("spec.ownership.headroomQuantile",
                               f"out of range: {ownership.headroom_quantile}")
+    if not (math.isfinite(ownership.forecast_block_hours)
+            and 0 <= ownership.forecast_block_hours <= 23):
+        raise MalformedObject("spec.ownership.forecastBlockHours",
+                              f"out of range: {ownership.forecast_block_hours}")
     for name in ("dwell_seconds", "drain_timeout_seconds", "reclaim_grace_seconds",
                  "forecast_horizon_seconds"):
         seconds = getattr(ownership, name)
@@ -542,6 +546,7 @@ def parse_ownership(raw: Any) -> OwnershipSpec:
             pick("forecastHorizonSeconds", "forecastHorizon"), d.forecast_horizon_seconds
         ),
         headroom_quantile=_float(pick("headroomQuantile"), d.headroom_quantile),
+        forecast_block_hours=_float(pick("forecastBlockHours"), d.forecast_block_hours),
     )
 
 

@@ -120,6 +120,7 @@ class PoolSettings:
     forecast: bool = False  # lend ahead of the pool's forecast demand (docs/operations.md)
     forecast_horizon_seconds: float = 4 * 3600.0
     headroom_quantile: float = 0.9
+    forecast_block_hours: float = 0.0  # daily blocks behind the forecast (0: off)
 
 
 def pool_spec(pool: PoolSettings) -> PoolSpec:
@@ -135,7 +136,8 @@ def pool_spec(pool: PoolSettings) -> PoolSpec:
             drain_timeout_seconds=pool.drain_timeout_seconds,
             reclaim_grace_seconds=pool.reclaim_grace_seconds, forecast=pool.forecast,
             forecast_horizon_seconds=pool.forecast_horizon_seconds,
-            headroom_quantile=pool.headroom_quantile),
+            headroom_quantile=pool.headroom_quantile,
+            forecast_block_hours=pool.forecast_block_hours),
     )
 
 
@@ -206,6 +208,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "pools.reclaim_grace_seconds": (0.0, 30 * _DAY, False),
     "pools.forecast_horizon_seconds": (0.0, 30 * _DAY, False),
     "pools.headroom_quantile": (0.5, 0.999, False),
+    "pools.forecast_block_hours": (0.0, 23.0, False),
 }
 
 

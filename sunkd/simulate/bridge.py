@@ -65,6 +65,7 @@ from sunkd.domain.policy import (
     starvation_held_until,
 )
 from sunkd.domain.policy.ahead import FORECAST_SETTLE_SECONDS, MAX_HORIZON_SECONDS
+from sunkd.domain.policy.blocks import block_now
 from sunkd.domain.state import EMPTY, OWNER_NONE, ClusterState, OpenAction
 from sunkd.simulate.actuate import carry_out
 from sunkd.simulate.checks import check_in_flight, check_round
@@ -367,6 +368,11 @@ class SunkdController:
                 # ... and the fresh forecast has settled (policy/ahead.py).
                 for crossed in (math.floor(edge / HOUR), math.floor(edge / HOUR) + 1):
                     consider(crossed * HOUR + FORECAST_SETTLE_SECONDS - (edge - now))
+            # The day's block starts going back to Kubernetes (policy/blocks.py); its
+            # window's edges are hours' edges, considered above.
+            block = block_now(summary, spec, now)
+            if block is not None:
+                consider(block.returns_at)
         for head_since in self.state.slurm_head_since.values():
             consider(head_since + SLURM_HEAD_WAIT_BOUND_SECONDS)
         for node in self.state.nodes.values():

@@ -262,5 +262,7 @@ def knob_text(spec: OwnershipSpec) -> str:
     if spec.forecast:
         fields.append(f"forecast=on horizon={spec.forecast_horizon_seconds:g} "
                       f"quantile={spec.headroom_quantile:g}")
+        if spec.forecast_block_hours > 0:
+            fields.append(f"blocks={spec.forecast_block_hours:g}h")
     return " ".join(fields)
 

@@ -804,7 +804,7 @@ SCHEMA_BOUNDS = {
     **{("config", "pools", "*", key): f"pools.{key}" for key in (
         "min_slurm", "min_kubernetes", "max_kubernetes", "max_in_flight", "dwell_seconds",
         "drain_timeout_seconds", "reclaim_grace_seconds", "forecast_horizon_seconds",
-        "headroom_quantile")},
+        "headroom_quantile", "forecast_block_hours")},
 }
 
 

@@ -128,7 +128,7 @@ async def test_create_applies_defaults_and_drops_status(raw: Raw) -> None:
         "mode": "Auto", "minSlurm": 0, "minKubernetes": 0, "prefer": "Slurm",
         "dwellSeconds": 300, "maxInFlight": 1, "drainTimeoutSeconds": 1800,
         "reclaimGraceSeconds": 300, "forecast": False, "forecastHorizonSeconds": 14400,
-        "headroomQuantile": 0.9}
+        "headroomQuantile": 0.9, "forecastBlockHours": 0}
     status, obj = await raw.post(BASE, nodeset("b", ownership={"mode": "Slurm",
                                                                "minSlurm": 4}))
     assert obj["spec"]["ownership"]["minSlurm"] == 4

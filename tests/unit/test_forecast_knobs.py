@@ -49,6 +49,24 @@ def test_the_config_file_reads_the_forecast_knobs(tmp_path: Path) -> None:
         load_settings(config, env={})
 
 
+def test_the_block_knob_is_spelled_everywhere_and_off_by_default(tmp_path: Path) -> None:
+    assert OwnershipSpec().forecast_block_hours == 0.0  # off: no blocks
+    assert parse_ownership({"forecast": True, "forecastBlockHours": 8}).forecast_block_hours == 8
+    for crd in ("manifests/crds/nodeset.yaml", "charts/sunkd/crds/nodeset.yaml"):
+        doc = yaml.safe_load((ROOT / crd).read_text())
+        ownership = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+            "spec"]["properties"]["ownership"]["properties"]
+        assert ownership["forecastBlockHours"]["default"] == 0
+        assert ownership["forecastBlockHours"]["maximum"] == 23
+    config = tmp_path / "sunkd.toml"
+    config.write_text("[[pools]]\nname = 'a'\nforecast = true\nforecast_block_hours = 10\n")
+    assert pool_spec(load_settings(config, env={}).pools[0]).ownership.forecast_block_hours == 10
+    config.write_text("[[pools]]\nname = 'a'\nforecast_block_hours = 24\n")
+    with pytest.raises(ConfigError, match="forecast_block_hours"):
+        load_settings(config, env={})
+    assert _value(KNOBS["forecastBlockHours"], "8") == 8.0
+
+
 def test_simulate_reads_the_forecast_knobs() -> None:
     assert _value(KNOBS["forecast"], "on") is True
     assert _value(KNOBS["headroomQuantile"], "0.8") == 0.8

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.codec import legacy_node_job_ends
+from sunkd.domain.forecast import HOUR
 from sunkd.domain.ownership import (
     Assessment,
     assess,
@@ -22,7 +23,9 @@ from sunkd.domain.ownership import (
     sources_unknown,
 )
 from sunkd.domain.policy.ahead import ahead, forecast_surplus
+from sunkd.domain.policy.blocks import RETURN, TROUGH, BlockNow, block_now, return_lead
 from sunkd.domain.policy.fairness import (
+    fair_share,
     holdings,
     kubernetes_overrides,
     slurm_claim,
@@ -57,6 +60,7 @@ class PoolDemand:
     ahead_why: str | None = None  # the forecast set lend_target (policy/ahead.py)
     ahead_by: float | None = None  # then: lend only nodes whose jobs end by this time
     ahead_extra: int = 0  # for those lends beyond what pending pods ask for
+    block_why: str | None = None  # the trough's block sets reclaim_target (policy/blocks.py)
 
 
 # Each node's last assessment with the NodeState and the sources' verdict it read.
@@ -140,11 +144,24 @@ def net_demand(state: ClusterState, pool: PoolSpec, census: Census) -> PoolDeman
         else:
             k8s_needed = 0
 
+    block = block_now(state.demand_history.get(pool.name), spec, census.now) \
+        if spec.forecast else None
+    if block is not None and block.phase == TROUGH and k8s_needed > 0:
+        # Damped in the trough: pods pending within the forecast's error bound above the
+        # block's keep wait for Kubernetes' own nodes (policy/blocks.py).
+        held, _slurm = holdings(members, moving_counts_for="to")
+        if held >= block.block.keep and held + k8s_needed <= block.block.keep + block.slack:
+            k8s_needed = 0
+
     lend_target = max(k8s_needed, spec.min_kubernetes - census.owned_k8s)
     ahead_why: str | None = None
     ahead_by: float | None = None
     ahead_extra = 0
-    if spec.forecast:
+    block_why: str | None = None
+    if block is not None:
+        lend_target, slurm_needed, ahead_why, ahead_by, ahead_extra, block_why = _block_demand(
+            state, pool, members, block, lend_target, slurm_needed, census.now)
+    elif spec.forecast:
         # Headroom ahead of the forecast peak (policy/ahead.py): lend what the hours
         # within the lead time want, and keep what the hours within the horizon want
         # from Slurm's demand beyond its next job (the recent-peak hold).
@@ -160,7 +177,48 @@ def net_demand(state: ClusterState, pool: PoolSpec, census: Census) -> PoolDeman
                                max(slurm_claim(state, pool) - slurm, surplus))
     reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
     return PoolDemand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why,
-                      ahead_by, ahead_extra)
+                      ahead_by, ahead_extra, block_why)
+
+
+def _block_demand(
+    state: ClusterState, pool: PoolSpec, members: list[NodeState], block: BlockNow,
+    lend_target: int, slurm_needed: int, now: float,
+) -> tuple[int, int, str | None, float | None, int, str | None]:
+    """The block's targets (policy/blocks.py). In the trough Slurm's demand takes back,
+    beyond its next job, what Kubernetes holds above the block's keep. From `returns_at`
+    and all day the pool lends up to the day's level (within the bounds a lend ahead
+    obeys, only nodes drained within the hour after the window's end, or after now in
+    the day) and Slurm's demand takes back only what its next job lacks: what
+    Kubernetes won in the day it keeps until the next trough. Returns lend_target,
+    slurm_needed, the lend ahead's why, by and extra, and the trough's reclaim why."""
+    spec = pool.ownership
+    claim = slurm_claim(state, pool)
+    k8s, slurm = holdings(members, moving_counts_for="to")
+    if block.phase == TROUGH:
+        surplus = max(k8s - block.block.keep, 0)
+        block_why: str | None = None
+        if slurm_needed > 0:
+            slurm_needed = min(slurm_needed, max(claim - slurm, surplus))
+            if surplus > claim - slurm:
+                block_why = block.trough_why(surplus)
+        return lend_target, slurm_needed, None, None, 0, block_why
+    if slurm_needed > 0:
+        slurm_needed = min(slurm_needed, max(claim - slurm, 0))
+    # Lends in flight count as Slurm's, as for a lend ahead (policy/ahead.py).
+    k8s_from, slurm_from = holdings(members, moving_counts_for="from")
+    room = slurm_from - claim
+    if spec.prefer != PREFER_KUBERNETES:
+        room = min(room, fair_share(len(members)) - k8s_from)
+    target = min(block.block.level - k8s_from, room)
+    if target <= lend_target:
+        return lend_target, slurm_needed, None, None, 0, None
+    if block.phase == RETURN:
+        summary = state.demand_history[pool.name]
+        why = block.return_why(target, return_lead(summary, spec, block.block))
+        by = block.ends + HOUR
+    else:
+        why, by = block.day_why(target), now + HOUR
+    return target, slurm_needed, why, by, target - lend_target, None
 
 
 def _slurm_nodes_needed(state: ClusterState, pool: PoolSpec) -> int:

@@ -374,6 +374,11 @@ def _start_demand_reclaims(
         why = f"max_kubernetes is {spec.max_kubernetes}"
     elif demand.slurm_needed > 0:
         why = f"Slurm needs {demand.slurm_needed} node(s) for pending jobs"
+        if demand.block_why is not None:
+            # The trough's block moves only nodes running no pool pod: the block does not
+            # evict (policy/blocks.py); Slurm's next job still may, below.
+            why = demand.block_why
+            candidates = [n for n in candidates if not active_pod_count(n)]
         floor_met = census.owned_slurm + len(census.reclaims) >= spec.min_slurm
         if floor_met and protect_running_pods(planner.state, pool, census.members,
                                               planner.now):
