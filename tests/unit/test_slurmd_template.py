@@ -326,3 +326,32 @@ def test_whatever_the_template_says_sunkds_invariants_hold(template: Any,
         assert error.field.startswith("spec.slurmd.template")
     else:
         assert checked is not None
+
+
+# --- the template beside spec.slurmd.auth (both render into the same pod) ---------------
+
+MUNGE_AUTH = {"type": "munge", "keySecret": {"name": "munge-key"}}
+
+
+def test_template_init_containers_keep_the_munged_sidecar() -> None:
+    """The auth's munged sidecar is an init container (a native sidecar); the template's
+    init containers come after it, and a template container of the sidecar's name keeps
+    sunkd's (container names are unique across containers and initContainers)."""
+    template = {"spec": {
+        "initContainers": [{"name": "prep", "image": "busybox", "command": ["true"]},
+                           {"name": "munged", "image": "evil", "command": ["true"]}],
+        "containers": [{"name": "munged", "image": "evil"}]}}
+    pod = pod_of(spec_of(template, auth=MUNGE_AUTH))
+    inits = pod["spec"]["initContainers"]
+    assert [c["name"] for c in inits] == ["munged", "prep"]
+    assert inits[0]["image"] == BASE["image"]
+    names = [c["name"] for c in [*inits, *pod["spec"]["containers"]]]
+    assert len(names) == len(set(names))
+
+
+def test_template_fs_group_is_refused_beside_the_munged_sidecar() -> None:
+    """fsGroup makes the kubelet give the Secret's key to the group; munged refuses a
+    group-readable key and would never start."""
+    with pytest.raises(MalformedObject, match="fsGroup"):
+        spec_of({"spec": {"securityContext": {"fsGroup": 1000}}}, auth=MUNGE_AUTH)
+    assert spec_of({"spec": {"securityContext": {"fsGroup": 1000}}}).template
