@@ -128,6 +128,24 @@ def check_with_spec(spec: SlurmdSpec) -> None:
     if auth is None or not auth.key_secret:
         return
     if auth.type == "munge":
+        template = json.loads(spec.template) if spec.template else {}
+        security = ((template.get("spec") or {}).get("securityContext") or {}) \
+            if isinstance(template, Mapping) else {}
+        if isinstance(security, Mapping) and security.get("fsGroup") is not None:
+            # With fsGroup the kubelet adds group read to every file of a Secret volume
+            # (`SetVolumeOwnership`, pkg/volume/volume_linux.go), and munged refuses a key
+            # readable by its group.
+            raise MalformedObject(
+                "spec.slurmd.template.spec.securityContext.fsGroup",
+                "makes the munge key group-readable, which munged refuses "
+                "(spec.slurmd.auth.keySecret); remove fsGroup")
+        for key in ("initContainers", "containers"):
+            for index, item in enumerate((template.get("spec") or {}).get(key) or []):
+                if isinstance(item, Mapping) and item.get("name") == MUNGED_CONTAINER:
+                    raise MalformedObject(
+                        f"spec.slurmd.template.spec.{key}[{index}].name",
+                        f"{MUNGED_CONTAINER!r} is sunkd's munged sidecar "
+                        "(spec.slurmd.auth.keySecret)")
         for index, text in enumerate(spec.volume_mounts):
             path = str(json.loads(text).get("mountPath") or "").rstrip("/")
             if path == auth.munge_socket_dir:

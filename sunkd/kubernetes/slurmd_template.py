@@ -298,7 +298,7 @@ def apply_template(pod: dict[str, Any], template_json: str | None) -> dict[str, 
     - securityContext, serviceAccountName, automountServiceAccountToken, dnsConfig,
       dnsPolicy, runtimeClassName, hostPID, hostIPC, shareProcessNamespace,
       enableServiceLinks: the template's;
-    - initContainers: the template's; containers: `slurmd` merged onto sunkd's container
+    - initContainers: appended after sunkd's; containers: `slurmd` merged onto sunkd's container
       (`_merge_slurmd`), any other name appended (a sidecar);
     - volumes: appended, a name sunkd's pod has keeps sunkd's volume.
 
@@ -323,8 +323,11 @@ def apply_template(pod: dict[str, Any], template_json: str | None) -> dict[str, 
     for key in _SET:
         if key in tspec:
             spec[key] = copy.deepcopy(tspec[key])
-    taken = {c.get("name") for c in spec["containers"]}
-    inits = []
+    # Container names are unique across containers and initContainers (the API server's
+    # pod validation); sunkd's own (slurmd, the auth's munged sidecar) keep their names,
+    # and sunkd's init containers stay first.
+    inits = list(spec.get("initContainers", []))
+    taken = {c.get("name") for c in [*spec["containers"], *inits]}
     for item in _list(tspec.get("initContainers")):
         if item.get("name") not in taken:
             inits.append(copy.deepcopy(item))

@@ -335,18 +335,23 @@ MUNGE_AUTH = {"type": "munge", "keySecret": {"name": "munge-key"}}
 
 def test_template_init_containers_keep_the_munged_sidecar() -> None:
     """The auth's munged sidecar is an init container (a native sidecar); the template's
-    init containers come after it, and a template container of the sidecar's name keeps
-    sunkd's (container names are unique across containers and initContainers)."""
-    template = {"spec": {
-        "initContainers": [{"name": "prep", "image": "busybox", "command": ["true"]},
-                           {"name": "munged", "image": "evil", "command": ["true"]}],
-        "containers": [{"name": "munged", "image": "evil"}]}}
-    pod = pod_of(spec_of(template, auth=MUNGE_AUTH))
+    init containers come after it. A template container of the sidecar's name is refused
+    by the check and, unchecked, keeps sunkd's (container names are unique across
+    containers and initContainers)."""
+    pod = pod_of(spec_of({"spec": {"initContainers": [
+        {"name": "prep", "image": "busybox", "command": ["true"]}]}}, auth=MUNGE_AUTH))
     inits = pod["spec"]["initContainers"]
     assert [c["name"] for c in inits] == ["munged", "prep"]
     assert inits[0]["image"] == BASE["image"]
-    names = [c["name"] for c in [*inits, *pod["spec"]["containers"]]]
-    assert len(names) == len(set(names))
+    for key in ("initContainers", "containers"):
+        with pytest.raises(MalformedObject, match="munged"):
+            spec_of({"spec": {key: [{"name": "munged", "image": "evil"}]}}, auth=MUNGE_AUTH)
+    unchecked = dataclasses.replace(spec_of(None, auth=MUNGE_AUTH), template=json.dumps(
+        {"spec": {"initContainers": [{"name": "munged", "image": "evil"}],
+                  "containers": [{"name": "munged", "image": "evil"}]}}))
+    pod = pod_of(unchecked)
+    containers = [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+    assert [c["image"] for c in containers if c["name"] == "munged"] == [BASE["image"]]
 
 
 def test_template_fs_group_is_refused_beside_the_munged_sidecar() -> None:
