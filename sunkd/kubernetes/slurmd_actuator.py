@@ -40,7 +40,15 @@ from sunkd.domain.policy.slurmd import (
 )
 from sunkd.domain.policy.slurmdbusy import BUSY_ARG, VERB_SLURMD_LABEL
 from sunkd.domain.ports import ActionError, RefusedError
-from sunkd.kubernetes.client import JSON, NODES, PDBS, PODS, KubeApiError, KubeClient
+from sunkd.kubernetes.client import (
+    JSON,
+    NODES,
+    PDBS,
+    PODS,
+    KubeApiError,
+    KubeClient,
+    ResourceType,
+)
 from sunkd.kubernetes.normalize import node_local
 from sunkd.kubernetes.slurmd_pod import render, seen_pod
 
@@ -53,6 +61,20 @@ def _error(error: Exception, what: str) -> ActionError:
     if isinstance(error, KubeApiError):
         return ActionError(f"{what}: {error}", retryable=error.retryable)
     return ActionError(f"{what}: {type(error).__name__}: {error}", retryable=True)
+
+
+async def get_or_none(client: KubeClient, resource: ResourceType, name: str,
+                      namespace: str, what: str) -> JSON | None:
+    """The object as the API server has it now; None when it is gone (404). Any other
+    failure is the action's error (`_error`): unknown is never "gone"."""
+    try:
+        return await client.get(resource, name, namespace)
+    except KubeApiError as error:
+        if error.status == 404:
+            return None
+        raise _error(error, what) from error
+    except _TRANSIENT as error:
+        raise _error(error, what) from error
 
 
 class SlurmdPods:
@@ -127,14 +149,9 @@ class SlurmdPods:
         """The pod an action decided on, read now: None when it is gone, terminating,
         replaced (another uid) or on another node (nothing to do); refused when it is
         not sunkd's."""
-        try:
-            obj = await self.client.get(PODS, name, nodeset.namespace)
-        except KubeApiError as error:
-            if error.status == 404:
-                return None
-            raise _error(error, what) from error
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+        obj = await get_or_none(self.client, PODS, name, nodeset.namespace, what)
+        if obj is None:
+            return None
         pod = seen_pod(obj)
         if pod.deleting or (uid and pod.uid != uid) \
                 or (obj.get("spec") or {}).get("nodeName") != k8s_node:
@@ -221,14 +238,7 @@ class SlurmdPods:
         name = pdb_name(nodeset)
         what = f"keep PodDisruptionBudget {nodeset.namespace}/{name}"
         body = pdb_body(nodeset)
-        try:
-            current = await self.client.get(PDBS, name, nodeset.namespace)
-        except KubeApiError as error:
-            if error.status != 404:
-                raise _error(error, what) from error
-            current = None
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+        current = await get_or_none(self.client, PDBS, name, nodeset.namespace, what)
         if current is None:
             self.check_leader(what)
             try:

@@ -29,6 +29,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.policy.slurmdfinalizer import VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.kubernetes.client import JSON, PODS, KubeApiError, KubeClient, ResourceType
+from sunkd.kubernetes.slurmd_actuator import get_or_none
 
 log = structlog.get_logger(__name__)
 
@@ -56,14 +57,9 @@ class NodesetFinalizer:
         self.check_leader = check_leader
 
     async def _read(self, what: str, namespace: str, name: str, uid: str) -> JSON | None:
-        try:
-            obj = await self.client.get(self.nodesets, name, namespace)
-        except KubeApiError as error:
-            if error.status == 404:
-                return None
-            raise _error(error, what) from error
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+        obj = await get_or_none(self.client, self.nodesets, name, namespace, what)
+        if obj is None:
+            return None
         if str((obj.get("metadata") or {}).get("uid") or "") != uid:
             return None  # another Nodeset of the name: not the one decided on
         return obj

@@ -148,8 +148,19 @@ async def test_create_is_refused_on_a_node_without_the_owner_taint(kube: Kube) -
 async def label(client: KubeClient, ns: SlurmdNodeset, busy: bool, *, uid: str = "",
                 slurm_node: str = "node8", k8s: str = "k8",
                 name: str = "pods-node8") -> bool:
-    return await act.SlurmdPods(client, allowed).label(
-        nodeset=ns, slurm_node=slurm_node, k8s_node=k8s, name=name, uid=uid, busy=busy)
+    """The action as the executor runs it: a retryable failure is asked again (the real
+    disruption controller writes the PDB's status between sunkd's read and its
+    resourceVersion-guarded put-back, and the API server answers 409)."""
+    for _ in range(20):
+        try:
+            return await act.SlurmdPods(client, allowed).label(
+                nodeset=ns, slurm_node=slurm_node, k8s_node=k8s, name=name, uid=uid,
+                busy=busy)
+        except ActionError as error:
+            if not error.retryable or "409" not in str(error):
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError("the label kept meeting 409 Conflict")
 
 
 async def running(client: KubeClient, name: str) -> None:
@@ -171,14 +182,17 @@ async def evict(client: KubeClient, name: str) -> int:
     return 201
 
 
-async def pdb_settled(client: KubeClient, name: str) -> dict[str, object]:
+async def pdb_settled(client: KubeClient, name: str, pods: int = 0) -> dict[str, object]:
     """The PDB's status once the disruption controller (the real one, or the emulator's
-    stand-in) observed its current generation."""
+    stand-in) observed its current generation and counts `pods` selected pods (its pod
+    informer can lag the generation it observed: the count comes in a later sync)."""
     deadline = asyncio.get_running_loop().time() + 30
     while True:
         obj = await client.get(PDBS, name, "default")
         status = obj.get("status") or {}
-        if status.get("observedGeneration") == obj["metadata"].get("generation"):
+        if status.get("observedGeneration") == obj["metadata"].get("generation") \
+                and min(int(status.get("expectedPods") or 0),
+                        int(status.get("currentHealthy") or 0)) >= pods:
             return status
         assert asyncio.get_running_loop().time() < deadline, status
         await asyncio.sleep(0.05)
@@ -205,7 +219,7 @@ async def test_busy_label_keeps_the_pdb_and_the_eviction_is_refused(kube: Kube) 
     (owner,) = pdb["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"], owner["controller"]) == (wk.NODESET_KIND, ns.uid,
                                                                    True)
-    status = await pdb_settled(client, act.pdb_name(ns))
+    status = await pdb_settled(client, act.pdb_name(ns), pods=1)
     # The real controller syncs it (no SyncFailed: no scale of the Nodeset needed).
     assert status.get("disruptionsAllowed", 0) == 0, status
     assert (status.get("expectedPods"), status.get("currentHealthy")) == (1, 1), status
