@@ -77,7 +77,8 @@ class DefunctRecord:
     why: str  # the evidence, for the action's reason and the log
 
 
-def _node(state: ClusterState, name: str) -> NodeState | None:
+def node_of(state: ClusterState, name: str) -> NodeState | None:
+    """The node of that name, in a pool or not (a record whose Node left every pool)."""
     node = state.nodes.get(name)
     if node is not None:
         return node
@@ -97,12 +98,10 @@ def _selected(nodeset: K8sNodesetObserved, node: NodeState) -> bool:
     return all((s.key, s.value) in labels for s in nodeset.node_selector)
 
 
-def record_problem(state: ClusterState, nodeset: K8sNodesetObserved, node: NodeState,
-                   slurmd_pod_names: frozenset[str]) -> str:
-    """Why `node`'s record is not a defunct record of `nodeset` ("": it is). The caller
-    has checked the sources and that sunkd created a pod for the name under `nodeset`."""
-    slurm = node.slurm
-    feature = observed_feature(nodeset)
+def slurm_problem(slurm: SlurmNodeObserved | None, feature: str | None) -> str:
+    """Why Slurm's word on a node says it is not a defunct Dynamic record of the Nodeset
+    whose feature is `feature` ("": it is). The policy asks this of the folded state; the
+    executor and the Slurm actuator ask it again of what Slurm answers right before."""
     if slurm is None:
         return "not in Slurm"
     if feature is None or DYNAMIC_FLAG not in slurm.flags or feature not in slurm.features:
@@ -113,6 +112,16 @@ def record_problem(state: ClusterState, nodeset: K8sNodesetObserved, node: NodeS
         return "a job is allocated or completing there"
     if _someone_elses_reason(slurm):
         return f"its reason is someone else's ({slurm.reason!r})"
+    return ""
+
+
+def record_problem(state: ClusterState, nodeset: K8sNodesetObserved, node: NodeState,
+                   slurmd_pod_names: frozenset[str]) -> str:
+    """Why `node`'s record is not a defunct record of `nodeset` ("": it is). The caller
+    has checked the sources and that sunkd created a pod for the name under `nodeset`."""
+    why = slurm_problem(node.slurm, observed_feature(nodeset))
+    if why:
+        return why
     if node.name in slurmd_pod_names:
         return "a slurmd pod for it exists"
     if node.k8s_rivals:
@@ -149,7 +158,7 @@ def defunct_records(state: ClusterState) -> list[DefunctRecord]:
         feature = observed_feature(nodeset)
         assert feature is not None
         for name in sorted(state.slurmd_created.get(nodeset.uid, ())):
-            node = _node(state, name)
+            node = node_of(state, name)
             if node is None or record_problem(state, nodeset, node, frozenset()):
                 continue
             if pods is None:

@@ -30,6 +30,7 @@ from sunkd.domain.policy.slurmd import VERB_SLURMD_CREATE, VERB_SLURMD_DELETE
 from sunkd.domain.policy.slurmdbusy import BUSY_ARG, VERB_SLURMD_LABEL
 from sunkd.domain.policy.slurmdfinalizer import VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE
 from sunkd.domain.ports import ActionError
+from sunkd.domain.slurmddefunct import slurm_problem
 from sunkd.domain.slurmdgone import VERB_DELETE_NODE
 from sunkd.domain.slurmnode import in_contact
 from sunkd.domain.state import NodeState, OpenAction
@@ -188,11 +189,10 @@ class ActuatorExecutor:
         current = await self._slurm_now(node, what, "defunct")
         if current is None:
             return False
-        if ("DYNAMIC_NORM" not in current.flags or feature not in current.features
-                or current.state.upper() != "DOWN" or "NOT_RESPONDING" not in current.flags
-                or current.is_busy):
+        why = slurm_problem(current.to_observed(), feature)
+        if why:
             raise ActionError(f"{what}: Slurm now reports it {current.display_state} "
-                              f"(features {','.join(current.features) or 'none'})",
+                              f"(features {','.join(current.features) or 'none'}): {why}",
                               retryable=True)
         get_jobs = getattr(self.slurm_reader, "get_jobs", None)
         if get_jobs is None:

@@ -21,6 +21,7 @@ from sunkd.domain import wellknown as wk
 from sunkd.domain.authorship import REASON_TIME_TOLERANCE, written_reason
 from sunkd.domain.ownership import is_ours
 from sunkd.domain.ports import ActionError, RefusedError
+from sunkd.domain.slurmddefunct import slurm_problem
 from sunkd.domain.slurmnode import INVALID_REG, KIND_FLAGS, slurm_unhealthy
 from sunkd.slurm.client import SlurmRestClient
 from sunkd.slurm.model import (
@@ -327,16 +328,10 @@ def _foreign_word(node: SlurmNode) -> bool:
 
 def _not_defunct(node: SlurmNode, feature: str) -> str:
     """Why `node` is not a defunct record of the Nodeset whose feature is `feature` ("":
-    it is): a Dynamic node (DYNAMIC_NORM) with the feature, DOWN and NOT_RESPONDING,
-    nothing allocated or completing."""
-    shown = f"{node.display_state} (features {','.join(node.features) or 'none'})"
-    if "DYNAMIC_NORM" not in node.flags or feature not in node.features:
-        return f"{shown}: not a Dynamic node with feature {feature}"
-    if node.state.upper() != "DOWN" or "NOT_RESPONDING" not in node.flags:
-        return f"{shown}: not DOWN+NOT_RESPONDING"
-    if node.is_busy:
-        return f"{shown}: a job is allocated or completing"
-    return ""
+    it is), by the policy's own rule (`slurmddefunct.slurm_problem`)."""
+    why = slurm_problem(node.to_observed(), feature)
+    return f"{node.display_state} (features {','.join(node.features) or 'none'}): {why}" \
+        if why else ""
 
 
 def _is_unknown_node(error: SlurmApiError) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label
 from sunkd.domain.policy.planner import Planner
-from sunkd.domain.slurmddefunct import defunct_records
+from sunkd.domain.slurmddefunct import defunct_records, node_of
 from sunkd.domain.slurmdgone import VERB_DELETE_NODE
 from sunkd.domain.state import NodeState
 
@@ -19,10 +19,7 @@ FEATURE_ARG = "feature"  # the Nodeset's feature the record must still carry
 def delete_defunct(planner: Planner) -> None:
     state = planner.state
     for record in defunct_records(state):
-        node = state.nodes.get(record.node)
-        if node is None:
-            unpooled = state.unpooled.get(record.node)
-            node = unpooled.expand(record.node) if unpooled is not None else None
+        node = node_of(state, record.node)
         if node is None:  # defunct_records found it: never
             continue
         _ensure(planner, node, record.pool, record.nodeset_uid, record.feature, record.why)
