@@ -54,10 +54,11 @@ from sunkd.kubernetes.slurmd_pod import render, seen_pod
 
 log = structlog.get_logger(__name__)
 
-_TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, OSError)
+TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, OSError)
 
 
-def _error(error: Exception, what: str) -> ActionError:
+def action_error(error: Exception, what: str) -> ActionError:
+    """A failed API call as the action's error (a Kubernetes answer keeps its retryability)."""
     if isinstance(error, KubeApiError):
         return ActionError(f"{what}: {error}", retryable=error.retryable)
     return ActionError(f"{what}: {type(error).__name__}: {error}", retryable=True)
@@ -72,9 +73,9 @@ async def get_or_none(client: KubeClient, resource: ResourceType, name: str,
     except KubeApiError as error:
         if error.status == 404:
             return None
-        raise _error(error, what) from error
-    except _TRANSIENT as error:
-        raise _error(error, what) from error
+        raise action_error(error, what) from error
+    except TRANSIENT as error:
+        raise action_error(error, what) from error
 
 
 class SlurmdPods:
@@ -95,8 +96,8 @@ class SlurmdPods:
         what = f"create slurmd pod {nodeset.namespace}/{name} on {k8s_node}"
         try:
             node = await self.client.get(NODES, k8s_node)
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+        except TRANSIENT as error:
+            raise action_error(error, what) from error
         taints = (node.get("spec") or {}).get("taints") or []
         if not any(isinstance(t, Mapping) and t.get("key") == wk.TAINT_OWNER
                    and t.get("value") == wk.OWNER_SLURM
@@ -106,8 +107,8 @@ class SlurmdPods:
                               retryable=True)
         try:
             present = [seen_pod(p) for p in await self._pods_on(k8s_node)]
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+        except TRANSIENT as error:
+            raise action_error(error, what) from error
         if [p for p in present if is_own(p, nodeset, slurm_node) and not p.deleting]:
             return False
         foreign = foreign_pods(present, nodeset, slurm_node)
@@ -122,10 +123,10 @@ class SlurmdPods:
             await self.client.create(PODS, body, nodeset.namespace)
         except KubeApiError as error:
             if error.status != 409:
-                raise _error(error, what) from error
+                raise action_error(error, what) from error
             return await self._existing(what, nodeset, slurm_node, name)
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+        except TRANSIENT as error:
+            raise action_error(error, what) from error
         log.info("slurmd.pod_created", pod=f"{nodeset.namespace}/{name}", node=k8s_node,
                  slurm_node=slurm_node)
         return True
@@ -135,8 +136,8 @@ class SlurmdPods:
         """A pod of that name exists: sunkd's (already so), terminating (retry), another's."""
         try:
             pod = seen_pod(await self.client.get(PODS, name, nodeset.namespace))
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+        except TRANSIENT as error:
+            raise action_error(error, what) from error
         if not is_own(pod, nodeset, slurm_node):
             raise RefusedError(f"{what}: a pod of that name exists and is not sunkd's")
         if pod.deleting:
@@ -181,9 +182,9 @@ class SlurmdPods:
             if error.status == 404 or (error.status == 409 and "precondition" in
                                        error.message.lower()):
                 return False
-            raise _error(error, what) from error
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+            raise action_error(error, what) from error
+        except TRANSIENT as error:
+            raise action_error(error, what) from error
         log.info("slurmd.pod_deleted", pod=f"{nodeset.namespace}/{name}", node=k8s_node,
                  grace_seconds=grace_seconds)
         return True
@@ -214,9 +215,9 @@ class SlurmdPods:
         except KubeApiError as error:
             if error.status in (404, 409, 422) and await self._replaced(nodeset, name, uid):
                 return changed
-            raise _error(error, what) from error
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+            raise action_error(error, what) from error
+        except TRANSIENT as error:
+            raise action_error(error, what) from error
         log.info("slurmd.pod_labelled", pod=f"{nodeset.namespace}/{name}", node=k8s_node,
                  busy=busy)
         return True
@@ -226,7 +227,7 @@ class SlurmdPods:
             obj = await self.client.get(PODS, name, nodeset.namespace)
         except KubeApiError as error:
             return error.status == 404
-        except _TRANSIENT:
+        except TRANSIENT:
             return False
         return bool(uid) and str((obj.get("metadata") or {}).get("uid") or "") != uid
 
@@ -247,9 +248,9 @@ class SlurmdPods:
                 if error.status == 409:  # created since the read: checked next time
                     raise ActionError(f"{what}: created concurrently", retryable=True) \
                         from error
-                raise _error(error, what) from error
-            except _TRANSIENT as error:
-                raise _error(error, what) from error
+                raise action_error(error, what) from error
+            except TRANSIENT as error:
+                raise action_error(error, what) from error
             log.info("slurmd.pdb_created", pdb=f"{nodeset.namespace}/{name}")
             return True
         meta = current.get("metadata") or {}
@@ -269,8 +270,8 @@ class SlurmdPods:
             await self.client.merge_patch(PDBS, name, {
                 "metadata": {"resourceVersion": meta.get("resourceVersion")},
                 "spec": patch}, nodeset.namespace)
-        except _TRANSIENT as error:  # 409: changed again since the read; next time
-            raise _error(error, what) from error
+        except TRANSIENT as error:  # 409: changed again since the read; next time
+            raise action_error(error, what) from error
         log.warning("slurmd.pdb_restored", pdb=f"{nodeset.namespace}/{name}",
                     found=current.get("spec"))
         return True

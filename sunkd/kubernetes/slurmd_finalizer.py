@@ -22,25 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
 import structlog
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.policy.slurmdfinalizer import VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE
 from sunkd.domain.ports import ActionError, RefusedError
 from sunkd.kubernetes.client import JSON, PODS, KubeApiError, KubeClient, ResourceType
-from sunkd.kubernetes.slurmd_actuator import get_or_none
+from sunkd.kubernetes.slurmd_actuator import TRANSIENT, action_error, get_or_none
 
 log = structlog.get_logger(__name__)
 
-_TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, OSError)
 VERBS = (VERB_FINALIZER_ADD, VERB_FINALIZER_REMOVE)
-
-
-def _error(error: Exception, what: str) -> ActionError:
-    if isinstance(error, KubeApiError):
-        return ActionError(f"{what}: {error}", retryable=error.retryable)
-    return ActionError(f"{what}: {type(error).__name__}: {error}", retryable=True)
 
 
 def _owned_by(pod: Mapping[str, Any], uid: str) -> bool:
@@ -101,8 +93,8 @@ class NodesetFinalizer:
                 return False
             try:
                 left = await self.pods_left(namespace, name, uid)
-            except _TRANSIENT as error:
-                raise _error(error, what) from error
+            except TRANSIENT as error:
+                raise action_error(error, what) from error
             if left:
                 raise ActionError(f"{what}: refused, its slurmd pods are left: "
                                   f"{', '.join(left[:5])}", retryable=True)
@@ -115,9 +107,9 @@ class NodesetFinalizer:
         except KubeApiError as error:
             if error.status == 404:
                 return False
-            raise _error(error, what) from error  # 409: changed since the read: retried
-        except _TRANSIENT as error:
-            raise _error(error, what) from error
+            raise action_error(error, what) from error  # 409: changed since the read: retried
+        except TRANSIENT as error:
+            raise action_error(error, what) from error
         log.info("slurmd.finalizer_added" if adding else "slurmd.finalizer_removed",
                  nodeset=f"{namespace}/{name}", finalizers=wanted)
         return True
