@@ -52,9 +52,14 @@ bench-smoke: venv system-deps kube-binaries
 
 # The whole suite. CI (.ci/run) sets SUNKD_TEST_STRICT=1: a test that would skip because
 # PostgreSQL, Slurm or kubectl is missing fails instead. `--durations` lists the slowest
-# tests at the end, so a CI log shows where the wall time goes.
+# tests at the end, so a CI log shows where the wall time goes. Two pytest-xdist workers
+# (TEST_WORKERS): most integration tests wait on real daemons rather than compute, so a
+# second worker fills that time; each test file runs whole on one worker, and the
+# real-kubelet tests, which share the host, all on one (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: venv system-deps kube-binaries slurm-roots lint bench-smoke
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 \
+	  -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit

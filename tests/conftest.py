@@ -43,6 +43,52 @@ def host_dev_null_kept() -> Any:
                     f"{after[0]:o}, device {before[1]} -> {after[1]}")
 
 
+# The test files that start real kubelet Nodes (their tests are marked `kubelet`; the
+# collection hook below checks the two agree). Those Nodes share host-wide state (a
+# device-plugin socket path, sysctls, containerd), so each bed takes a host lock
+# (sunkd_testbed.kubelet): on two workers they would only wait on each other.
+KUBELET_FILES = frozenset({
+    "tests/integration/test_demo.py",
+    "tests/integration/test_kubelet_real.py",
+    "tests/integration/test_slurmd_daemon_real.py",
+    "tests/integration/test_slurmd_dynamic_real.py",
+    "tests/integration/test_slurmd_invalid_reg_real.py",
+    "tests/integration/test_slurmd_pods_real.py",
+})
+KUBELET_SCOPE = "real-kubelet"
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The real-kubelet test files run first (`make test` runs two pytest-xdist workers:
+    one takes them, serially, while the other starts on everything else)."""
+    for item in items:
+        if item.get_closest_marker("kubelet") and _file_of(item.nodeid) not in KUBELET_FILES:
+            raise pytest.UsageError(f"{item.nodeid} is marked kubelet: list its file in "
+                                    "tests/conftest.py's KUBELET_FILES")
+    items.sort(key=lambda item: _file_of(item.nodeid) not in KUBELET_FILES)  # stable
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scheduler for `make test`: each test file is one unit of work, run
+    whole on one worker (its module-scoped fixtures, a control plane or a Slurm
+    cluster, start once), and the real-kubelet files are one unit together. (xdist's own
+    `--dist loadgroup` does not group under pytest 9.2, whose node ids it can no longer
+    suffix; this is its `loadscope` with our scope.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrKubelet(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = _file_of(nodeid)
+            return KUBELET_SCOPE if path in KUBELET_FILES else path
+
+    return FileOrKubelet(config, log)
+
+
 def require(condition: bool, why: str) -> None:
     """Skip (or, in strict mode, fail) when a real peer the test needs is missing."""
     if condition:

@@ -120,6 +120,7 @@ def test_a_new_demo_keeps_the_previous_log_aside(tmp_path: Path) -> None:
     set_aside_previous_log("postgresql+asyncpg://u@db/sunkd")  # never touches PostgreSQL
 
 
+@pytest.mark.kubelet
 @pytest.mark.timeout(1500)  # the kubelet host lock may be held by another test bed a while
 async def test_demo_with_slurmd_pods_moves_nodes_both_ways_on_real_kubelets(
     tmp_path: Path,

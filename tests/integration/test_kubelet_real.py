@@ -40,7 +40,7 @@ from sunkd_testbed.slurm import SlurmCluster
 from tests.conftest import require
 from tests.integration.slurm_helpers import slurm_test_versions, start_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kubelet]
 NODES = 3
 slurm_cluster = contextlib.contextmanager(start_cluster)
 

@@ -84,7 +84,7 @@ from tests.integration.test_slurmd_pods_real import (
     _slurmd_started,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.kubelet, pytest.mark.timeout(900)]
 # The test bed of test_slurmd_pods_real.py: the control plane, three kubelet Nodes, and a
 # Slurm cluster of each generation with its slurmd image imported.
 plane = pods_real.plane

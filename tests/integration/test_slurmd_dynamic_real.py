@@ -54,7 +54,7 @@ from tests.integration.test_e2e import migrated_database
 from tests.integration.test_slurmd_daemon_real import Daemon, _config, _job_running
 from tests.integration.test_slurmd_pods_real import _image
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.kubelet, pytest.mark.timeout(900)]
 
 NODE = "dyn1"  # the Slurm name sunkd gives the Node (label sunkd.io/slurm-node-name)
 NODESET = "dyn"  # the Nodeset, its feature, Slurm's NodeSet and the partition

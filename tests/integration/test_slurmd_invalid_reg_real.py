@@ -54,7 +54,7 @@ from tests.integration.test_e2e import migrated_database
 from tests.integration.test_slurmd_daemon_real import Daemon, Watch, _config, _idle
 from tests.integration.test_slurmd_pods_real import SLURM_NODES, _nodeset, _slurmd_started
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.kubelet, pytest.mark.timeout(900)]
 plane = pods_real.plane
 bed = pods_real.bed
 generation = pods_real.generation

@@ -53,7 +53,7 @@ from sunkd_testbed.slurmdpods import install_nodeset_crd, slurmd_nodeset, slurmd
 from tests.conftest import require
 from tests.integration.slurm_helpers import jwt_client, slurm_test_versions, start_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kubelet]
 ROOT = Path(__file__).resolve().parents[2]
 NODES_N = 3
 SLURM_NODES = [f"node{i + 1}" for i in range(NODES_N)]
