@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from sunkd.domain import forecast
 from sunkd.domain.events import K8sWorkloadObserved, OperatorPinned, PodRef, TransitionStarted
 from sunkd.domain.forecast import BUCKETS, HOUR, DemandSummary
-from sunkd.domain.policy import CompleteTransition, StartTransition, decide
+from sunkd.domain.policy import AbortTransition, CompleteTransition, StartTransition, decide
 from sunkd.domain.policy.blocks import DAY, RETURN, TROUGH, Block, block_now, plan_block
 from sunkd.domain.state import ClusterState
 from tests.unit.domain_world import POOL, k8s_obs, pool_spec, slurm_obs, sunkd_drained
@@ -107,6 +107,52 @@ def test_the_block_goes_back_ahead_of_the_rise() -> None:
     assert [(d.node, d.to_owner) for d in starts] == [("n1", "kubernetes")]
     assert starts[0].reason == ("block: 1 node(s) back to Kubernetes ahead of the rise at "
                                 "08:00 UTC (trough 20:00-08:00, 3 wanted then, lead 60 min)")
+
+
+RETURN_WHY = ("block: 1 node(s) back to Kubernetes ahead of the rise at 08:00 UTC "
+              "(trough 20:00-08:00, 3 wanted then, lead 60 min)")
+
+
+def _returning(head: int, reason: str = RETURN_WHY) -> ClusterState:
+    """n1 being lent back ahead of the rise (drained by sunkd, its job still runs), and
+    Slurm's next job wanting `head` nodes."""
+    log = _cluster(6, kubernetes=("n5", "n6"))
+    for name in ("n5", "n6"):
+        log.add(K8sWorkloadObserved(node=name, pool=POOL, pods=(
+            PodRef("serving", f"{name}-a", "Running"),)), T0)
+    start = T0 + 24 * HOUR + 7 * HOUR
+    log.add(TransitionStarted(transition_id="tx-lend-n1", node="n1", pool=POOL,
+                              from_owner="slurm", to_owner="kubernetes", reason=reason), start)
+    sunkd_drained(log, "n1", LEND_DRAIN, start)
+    log.add(slurm_obs("n1", state="ALLOCATED", flags=("DRAIN",), reason=LEND_DRAIN,
+                      alloc_cpus=8), start)
+    _queue(log, 40, head=head, now=start)
+    return replace(log.state(), demand_history={POOL: _summary(lead=1800)})
+
+
+def _aborted(state: ClusterState, now: float, **knobs: object) -> list[str]:
+    spec = pool_spec(prefer="Slurm", forecast=True, forecast_block_hours=8, **knobs)
+    return [d.reason for d in decide(state, [spec], now) if isinstance(d, AbortTransition)]
+
+
+def test_a_return_lend_in_flight_is_kept_when_slurm_s_next_job_shrinks_the_room() -> None:
+    """A four-node job heading Slurm's queue leaves no room for a lend ahead: the
+    return's lend used to be aborted as "demand gone" (and started again, or not, a
+    minute later); the block's window still says the rise is coming."""
+    now = T0 + 24 * HOUR + 7 * HOUR + 60
+    assert _aborted(_returning(head=1), now) == []
+    assert _aborted(_returning(head=4), now) == []
+    # Only the return's own lends: a lend for the day's level, or for pods, is surplus.
+    day_why = "block: 1 node(s) to Kubernetes for the day's level of 3 (trough 20:00-08:00 UTC)"
+    assert _aborted(_returning(head=4, reason=day_why), now) == [
+        "kubernetes demand gone (fewer nodes needed)"]
+    # In the trough proper (the lead not yet reached) it is surplus too.
+    early = T0 + 24 * HOUR + 6 * HOUR
+    assert _aborted(_returning(head=4), early) == [
+        "kubernetes demand gone (fewer nodes needed)"]
+    # Never beyond max_kubernetes: two owned, a bound of two leaves no room for it.
+    assert _aborted(_returning(head=4), now, max_kubernetes=2) == [
+        "kubernetes demand gone (fewer nodes needed)"]
 
 
 def test_the_day_keeps_what_kubernetes_won_and_lends_up_to_its_level() -> None:

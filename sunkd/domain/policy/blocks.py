@@ -47,6 +47,9 @@ from sunkd.domain import forecast
 from sunkd.domain.events import OwnershipSpec
 
 TROUGH, RETURN, DAY = "trough", "return", "day"
+# What a return's lends say (`BlockNow.return_why`): while the window's return runs, such
+# a lend in flight is not "demand gone" when the room for lends shrinks.
+RETURN_MARK = " back to Kubernetes ahead of the rise at "
 
 # The longest window (hours): a third of the day stays outside the block, so that the
 # day's level is the median of at least 8 hours (a window that left out only the peak
@@ -179,9 +182,14 @@ class BlockNow:
 
     def return_why(self, nodes: int, lead: float) -> str:
         rise = datetime.fromtimestamp(self.ends, tz=UTC).strftime("%H:%M")
-        return (f"block: {nodes} node(s) back to Kubernetes ahead of the rise at {rise} UTC "
+        return (f"block: {nodes} node(s){RETURN_MARK}{rise} UTC "
                 f"(trough {self.block.label()}, {self.block.level} wanted then, "
                 f"lead {lead / 60:.0f} min)")
+
+
+def is_return_lend(reason: str) -> bool:
+    """Whether a lend's reason is a block's return (`BlockNow.return_why`)."""
+    return reason.startswith("block: ") and RETURN_MARK in reason
 
 
 def block_now(summary: forecast.DemandSummary | None, spec: OwnershipSpec,

@@ -61,6 +61,8 @@ class PoolDemand:
     ahead_by: float | None = None  # then: lend only nodes whose jobs end by this time
     ahead_extra: int = 0  # for those lends beyond what pending pods ask for
     block_why: str | None = None  # the trough's block sets reclaim_target (policy/blocks.py)
+    # The block's return runs (policy/blocks.py): its lends in flight are not surplus.
+    block_returning: bool = False
 
 
 # Each node's last assessment with the NodeState and the sources' verdict it read.
@@ -177,7 +179,8 @@ def net_demand(state: ClusterState, pool: PoolSpec, census: Census) -> PoolDeman
                                max(slurm_claim(state, pool) - slurm, surplus))
     reclaim_target = max(slurm_needed, spec.min_slurm - census.owned_slurm)
     return PoolDemand(k8s_needed, slurm_needed, lend_target, reclaim_target, ahead_why,
-                      ahead_by, ahead_extra, block_why)
+                      ahead_by, ahead_extra, block_why,
+                      block is not None and block.phase == RETURN)
 
 
 def _block_demand(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sunkd.domain import wellknown as wk
 from sunkd.domain.events import Label, OwnershipSpec, SlurmdSpec
+from sunkd.domain.policy.blocks import is_return_lend
 from sunkd.domain.policy.demand import (
     Census,
     PoolDemand,
@@ -102,7 +103,11 @@ def _start_moves(planner: Planner, pool: PoolSpec, census: Census, demand: PoolD
 
 
 def _surplus_lends(spec: OwnershipSpec, census: Census, demand: PoolDemand) -> set[str]:
-    """Lends the demand no longer justifies (not yet handed over), newest first."""
+    """Lends the demand no longer justifies (not yet handed over), newest first. While a
+    block's return runs, its own lends are kept through a drop of the target (Slurm's
+    next job heading the queue shrinks the room for lends; the window still says the
+    rise is coming: policy/blocks.py), never beyond `max_kubernetes`: the others go
+    first, then the return's beyond that bound."""
     lends = census.lends
     surplus_lends: set[str] = set()
     if spec.mode == MODE_AUTO:
@@ -113,12 +118,22 @@ def _surplus_lends(spec: OwnershipSpec, census: Census, demand: PoolDemand) -> s
             and n.transition is not None
             and not unlock_started(n, n.transition)
         ]
-        surplus = len(lends) - demand.lend_target
+        surplus = max(len(lends) - demand.lend_target, 0)
         voluntary.sort(
             key=lambda n: (n.transition.started_at if n.transition else 0.0, n.name),
             reverse=True,
         )
-        for node in voluntary[: max(surplus, 0)]:
+        chosen = voluntary[:surplus]
+        if demand.block_returning:
+            kept = [n for n in voluntary
+                    if n.transition is not None and is_return_lend(n.transition.reason)]
+            others = [n for n in voluntary if n not in kept]
+            chosen = others[:surplus]
+            cap = len(lends) if spec.max_kubernetes is None else \
+                max(spec.max_kubernetes - census.owned_k8s, 0)
+            over = max(len(lends) - len(chosen) - cap, 0)
+            chosen += kept[:min(over, surplus - len(chosen))]
+        for node in chosen:
             assert node.transition is not None
             surplus_lends.add(node.transition.transition_id)
     return surplus_lends
