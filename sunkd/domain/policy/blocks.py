@@ -20,7 +20,10 @@ profile (domain/forecast.py: the per-hour statistics the fold keeps), one block 
 - `lead` before the window ends (the pool's measured lend time, times the rounds
   `max_in_flight` needs for the block's nodes), the block goes back: Kubernetes is lent
   up to the day's level, nodes whose jobs end soonest first, and only nodes drained by
-  the end of the hour after the window (as a lend ahead does for its peak's hour);
+  the end of the hour after the window (as a lend ahead does for its peak's hour); a
+  return's lend in flight is kept while the return runs when the room for lends shrinks
+  (Slurm's next job heads the queue), never beyond `max_kubernetes`
+  (policy/pool.py `_surplus_lends`);
 - outside the window (the day), the pool lends up to the day's level when it holds
   less (only nodes drained within the hour), pending pods lend as without blocks, and
   Slurm's demand takes back only what its next job lacks: what Kubernetes holds in the
