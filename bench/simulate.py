@@ -26,14 +26,14 @@ does worse than two clusters: pod p95 <= 60 s, batch +10 %, <= 50 moves a day an
 utilization efficiency >= 0.8 with diurnal inference and a training backlog; <= 12
 moves a day on the traces; <= 50 moves a day and <= 10 % of them aborted anywhere),
 suffixed `_forecast_off` and `_forecast_on`. The forecast needs 2 days of an hour
-before it predicts it: without --quick the forecast-on runs are 7-day windows (40 for
-the traces) that start cold; --quick runs diurnal+backlog once more with the forecast
-on, starting from the summary its forecast-off run learned over the same 2 days
-(in-sample: what a warm forecast does, not how soon it learns; the other scenarios'
-forecast-on figures are null there). Without --quick also the random-bursts scenarios
-(bursts at random times, what no daily profile predicts), forecast off and on at their
-own minimal split: the forecast may make them no worse than 2 % (pod p95, batch
-node-hours), and the time series' cost to the world model (`series_overhead`). The
+before it predicts it: the 10- and 40-day traces and the full run's 7-day windows start
+the forecast-on run cold; --quick's 2-day windows start it from the summary the
+forecast-off run learned over the same 2 days (in-sample: what a warm forecast does,
+not how soon it learns). Without --quick also the random-bursts scenarios (bursts at
+random times, what no daily profile predicts), forecast off and on at their own minimal
+split: the forecast may make them no worse than 2 % (pod p95, batch node-hours), and
+the time series' cost to the world model (`series_overhead`). Each scenario's pair of
+runs is one job; `--workers` (default 2) run at once, one process each. The
 last line of output is one JSON object.
 """
 
@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,11 +67,6 @@ class Run:
     def __init__(self, result: dict[str, Any], comparison: search.Comparison,
                  learned: dict[str, DemandSummary]) -> None:
         self.result, self.comparison, self.learned = result, comparison, learned
-
-
-def run_scenario(name: str, days: float, ownership: OwnershipSpec,
-                 config: SimConfig) -> dict[str, Any]:
-    return run_arms(name, days, ownership, config).result
 
 
 def run_arms(name: str, days: float, ownership: OwnershipSpec, config: SimConfig, *,
@@ -191,42 +188,76 @@ def no_worse(off: dict[str, Any], on: dict[str, Any]) -> float:
                      (work_off - work_on) / max(work_off, 1e-9)), 4)
 
 
+def scenario_pair(name: str, days: float, off_knobs: OwnershipSpec,
+                  on_knobs: OwnershipSpec | None, config: SimConfig, warm: bool,
+                  label: str = "") -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One scenario with `off_knobs` (the forecast off), then with `on_knobs` (on) beside
+    the same separate and ideal arms (None: not run). `warm`: the second run starts from
+    the summary the first one learned over the same window (in-sample: what the forecast
+    does once warm, not how soon it learns); otherwise it starts cold, as a daemon's first
+    day. A pair is one job of the process pool, so its two runs share one split search."""
+    off = run_arms(name, days, off_knobs, config, label=label)
+    if on_knobs is None:
+        return off.result, None
+    on = run_arms(name, days, on_knobs, config, reuse=off.comparison,
+                  history=off.learned if warm else None,
+                  label=label + (" forecast on (warm, in-sample)" if warm else " forecast on"))
+    return off.result, on.result
+
+
+def run_jobs(jobs: dict[str, tuple[Any, ...]], workers: int
+             ) -> dict[str, tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Every scenario pair, `workers` at a time in their own processes (each pair is
+    single-threaded Python: on 2 cores two pairs take the time of the longest chain, not
+    of their sum), longest first as listed. Each result is what the pair would give run
+    alone: the runs are deterministic and share nothing but the shipped traces."""
+    if workers <= 1:
+        return {key: scenario_pair(*job) for key, job in jobs.items()}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {key: pool.submit(scenario_pair, *job) for key, job in jobs.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter windows (< 60 s)")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="scenario pairs run at once, one process each (default: "
+                             "2, or 1 on one core)")
     args = parser.parse_args()
     started = time.perf_counter()
     config = SimConfig()
     defaults = OwnershipSpec()
     on = replace(defaults, forecast=True)
     short = 2.0 if args.quick else 7.0
-    backlog = run_arms("diurnal+backlog", short, defaults, config)
-    scenarios = {
-        "traces": run_scenario("traces", 10.0 if args.quick else 40.0, defaults, config),
-        "diurnal": run_scenario("diurnal", short, defaults, config),
-        "diurnal+backlog": backlog.result,
+    long = 10.0 if args.quick else 40.0
+    # The forecast needs two days of an hour before it predicts it, so in a 2-day window
+    # a cold start would only repeat the forecast-off run: --quick's 2-day scenarios run
+    # warm (see scenario_pair); the 10-day traces and every full-run window start cold.
+    jobs: dict[str, tuple[Any, ...]] = {
+        "diurnal+backlog": ("diurnal+backlog", short, defaults, on, config, args.quick),
+        "traces": ("traces", long, defaults, on, config, False),
+        "diurnal": ("diurnal", short, defaults, on, config, args.quick),
     }
-    serving_first = None if args.quick else run_scenario(
-        "diurnal+backlog", 7.0, replace(defaults, prefer="Kubernetes"), config)
-    bursts: dict[str, dict[str, Any]] = {}
-    if args.quick:
-        # The forecast needs two days of an hour before it predicts it, so a 2-day
-        # window would only repeat the forecast-off run. --quick runs diurnal+backlog
-        # again with the forecast on, starting from the summary the forecast-off run
-        # learned over the same 2 days (in-sample: what the forecast does once warm,
-        # not how soon it learns; the full run's 7-day windows start cold).
-        forecast_on = {"diurnal+backlog": run_arms(
-            "diurnal+backlog", short, on, config, reuse=backlog.comparison,
-            history=backlog.learned, label=" forecast on (warm, in-sample)").result}
-    else:
-        forecast_on = {name: run_scenario(name, 7.0 if name != "traces" else 40.0, on, config)
-                       for name in ("traces", "diurnal", "diurnal+backlog")}
-        # Random bursts: what the forecast cannot predict, forecast off and on.
+    if not args.quick:
+        # prefer=Kubernetes (informational, the forecast off), and random bursts: what
+        # no daily profile predicts, the forecast off and on.
+        jobs["prefer=Kubernetes"] = ("diurnal+backlog", 7.0,
+                                     replace(defaults, prefer="Kubernetes"), None, config,
+                                     False, " prefer=Kubernetes")
         for name in ("random-bursts", "random-bursts+backlog"):
-            off_run = run_arms(name, 7.0, defaults, config)
-            bursts[name] = off_run.result
-            bursts[f"{name} forecast on"] = run_arms(
-                name, 7.0, on, config, reuse=off_run.comparison, label=" forecast on").result
+            jobs[name] = (name, 7.0, defaults, on, config, False)
+    pairs = run_jobs(jobs, args.workers)
+    scenarios = {name: pairs[name][0] for name in ("traces", "diurnal", "diurnal+backlog")}
+    forecast_on = {name: on_run for name in ("traces", "diurnal", "diurnal+backlog")
+                   if (on_run := pairs[name][1]) is not None}
+    serving_first = pairs["prefer=Kubernetes"][0] if "prefer=Kubernetes" in pairs else None
+    bursts: dict[str, dict[str, Any]] = {}
+    for name in ("random-bursts", "random-bursts+backlog"):
+        if name in pairs:
+            bursts[name], burst_on = pairs[name]
+            assert burst_on is not None
+            bursts[f"{name} forecast on"] = burst_on
     overhead = None if args.quick else series_overhead(40.0, 3)
     total = time.perf_counter() - started
     starved_excess = max(s["jobs_starved"]["sunkd"] - s["jobs_starved"]["separate"]
@@ -236,7 +267,8 @@ def main() -> int:
                        and s["pod_target_met"]["sunkd"] is False)
     figures = {"scenarios": scenarios, "diurnal+backlog prefer=Kubernetes": serving_first,
                "forecast_on": forecast_on, "random_bursts": bursts,
-               "total_seconds": round(total, 1), "series_overhead": overhead,
+               "total_seconds": round(total, 1), "workers": args.workers,
+               "series_overhead": overhead,
                "jobs_starved": {name: s["jobs_starved"] for name, s in scenarios.items()},
                "pod_target_met": {name: s["pod_target_met"] for name, s in scenarios.items()}}
     targets = {
