@@ -224,9 +224,19 @@ def size_search(workload: Workload, ownership: OwnershipSpec, config: SimConfig,
 
 
 def _smallest(meets: Callable[[int], bool], low: int, guess: int, high: int) -> int | None:
-    if meets(guess):
-        return _bisect(meets, low, guess) if low < guess else guess
-    return _bisect(meets, guess + 1, high) if guess < high else None
+    """The smallest n in [low, high] with meets(n), trying `guess` first. Each size is
+    asked once (a whole simulated run): the bisection below the guess starts by asking
+    its upper bound, the guess itself, again."""
+    verdicts: dict[int, bool] = {}
+
+    def once(n: int) -> bool:
+        if n not in verdicts:
+            verdicts[n] = meets(n)
+        return verdicts[n]
+
+    if once(guess):
+        return _bisect(once, low, guess) if low < guess else guess
+    return _bisect(once, guess + 1, high) if guess < high else None
 
 
 def sweep_settings(base: OwnershipSpec,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sunkd.simulate import search
 from sunkd.simulate.arms import SimConfig, pods_meet, run_separate
 from sunkd.simulate.metrics import P95, over_percentile, percentile
 from sunkd.simulate.workload import SimPod, Workload
@@ -52,3 +53,23 @@ def test_an_undersized_cluster_stops_early() -> None:
     assert world.gave_up and world.now < workload.horizon
     assert not pods_meet(workload, 1, SimConfig())
     assert run_separate(workload, 0, 1, SimConfig()).meets["pod_pending_p95"] is False
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 60), st.integers(0, 60), st.integers(0, 120), st.integers(0, 200))
+def test_the_smallest_size_is_found_asking_each_size_once(low: int, guess_over: int,
+                                                         high_over: int,
+                                                         threshold: int) -> None:
+    # Each question is a whole simulated run: asking a size twice doubles its cost.
+    guess = low + guess_over
+    high = guess + high_over
+    asked: list[int] = []
+
+    def meets(n: int) -> bool:
+        asked.append(n)
+        return n >= threshold
+
+    found = search._smallest(meets, low, guess, high)
+    expected = next((n for n in range(low, high + 1) if n >= threshold), None)
+    assert found == expected
+    assert len(asked) == len(set(asked)), asked
