@@ -58,7 +58,7 @@ from sunkd.domain.events import OwnershipSpec
 from sunkd.domain.forecast import DemandSummary
 from sunkd.simulate import search, traces
 from sunkd.simulate.arms import SimConfig, run_ideal, run_separate, run_sunkd
-from sunkd.simulate.workload import WorkloadSpec, build_workload
+from sunkd.simulate.workload import Workload, WorkloadSpec, build_workload
 from sunkd.simulate.world import World
 
 SPLITS: search.SplitCache = {}  # separate clusters' verdicts, shared across scenarios
@@ -72,15 +72,20 @@ class Run:
         self.result, self.comparison, self.learned = result, comparison, learned
 
 
+def shipped_workload(scenario: str, days: float) -> Workload:
+    """A scenario's workload over `days`, built from the shipped traces."""
+    swf = traces.load_swf(traces.shipped(traces.DEFAULT_SWF))
+    openb = traces.load_openb(traces.shipped(traces.DEFAULT_OPENB))
+    return build_workload(WorkloadSpec(scenario=scenario, days=days), swf, openb)
+
+
 def run_arms(name: str, days: float, ownership: OwnershipSpec, config: SimConfig, *,
              reuse: search.Comparison | None = None,
              history: dict[str, DemandSummary] | None = None, label: str = "") -> Run:
     """The scenario at the separate clusters' minimal split; with `reuse` (a run of the
     same scenario and window) only the sunkd arm runs again, beside the same separate
     and ideal arms; `history`: the sunkd arm starts with that forecast."""
-    swf = traces.load_swf(traces.shipped(traces.DEFAULT_SWF))
-    openb = traces.load_openb(traces.shipped(traces.DEFAULT_OPENB))
-    workload = build_workload(WorkloadSpec(scenario=name, days=days), swf, openb)
+    workload = shipped_workload(name, days)
     started = time.perf_counter()
     learned: dict[str, DemandSummary] = {}
     if reuse is None:
@@ -132,9 +137,7 @@ def run_arms(name: str, days: float, ownership: OwnershipSpec, config: SimConfig
 def series_overhead(days: float, repeats: int = 3) -> dict[str, Any]:
     """What recording the time series (--plot) costs the world model: the separate arm
     of the traces scenario with and without it, best of `repeats` each, interleaved."""
-    swf = traces.load_swf(traces.shipped(traces.DEFAULT_SWF))
-    openb = traces.load_openb(traces.shipped(traces.DEFAULT_OPENB))
-    workload = build_workload(WorkloadSpec(scenario="traces", days=days), swf, openb)
+    workload = shipped_workload("traces", days)
     best = {"with": float("inf"), "without": float("inf")}
     samples = 0
     for _ in range(repeats):
@@ -216,9 +219,7 @@ def nodes_needed(name: str, days: float, knobs: OwnershipSpec,
                  config: SimConfig) -> dict[str, Any]:
     """The smallest pool meeting every target, per arm (`search.size_search`: sunkd's
     pool with `knobs`, and the ideal pool), beside the separate clusters' minimal size."""
-    swf = traces.load_swf(traces.shipped(traces.DEFAULT_SWF))
-    openb = traces.load_openb(traces.shipped(traces.DEFAULT_OPENB))
-    workload = build_workload(WorkloadSpec(scenario=name, days=days), swf, openb)
+    workload = shipped_workload(name, days)
     started = time.perf_counter()
     minimal, _, _ = search.minimal_split(workload, config, cache=SPLITS)
     found = search.size_search(workload, knobs, config, minimal)
@@ -271,8 +272,8 @@ def main() -> int:
         # long for --quick); prefer=Kubernetes (informational, the forecast off).
         for name in ("random-bursts+backlog", "random-bursts"):
             jobs[name] = (scenario_pair, (name, 7.0, defaults, on, config, False))
-        for knobs in (on, defaults):
-            jobs[f"diurnal nodes needed {knobs.forecast}"] = (
+        for arm, knobs in (("on", on), ("off", defaults)):
+            jobs[f"diurnal nodes needed {arm}"] = (
                 nodes_needed, ("diurnal", 7.0, knobs, config))
         jobs["prefer=Kubernetes"] = (scenario_pair, (
             "diurnal+backlog", 7.0, replace(defaults, prefer="Kubernetes"), None, config,
@@ -292,8 +293,8 @@ def main() -> int:
             bursts[name], burst_on = pairs[name]
             assert burst_on is not None
             bursts[f"{name} forecast on"] = burst_on
-    needed = {("on" if forecast else "off"): pairs[f"diurnal nodes needed {forecast}"]
-              for forecast in (False, True) if f"diurnal nodes needed {forecast}" in pairs}
+    needed = {arm: pairs[f"diurnal nodes needed {arm}"] for arm in ("off", "on")
+              if f"diurnal nodes needed {arm}" in pairs}
     overhead = None if args.quick else series_overhead(40.0, 3)
     total = time.perf_counter() - started
     starved_excess = max(s["jobs_starved"]["sunkd"] - s["jobs_starved"]["separate"]

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -227,13 +228,7 @@ def _smallest(meets: Callable[[int], bool], low: int, guess: int, high: int) -> 
     """The smallest n in [low, high] with meets(n), trying `guess` first. Each size is
     asked once (a whole simulated run): the bisection below the guess starts by asking
     its upper bound, the guess itself, again."""
-    verdicts: dict[int, bool] = {}
-
-    def once(n: int) -> bool:
-        if n not in verdicts:
-            verdicts[n] = meets(n)
-        return verdicts[n]
-
+    once = functools.cache(meets)
     if once(guess):
         return _bisect(once, low, guess) if low < guess else guess
     return _bisect(once, guess + 1, high) if guess < high else None
